@@ -1,1 +1,31 @@
+//! Quantized weights for kestrel: ggml block layouts, reference (de)quantization, and the dot
+//! kernels behind every matmul.
+//!
+//! Shaped like the data's path through a matmul:
+//! - [`blocks`]: `#[repr(C)]` structs byte-for-byte as ggml's (size-asserted at compile time).
+//! - [`dequantize_row`]: blocks -> f32, bit-exact with llama.cpp's `dequantize_row_*`.
+//! - [`quantize_row`]: f32 -> blocks. The activation quantizers (Q8_0, Q8_1, Q8_K) are
+//!   llama.cpp's `_ref` versions exactly, so activations entering a matmul carry the same bytes
+//!   as llama.cpp's; the weight quantizers (Q4_0, Q8_0, Q4_K, Q6_K, ...) are its `_ref` ones.
+//! - [`dot`]: `vec_dot(weight row, activation row)`, with a scalar oracle for every pair and
+//!   AVX2 / AVX-512 VNNI kernels chosen once at run time; [`vec_dot_multi`] runs one weight row
+//!   against several activation rows, decoding each weight block once (batched prefill).
+//!
+//! All lengths are checked up front and reported as [`QuantError`]; rows are read with
+//! unaligned loads, so any `&[u8]` from a mapped GGUF works.
 
+pub mod blocks;
+mod dequant;
+pub mod dot;
+mod error;
+pub mod float16;
+mod quantize;
+
+pub use blocks::row_bytes;
+pub use dequant::dequantize_row;
+pub use dot::{
+    has_vec_dot, try_vec_dot, vec_dot, vec_dot_multi, vec_dot_multi_with, vec_dot_type, Backend,
+};
+pub use error::QuantError;
+pub use kestrel_gguf::GgmlType;
+pub use quantize::quantize_row;

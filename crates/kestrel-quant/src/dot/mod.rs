@@ -1,0 +1,213 @@
+//! Dot products between a quantized weight row and an activation row quantized to the weight
+//! type's partner ([`vec_dot_type`]): the inner loop of every matmul.
+//!
+//! Shape: `generic` is the scalar oracle for every pair and stays forever; per-ISA modules
+//! override the pairs the real models use and return `None` for the rest, which fall back to
+//! the oracle. The backend is picked once per process ([`Backend::detect`]); a backend can
+//! only be selected when the CPU reports its features, so nothing here can raise SIGILL.
+//! aarch64 NEON slots in as one more `Backend` arm and module.
+
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+mod avx2;
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+mod avx512;
+pub mod generic;
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+mod x86;
+
+use crate::blocks::check_row;
+use crate::QuantError;
+use kestrel_gguf::GgmlType;
+use std::sync::OnceLock;
+
+/// The type activations must be quantized to before [`vec_dot`] with a weight of type `w`;
+/// the same pairing as llama.cpp's CPU backend, except F16/BF16 which take F32 activations
+/// (f32 accumulation). Types without a dot kernel map to themselves, and [`vec_dot`] rejects them.
+pub fn vec_dot_type(w: GgmlType) -> GgmlType {
+    match w {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => GgmlType::Q8_1,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            GgmlType::Q8_K
+        }
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => GgmlType::F32,
+        other => other,
+    }
+}
+
+/// Whether [`vec_dot`] has a kernel for weights of type `w`.
+pub fn has_vec_dot(w: GgmlType) -> bool {
+    vec_dot_type(w) != w || w == GgmlType::F32
+}
+
+/// A kernel family. Ordered from slowest to fastest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Backend {
+    /// Scalar reference, any CPU.
+    Generic,
+    /// x86 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86 AVX-512 F/BW/VL + VNNI (plus the AVX2 set).
+    Avx512Vnni,
+}
+
+impl Backend {
+    /// The fastest backend this CPU runs, detected once. `KESTREL_QUANT_BACKEND=generic|avx2`
+    /// caps it (for debugging and A/B measurements); it can never pick an unsupported one.
+    pub fn detect() -> Backend {
+        static BEST: OnceLock<Backend> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            let best = Backend::available()
+                .into_iter()
+                .max()
+                .unwrap_or(Backend::Generic);
+            match std::env::var("KESTREL_QUANT_BACKEND").as_deref() {
+                Ok("generic") => Backend::Generic,
+                Ok("avx2") => best.min(Backend::Avx2),
+                _ => best,
+            }
+        })
+    }
+
+    /// Every backend this CPU can run (always includes `Generic`).
+    pub fn available() -> Vec<Backend> {
+        let mut out = vec![Backend::Generic];
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            if avx2 {
+                out.push(Backend::Avx2);
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
+                    out.push(Backend::Avx512Vnni);
+                }
+            }
+        }
+        out
+    }
+
+    fn is_available(self) -> bool {
+        static AVAIL: OnceLock<Vec<Backend>> = OnceLock::new();
+        AVAIL.get_or_init(Backend::available).contains(&self)
+    }
+}
+
+/// Dot product of one weight row (`n` elements of `w`) with one activation row (`n` elements of
+/// `vec_dot_type(w)`), on the detected backend.
+///
+/// # Panics
+/// When the row lengths do not match `n` or `w` has no kernel: a shape bug in the caller, which
+/// checks shapes once at load. Use [`try_vec_dot`] where inputs are untrusted.
+pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act_row: &[u8]) -> f32 {
+    match try_vec_dot(w, n, w_row, act_row) {
+        Ok(v) => v,
+        Err(e) => panic!("vec_dot: {e}"),
+    }
+}
+
+/// [`vec_dot`] with the lengths checked into an error.
+pub fn try_vec_dot(w: GgmlType, n: usize, w_row: &[u8], act_row: &[u8]) -> Result<f32, QuantError> {
+    let mut out = [0f32];
+    vec_dot_multi_with(Backend::detect(), w, n, w_row, &[act_row], &mut out)?;
+    Ok(out[0])
+}
+
+/// One weight row against several activation rows: `out[c] = w_row . acts[c]`. This is where
+/// batched prefill reuses the weights: each weight block is decoded once per group of up to
+/// four activation rows, and the row stays in L1 across groups.
+pub fn vec_dot_multi(
+    w: GgmlType,
+    n: usize,
+    w_row: &[u8],
+    acts: &[&[u8]],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    vec_dot_multi_with(Backend::detect(), w, n, w_row, acts, out)
+}
+
+/// [`vec_dot_multi`] on a chosen backend (tests and benches compare backends with this).
+/// A backend this CPU lacks is an error, never an illegal instruction.
+pub fn vec_dot_multi_with(
+    backend: Backend,
+    w: GgmlType,
+    n: usize,
+    w_row: &[u8],
+    acts: &[&[u8]],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    if !has_vec_dot(w) {
+        return Err(QuantError::Unsupported {
+            ty: w,
+            op: "vec_dot",
+        });
+    }
+    if !backend.is_available() {
+        return Err(QuantError::BackendUnavailable(backend));
+    }
+    if out.len() != acts.len() {
+        return Err(QuantError::Len {
+            what: "vec_dot_multi out",
+            expected: acts.len(),
+            got: out.len(),
+        });
+    }
+    check_row(w, n, w_row.len())?;
+    for a in acts {
+        check_row(vec_dot_type(w), n, a.len())?;
+    }
+    let nb = n / w.block_len() as usize;
+    let mut i = 0;
+    while i < acts.len() {
+        i += match acts.len() - i {
+            1 => group::<1>(backend, w, n, nb, w_row, &acts[i..], &mut out[i..]),
+            2 | 3 => group::<2>(backend, w, n, nb, w_row, &acts[i..], &mut out[i..]),
+            _ => group::<4>(backend, w, n, nb, w_row, &acts[i..], &mut out[i..]),
+        };
+    }
+    Ok(())
+}
+
+/// Dot the first `N` of `acts` (lengths checked) and return `N`.
+#[inline]
+fn group<const N: usize>(
+    backend: Backend,
+    w: GgmlType,
+    n: usize,
+    nb: usize,
+    x: &[u8],
+    acts: &[&[u8]],
+    out: &mut [f32],
+) -> usize {
+    let simd: Option<[f32; N]> = match backend {
+        Backend::Generic => None,
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        Backend::Avx2 | Backend::Avx512Vnni => {
+            let y: [*const u8; N] = std::array::from_fn(|c| acts[c].as_ptr());
+            // SAFETY: the backend is available on this CPU (checked by the caller), and every
+            // row was checked to hold exactly `nb` blocks of its type.
+            unsafe {
+                if backend == Backend::Avx512Vnni {
+                    avx512::dot::<N>(w, nb, x.as_ptr(), y)
+                } else {
+                    avx2::dot::<N>(w, nb, x.as_ptr(), y)
+                }
+            }
+        }
+        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+        _ => None,
+    };
+    match simd {
+        Some(v) => out[..N].copy_from_slice(&v),
+        None => {
+            for c in 0..N {
+                out[c] = generic::vec_dot(w, n, x, acts[c]);
+            }
+        }
+    }
+    N
+}

@@ -1,0 +1,370 @@
+//! x86 kernels shared by the AVX2 and AVX-512 backends.
+//!
+//! Every kernel is written once, in [`x86_kernels!`], over a const `N`: it decodes one weight
+//! block into registers and dots it against `N` activation rows before moving on, so batched
+//! prefill pays the unpacking (nibble split, 6-bit scale shuffle) once per weight block rather
+//! than once per token. `N = 1` is the decode matvec. The two backends differ only in the
+//! feature set and in the u8 x i8 -> i32 step: `maddubs + madd` on AVX2, `vpdpbusd` with VNNI.
+//!
+//! Integer sums are exactly the scalar oracle's; only the f32 accumulation order differs.
+
+#[cfg(target_arch = "x86")]
+pub(crate) use std::arch::x86::*;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use std::arch::x86_64::*;
+
+/// Load a `ggml_half` at `p` and widen it (F16C).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn fp16(p: *const u8) -> f32 {
+    let h = (p as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn hsum8(x: __m256) -> f32 {
+    hsum4(_mm_add_ps(
+        _mm256_extractf128_ps::<1>(x),
+        _mm256_castps256_ps128(x),
+    ))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn hsum4(x: __m128) -> f32 {
+    let r = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(r, _mm_movehdup_ps(r)))
+}
+
+/// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn bytes_from_nibbles_32(p: *const u8) -> __m256i {
+    let t = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+}
+
+/// 32 bits (LE u32 at `p`) -> 32 bytes, 0xff where the bit is set.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn bytes_from_bits_32(p: *const u8) -> __m256i {
+    let bits = (p as *const u32).read_unaligned() as i32;
+    // Byte j takes source byte j / 8, then is tested against bit j % 8.
+    let shuf = _mm256_set_epi64x(
+        0x0303030303030303,
+        0x0202020202020202,
+        0x0101010101010101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), shuf);
+    let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+}
+
+/// u8 x i8 pair products summed in fours into i32 lanes, the AVX2 way. |a| <= 255, |b| <= 128
+/// with at most one factor at a bound, so the i16 intermediate never saturates for our inputs.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn dot_u8i8_avx2(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+}
+
+macro_rules! x86_kernels {
+    ($feat:literal, $dot:ident) => {
+        use super::x86::*;
+        use kestrel_gguf::GgmlType;
+
+        /// Dot `nb` weight blocks at `x` against `N` activation rows. None: no kernel for `w`.
+        ///
+        /// # Safety
+        /// The CPU has this backend's features; `x` and each `y[c]` point at whole rows of `nb`
+        /// blocks of `w` / `vec_dot_type(w)`.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn dot<const N: usize>(
+            w: GgmlType,
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> Option<[f32; N]> {
+            Some(match w {
+                GgmlType::Q4_0 => q4_0_q8_0::<N>(nb, x, y),
+                GgmlType::Q4_1 => q4_1_q8_1::<N>(nb, x, y),
+                GgmlType::Q5_0 => q5_0_q8_0::<N>(nb, x, y),
+                GgmlType::Q8_0 => q8_0_q8_0::<N>(nb, x, y),
+                GgmlType::Q4_K => q4_k_q8_k::<N>(nb, x, y),
+                GgmlType::Q6_K => q6_k_q8_k::<N>(nb, x, y),
+                _ => return None,
+            })
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn finish<const N: usize>(acc: [__m256; N], add: [f32; N]) -> [f32; N] {
+            let mut out = [0f32; N];
+            for c in 0..N {
+                out[c] = hsum8(acc[c]) + add[c];
+            }
+            out
+        }
+
+        /// Signed i8 weights `qx` (|q| <= 127 or activations without -128) against Q8 blocks
+        /// with the f16 scale at `y[c] + off` and 32 quants after it: sign trick, so the
+        /// unsigned operand is |qx|.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn signed_blocks<const N: usize>(
+            acc: &mut [__m256; N],
+            dx: f32,
+            qx: __m256i,
+            y: &[*const u8; N],
+            at: usize,
+        ) {
+            let ax = _mm256_sign_epi8(qx, qx);
+            for c in 0..N {
+                let yb = y[c].add(at);
+                let d = _mm256_set1_ps(dx * fp16(yb));
+                let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
+                let s = $dot(ax, _mm256_sign_epi8(qy, qx));
+                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[c]);
+            }
+        }
+
+        /// Q4_0 (18 B: d, 16 nibble bytes) x Q8_0 (34 B: d, 32 x i8).
+        #[target_feature(enable = $feat)]
+        unsafe fn q4_0_q8_0<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            let mut acc = [_mm256_setzero_ps(); N];
+            let off = _mm256_set1_epi8(8);
+            for i in 0..nb {
+                let xb = x.add(i * 18);
+                let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), off);
+                signed_blocks(&mut acc, fp16(xb), qx, &y, i * 34);
+            }
+            finish(acc, [0.0; N])
+        }
+
+        /// Q5_0 (22 B: d, qh u32, 16 nibble bytes) x Q8_0: q - 16 is the nibble with 0xf0 OR-ed
+        /// in where the fifth bit is clear.
+        #[target_feature(enable = $feat)]
+        unsafe fn q5_0_q8_0<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            let mut acc = [_mm256_setzero_ps(); N];
+            let hi = _mm256_set1_epi8(0xf0u8 as i8);
+            for i in 0..nb {
+                let xb = x.add(i * 22);
+                let bxhi = _mm256_andnot_si256(bytes_from_bits_32(xb.add(2)), hi);
+                let qx = _mm256_or_si256(bytes_from_nibbles_32(xb.add(6)), bxhi);
+                signed_blocks(&mut acc, fp16(xb), qx, &y, i * 34);
+            }
+            finish(acc, [0.0; N])
+        }
+
+        /// Q8_0 x Q8_0 (weights from llama.cpp's quantizer never hold -128).
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_0_q8_0<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            let mut acc = [_mm256_setzero_ps(); N];
+            for i in 0..nb {
+                let xb = x.add(i * 34);
+                let qx = _mm256_loadu_si256(xb.add(2) as *const __m256i);
+                signed_blocks(&mut acc, fp16(xb), qx, &y, i * 34);
+            }
+            finish(acc, [0.0; N])
+        }
+
+        /// Q4_1 (20 B: d, m, 16 nibble bytes) x Q8_1 (36 B: d, s = d * sum q, 32 x i8):
+        /// the min folds in as m * s per block.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4_1_q8_1<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut summs = [0f32; N];
+            for i in 0..nb {
+                let xb = x.add(i * 20);
+                let (dx, mx) = (fp16(xb), fp16(xb.add(2)));
+                let qx = bytes_from_nibbles_32(xb.add(4));
+                for c in 0..N {
+                    let yb = y[c].add(i * 36);
+                    summs[c] += mx * fp16(yb.add(2));
+                    let d = _mm256_set1_ps(dx * fp16(yb));
+                    let qy = _mm256_loadu_si256(yb.add(4) as *const __m256i);
+                    let s = $dot(qx, qy);
+                    acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[c]);
+                }
+            }
+            finish(acc, summs)
+        }
+
+        /// Q4_K (144 B: d, dmin, 12 B scales, 128 B nibbles) x Q8_K (292 B: f32 d, 256 x i8,
+        /// 16 x i16 bsums). Per super-block: sum_j sc_j * (q4 . q8)_j - dmin * sum_j m_j * bsum_j.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4_k_q8_k<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            const KMASK1: u32 = 0x3f3f3f3f;
+            const KMASK2: u32 = 0x0f0f0f0f;
+            const KMASK3: u32 = 0x03030303;
+            let m4 = _mm256_set1_epi8(0x0f);
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut acc_m = [_mm_setzero_ps(); N];
+            for i in 0..nb {
+                let xb = x.add(i * 144);
+                let (d, dmin) = (fp16(xb), fp16(xb.add(2)));
+                // 12 packed bytes -> 8 scales then 8 mins, one byte each.
+                let sp = xb.add(4) as *const u32;
+                let mut u = [
+                    sp.read_unaligned(),
+                    sp.add(1).read_unaligned(),
+                    sp.add(2).read_unaligned(),
+                    0,
+                ];
+                u[3] = ((u[2] >> 4) & KMASK2) | (((u[1] >> 6) & KMASK3) << 4);
+                let uaux = u[1] & KMASK1;
+                u[1] = (u[2] & KMASK2) | (((u[0] >> 6) & KMASK3) << 4);
+                u[2] = uaux;
+                u[0] &= KMASK1;
+                let mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+                    u[3] as i32,
+                    u[2] as i32,
+                    u[1] as i32,
+                    u[0] as i32,
+                ));
+                let mins = _mm256_extracti128_si256::<1>(mins_scales);
+                let sc128 = _mm256_castsi256_si128(mins_scales);
+                let scales = _mm256_set_m128i(sc128, sc128);
+
+                let mut yd = [0f32; N];
+                let mut sumi = [_mm256_setzero_si256(); N];
+                for c in 0..N {
+                    let yb = y[c].add(i * 292);
+                    yd[c] = (yb as *const f32).read_unaligned();
+                    let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+                    let q8s = _mm_hadd_epi16(
+                        _mm256_castsi256_si128(bsums),
+                        _mm256_extracti128_si256::<1>(bsums),
+                    );
+                    let prod = _mm_madd_epi16(mins, q8s);
+                    acc_m[c] =
+                        _mm_fmadd_ps(_mm_set1_ps(-yd[c] * dmin), _mm_cvtepi32_ps(prod), acc_m[c]);
+                }
+                for j in 0..4 {
+                    // Broadcast i16 scale 2j (low nibbles) and 2j + 1 (high nibbles).
+                    let lo = (2 * j) as i16 * 2;
+                    let scale_l =
+                        _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((lo + 1) << 8) | lo));
+                    let scale_h =
+                        _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((lo + 3) << 8) | (lo + 2)));
+                    let bits = _mm256_loadu_si256(xb.add(16 + 32 * j) as *const __m256i);
+                    let q4l = _mm256_and_si256(bits, m4);
+                    let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    for c in 0..N {
+                        let q8 = y[c].add(i * 292 + 4 + 64 * j);
+                        let q8l = _mm256_loadu_si256(q8 as *const __m256i);
+                        let q8h = _mm256_loadu_si256(q8.add(32) as *const __m256i);
+                        let pl = _mm256_madd_epi16(scale_l, _mm256_maddubs_epi16(q4l, q8l));
+                        let ph = _mm256_madd_epi16(scale_h, _mm256_maddubs_epi16(q4h, q8h));
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
+                    }
+                }
+                for c in 0..N {
+                    acc[c] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(d * yd[c]),
+                        _mm256_cvtepi32_ps(sumi[c]),
+                        acc[c],
+                    );
+                }
+            }
+            let mut mins = [0f32; N];
+            for c in 0..N {
+                mins[c] = hsum4(acc_m[c]);
+            }
+            finish(acc, mins)
+        }
+
+        /// Q6_K (210 B: 128 B low nibbles, 64 B high 2-bit pairs, 16 x i8 scales, d) x Q8_K.
+        /// q is 0..63 unsigned; the -32 offset folds in once per super-block through bsums:
+        /// sum_j sc_j * (q . q8)_j - 32 * sum_j sc_j * bsum_j.
+        #[target_feature(enable = $feat)]
+        unsafe fn q6_k_q8_k<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            let m4 = _mm256_set1_epi8(0x0f);
+            let m2 = _mm256_set1_epi8(0x03);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for i in 0..nb {
+                let xb = x.add(i * 210);
+                let d = fp16(xb.add(208));
+                let scales = _mm_loadu_si128(xb.add(192) as *const __m128i);
+                let sc16 = _mm256_cvtepi8_epi16(scales);
+                let mut yd = [0f32; N];
+                let mut sumi = [_mm256_setzero_si256(); N];
+                for c in 0..N {
+                    let yb = y[c].add(i * 292);
+                    yd[c] = (yb as *const f32).read_unaligned();
+                    let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+                    let corr = _mm256_madd_epi16(sc16, bsums);
+                    sumi[c] = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32::<5>(corr));
+                }
+                for j in 0..2 {
+                    let bits1 = _mm256_loadu_si256(xb.add(64 * j) as *const __m256i);
+                    let bits2 = _mm256_loadu_si256(xb.add(64 * j + 32) as *const __m256i);
+                    let bh = _mm256_loadu_si256(xb.add(128 + 32 * j) as *const __m256i);
+                    for k in 0..4 {
+                        let low = match k {
+                            0 => _mm256_and_si256(bits1, m4),
+                            1 => _mm256_and_si256(bits2, m4),
+                            2 => _mm256_and_si256(_mm256_srli_epi16::<4>(bits1), m4),
+                            _ => _mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m4),
+                        };
+                        let high = match k {
+                            0 => _mm256_and_si256(bh, m2),
+                            1 => _mm256_and_si256(_mm256_srli_epi16::<2>(bh), m2),
+                            2 => _mm256_and_si256(_mm256_srli_epi16::<4>(bh), m2),
+                            _ => _mm256_and_si256(_mm256_srli_epi16::<6>(bh), m2),
+                        };
+                        let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
+                        // i16 scales: lanes 0..8 take scale 2s, lanes 8..16 scale 2s + 1.
+                        let s = (2 * (4 * j + k)) as i64;
+                        let pick =
+                            _mm_set_epi64x((s + 1) * 0x0101010101010101, s * 0x0101010101010101);
+                        let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+                        for c in 0..N {
+                            let q8 = _mm256_loadu_si256(
+                                y[c].add(i * 292 + 4 + 128 * j + 32 * k) as *const __m256i
+                            );
+                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, q8));
+                            sumi[c] = _mm256_add_epi32(sumi[c], p);
+                        }
+                    }
+                }
+                for c in 0..N {
+                    acc[c] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(d * yd[c]),
+                        _mm256_cvtepi32_ps(sumi[c]),
+                        acc[c],
+                    );
+                }
+            }
+            finish(acc, [0.0; N])
+        }
+    };
+}
+pub(crate) use x86_kernels;

@@ -1,0 +1,531 @@
+//! Quantizers: f32 rows into blocks.
+//!
+//! Activation quantizers (Q8_0, Q8_1, Q8_K) reproduce llama.cpp's `quantize_row_q8_*_ref`
+//! exactly: the matmul path quantizes each activation row once and dots it against every weight
+//! row, so equal activation bytes are the first condition for equal greedy tokens. The weight
+//! quantizers are llama.cpp's `_ref` (no importance matrix) versions: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
+//! are bit-exact with the `gguf` Python package; Q4_K and Q6_K follow `make_qkx2_quants` /
+//! `make_qx_quants` operation by operation.
+
+use crate::blocks::*;
+use crate::float16::{f32_to_bf16, f32_to_f16, F16};
+use crate::QuantError;
+use kestrel_gguf::GgmlType;
+
+/// Below this, a group counts as all zeros (ggml's `GROUP_MAX_EPS`).
+const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// Quantize `src` (one row, a whole number of blocks) into `dst` (exactly the row's bytes).
+pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), QuantError> {
+    check_row(ty, src.len(), dst.len())?;
+    match ty {
+        GgmlType::F32 => {
+            for (x, o) in src.iter().zip(dst.chunks_exact_mut(4)) {
+                o.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for (x, o) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                o.copy_from_slice(&f32_to_f16(*x).to_le_bytes());
+            }
+        }
+        GgmlType::BF16 => {
+            for (x, o) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                o.copy_from_slice(&f32_to_bf16(*x).to_le_bytes());
+            }
+        }
+        GgmlType::Q4_0 => blocks(src, dst, q4_0),
+        GgmlType::Q4_1 => blocks(src, dst, q4_1),
+        GgmlType::Q5_0 => blocks(src, dst, q5_0),
+        GgmlType::Q5_1 => blocks(src, dst, q5_1),
+        GgmlType::Q8_0 => blocks(src, dst, q8_0),
+        GgmlType::Q8_1 => blocks(src, dst, q8_1),
+        GgmlType::Q4_K => blocks(src, dst, q4_k),
+        GgmlType::Q6_K => blocks(src, dst, q6_k),
+        GgmlType::Q8_K => blocks(src, dst, q8_k),
+        _ => {
+            return Err(QuantError::Unsupported {
+                ty,
+                op: "quantize_row",
+            })
+        }
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn blocks<B: Block>(src: &[f32], dst: &mut [u8], f: fn(&[f32]) -> B) {
+    for (x, y) in src.chunks_exact(B::LEN).zip(dst.chunks_exact_mut(B::BYTES)) {
+        write_block(&f(x), y);
+    }
+}
+
+/// ggml's `nearest_int`: round half to even via the 1.5 * 2^23 trick (valid for |x| < 2^22).
+#[inline(always)]
+pub(crate) fn nearest_int(x: f32) -> i32 {
+    let v = x + 12582912.0;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// The value of largest magnitude (first one on ties), as ggml's `if (amax < fabsf(v))` loops.
+fn signed_absmax(x: &[f32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
+fn q4_0(x: &[f32]) -> BlockQ4_0 {
+    let (_, max) = signed_absmax(x);
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0u8; 16];
+    for j in 0..16 {
+        let x0 = ((x[j] * id + 8.5) as i8).min(15) as u8;
+        let x1 = ((x[j + 16] * id + 8.5) as i8).min(15) as u8;
+        qs[j] = x0 | (x1 << 4);
+    }
+    BlockQ4_0 {
+        d: F16::from_f32(d),
+        qs,
+    }
+}
+
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let (mut min, mut max) = (f32::MAX, -f32::MAX);
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+fn q4_1(x: &[f32]) -> BlockQ4_1 {
+    let (min, max) = min_max(x);
+    let d = (max - min) / 15.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0u8; 16];
+    for j in 0..16 {
+        let x0 = (((x[j] - min) * id + 0.5) as u8).min(15);
+        let x1 = (((x[j + 16] - min) * id + 0.5) as u8).min(15);
+        qs[j] = x0 | (x1 << 4);
+    }
+    BlockQ4_1 {
+        d: F16::from_f32(d),
+        m: F16::from_f32(min),
+        qs,
+    }
+}
+
+/// Pack 32 five-bit values as ggml does: low nibbles in `qs`, bit 4 of value j at bit j of `qh`.
+fn pack5(q: &[u8; 32]) -> ([u8; 4], [u8; 16]) {
+    let mut qs = [0u8; 16];
+    let mut qh = 0u32;
+    for j in 0..16 {
+        qs[j] = (q[j] & 0xf) | ((q[j + 16] & 0xf) << 4);
+        qh |= (((q[j] & 0x10) >> 4) as u32) << j;
+        qh |= (((q[j + 16] & 0x10) >> 4) as u32) << (j + 16);
+    }
+    (qh.to_le_bytes(), qs)
+}
+
+fn q5_0(x: &[f32]) -> BlockQ5_0 {
+    let (_, max) = signed_absmax(x);
+    let d = max / -16.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0u8; 32];
+    for (o, &v) in q.iter_mut().zip(x) {
+        *o = ((v * id + 16.5) as i8).min(31) as u8;
+    }
+    let (qh, qs) = pack5(&q);
+    BlockQ5_0 {
+        d: F16::from_f32(d),
+        qh,
+        qs,
+    }
+}
+
+fn q5_1(x: &[f32]) -> BlockQ5_1 {
+    let (min, max) = min_max(x);
+    let d = (max - min) / 31.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut q = [0u8; 32];
+    for (o, &v) in q.iter_mut().zip(x) {
+        *o = (((v - min) * id + 0.5) as u8).min(31);
+    }
+    let (qh, qs) = pack5(&q);
+    BlockQ5_1 {
+        d: F16::from_f32(d),
+        m: F16::from_f32(min),
+        qh,
+        qs,
+    }
+}
+
+/// `quantize_row_q8_0_ref`: d = amax / 127, q = roundf(x / d) (half away from zero).
+fn q8_0(x: &[f32]) -> BlockQ8_0 {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; 32];
+    for (o, &v) in qs.iter_mut().zip(x) {
+        *o = (v * id).round() as i8;
+    }
+    BlockQ8_0 {
+        d: F16::from_f32(d),
+        qs,
+    }
+}
+
+/// `quantize_row_q8_1_ref`: Q8_0 plus s = d * sum(q) (the sum in int, times d in f32).
+fn q8_1(x: &[f32]) -> BlockQ8_1 {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; 32];
+    let mut sum = 0i32;
+    for (o, &v) in qs.iter_mut().zip(x) {
+        *o = (v * id).round() as i8;
+        sum += *o as i32;
+    }
+    BlockQ8_1 {
+        d: F16::from_f32(d),
+        s: F16::from_f32(sum as f32 * d),
+        qs,
+    }
+}
+
+/// `quantize_row_q8_K_ref`: scale from the signed max, q = min(127, nearest_int(-127/max * x)),
+/// d = 1 / iscale, plus the sums of each 16 quants. (An all-zero block gets zero bsums too;
+/// llama.cpp leaves them unwritten.)
+fn q8_k(x: &[f32]) -> BlockQ8K {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let mut y = BlockQ8K {
+        d: 0.0,
+        qs: [0; QK_K],
+        bsums: [0; QK_K / 16],
+    };
+    if amax == 0.0 {
+        return y;
+    }
+    let iscale = -127.0 / max;
+    for (o, &v) in y.qs.iter_mut().zip(x) {
+        *o = nearest_int(iscale * v).min(127) as i8;
+    }
+    for (s, q) in y.bsums.iter_mut().zip(y.qs.chunks_exact(16)) {
+        *s = q.iter().map(|&v| v as i16).sum();
+    }
+    y.d = 1.0 / iscale;
+    y
+}
+
+/// ggml's `make_qkx2_quants`: a scale and a min for one group, by trying `nstep + 1` grids and
+/// solving weighted least squares for each. Returns (scale, -min); `l` gets the levels.
+#[allow(clippy::too_many_arguments)]
+fn make_qkx2_quants(
+    nmax: i32,
+    x: &[f32],
+    weights: &[f32],
+    l: &mut [u8],
+    laux: &mut [u8],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
+    let n = x.len();
+    let (mut min, mut max) = (x[0], x[0]);
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..n {
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
+        let w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max == min {
+        l.fill(0);
+        return (0.0, -min);
+    }
+    let err = |d: f32| if use_mad { d.abs() } else { d * d };
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_error = 0f32;
+    for i in 0..n {
+        let li = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+        l[i] = li as u8;
+        let diff = scale * l[i] as f32 + min - x[i];
+        best_error += weights[i] * err(diff);
+    }
+    if nstep < 1 {
+        return (scale, -min);
+    }
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let (mut sum_l, mut sum_l2, mut sum_xl) = (0f32, 0f32, 0f32);
+        for i in 0..n {
+            let li = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
+            laux[i] = li as u8;
+            let w = weights[i];
+            let lf = li as f32;
+            sum_l += w * lf;
+            sum_l2 += w * lf * lf;
+            sum_xl += w * lf * x[i];
+        }
+        let dd = sum_w * sum_l2 - sum_l * sum_l;
+        if dd > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / dd;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / dd;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut cur_error = 0f32;
+            for i in 0..n {
+                let diff = this_scale * laux[i] as f32 + this_min - x[i];
+                cur_error += weights[i] * err(diff);
+            }
+            if cur_error < best_error {
+                l[..n].copy_from_slice(&laux[..n]);
+                best_error = cur_error;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+/// ggml's `make_qx_quants` with `rmse_type = 1` and no importance weights (w = x^2): a signed
+/// scale for one group, searching 19 grids around `nmax / max`. `l` gets levels biased by nmax.
+fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let level = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+    let sums = |iscale: f32| {
+        let (mut sumlx, mut suml2) = (0f32, 0f32);
+        for &v in x {
+            let lf = level(iscale, v) as f32;
+            let w = v * v;
+            sumlx += w * v * lf;
+            suml2 += w * lf * lf;
+        }
+        (sumlx, suml2)
+    };
+    let mut iscale = -(nmax as f32) / max;
+    for (o, &v) in l.iter_mut().zip(x) {
+        *o = (level(iscale, v) + nmax) as i8;
+    }
+    let (sumlx, suml2) = sums(iscale);
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9i32..=9 {
+        if is == 0 {
+            continue;
+        }
+        iscale = -(nmax as f32 + 0.1 * is as f32) / max;
+        let (sumlx, suml2) = sums(iscale);
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            for (o, &v) in l.iter_mut().zip(x) {
+                *o = (level(iscale, v) + nmax) as i8;
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// `quantize_row_q4_K_ref`.
+fn q4_k(x: &[f32]) -> BlockQ4K {
+    let mut l = [0u8; QK_K];
+    let mut laux = [0u8; 32];
+    let mut weights = [0f32; 32];
+    let mut mins = [0f32; 8];
+    let mut scales = [0f32; 8];
+    let (mut max_scale, mut max_min) = (0f32, 0f32);
+    for j in 0..8 {
+        let xs = &x[32 * j..32 * j + 32];
+        let sum_x2: f32 = xs.iter().fold(0.0, |a, v| a + v * v);
+        let av_x = (sum_x2 / 32.0).sqrt();
+        for (w, v) in weights.iter_mut().zip(xs) {
+            *w = av_x + v.abs();
+        }
+        let (s, m) = make_qkx2_quants(
+            15,
+            xs,
+            &weights,
+            &mut l[32 * j..32 * j + 32],
+            &mut laux,
+            -1.0,
+            0.1,
+            20,
+            false,
+        );
+        scales[j] = s;
+        mins[j] = m;
+        if s > max_scale {
+            max_scale = s;
+        }
+        if m > max_min {
+            max_min = m;
+        }
+    }
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
+    let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
+    let mut y = BlockQ4K {
+        d: F16::from_f32(max_scale / 63.0),
+        dmin: F16::from_f32(max_min / 63.0),
+        scales: [0; K_SCALE_SIZE],
+        qs: [0; QK_K / 2],
+    };
+    for j in 0..8 {
+        let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
+        let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
+        if j < 4 {
+            y.scales[j] = ls;
+            y.scales[j + 4] = lm;
+        } else {
+            y.scales[j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
+            y.scales[j - 4] |= (ls >> 4) << 6;
+            y.scales[j] |= (lm >> 4) << 6;
+        }
+    }
+    let (d, dmin) = (y.d.to_f32(), y.dmin.to_f32());
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &y.scales);
+        let dj = d * sc as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = dmin * m as f32;
+        for ii in 0..32 {
+            l[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dj).clamp(0, 15) as u8;
+        }
+    }
+    for g in 0..4 {
+        for k in 0..32 {
+            y.qs[32 * g + k] = l[64 * g + k] | (l[64 * g + k + 32] << 4);
+        }
+    }
+    y
+}
+
+/// `quantize_row_q6_K_ref`.
+fn q6_k(x: &[f32]) -> BlockQ6K {
+    let mut l = [0i8; QK_K];
+    let mut scales = [0f32; 16];
+    let (mut max_scale, mut max_abs_scale) = (0f32, 0f32);
+    for ib in 0..16 {
+        let s = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+        scales[ib] = s;
+        if s.abs() > max_abs_scale {
+            max_abs_scale = s.abs();
+            max_scale = s;
+        }
+    }
+    let mut y = BlockQ6K {
+        ql: [0; QK_K / 2],
+        qh: [0; QK_K / 4],
+        scales: [0; 16],
+        d: F16::ZERO,
+    };
+    if max_abs_scale < GROUP_MAX_EPS {
+        return y;
+    }
+    let iscale = -128.0 / max_scale;
+    y.d = F16::from_f32(1.0 / iscale);
+    for ib in 0..16 {
+        y.scales[ib] = nearest_int(iscale * scales[ib]).min(127) as i8;
+    }
+    let d = y.d.to_f32();
+    for j in 0..16 {
+        let dj = d * y.scales[j] as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        for ii in 0..16 {
+            l[16 * j + ii] = (nearest_int(x[16 * j + ii] / dj).clamp(-32, 31) + 32) as i8;
+        }
+    }
+    for half in 0..2 {
+        let l = &l[128 * half..128 * half + 128];
+        for k in 0..32 {
+            let q = |o: usize| l[k + o] as u8;
+            y.ql[64 * half + k] = (q(0) & 0xf) | ((q(64) & 0xf) << 4);
+            y.ql[64 * half + k + 32] = (q(32) & 0xf) | ((q(96) & 0xf) << 4);
+            y.qh[32 * half + k] =
+                (q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6);
+        }
+    }
+    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_int_rounds_half_to_even() {
+        assert_eq!(nearest_int(0.5), 0);
+        assert_eq!(nearest_int(1.5), 2);
+        assert_eq!(nearest_int(-2.5), -2);
+        assert_eq!(nearest_int(-2.6), -3);
+        assert_eq!(nearest_int(126.9), 127);
+    }
+
+    #[test]
+    fn zero_rows_quantize_to_zero() {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q8_K,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            let n = ty.block_len() as usize;
+            let mut dst = vec![0xaau8; ty.block_bytes() as usize];
+            quantize_row(ty, &vec![0.0; n], &mut dst).unwrap();
+            let mut back = vec![1.0; n];
+            crate::dequantize_row(ty, &dst, &mut back).unwrap_or(());
+            if ty != GgmlType::Q8_K {
+                assert!(back.iter().all(|&v| v == 0.0), "{ty}");
+            }
+        }
+    }
+}
