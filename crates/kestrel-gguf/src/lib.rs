@@ -16,11 +16,12 @@ pub use types::GgmlType;
 pub use value::{Value, ValueType};
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A GGUF file mapped into memory, with its parsed and validated header.
 pub struct GgufFile {
     path: PathBuf,
-    map: memmap2::Mmap,
+    map: Arc<memmap2::Mmap>,
     pub header: Header,
 }
 
@@ -39,7 +40,11 @@ impl GgufFile {
             source,
         })?;
         let header = parse(&map)?;
-        Ok(Self { path, map, header })
+        Ok(Self {
+            path,
+            map: Arc::new(map),
+            header,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -49,6 +54,16 @@ impl GgufFile {
     /// Size of the whole file in bytes.
     pub fn file_len(&self) -> u64 {
         self.map.len() as u64
+    }
+
+    /// The shared memory map, for holders of tensor views that outlive this struct.
+    pub fn mmap(&self) -> &Arc<memmap2::Mmap> {
+        &self.map
+    }
+
+    /// Absolute file offset of a tensor's data.
+    pub fn tensor_file_offset(&self, info: &TensorInfo) -> u64 {
+        self.header.data_offset + info.offset
     }
 
     /// The whole mapped file.

@@ -1,6 +1,6 @@
 /// ggml tensor element types, with the ids GGUF stores on disk.
 #[allow(non_camel_case_types)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GgmlType {
     F32,
     F16,

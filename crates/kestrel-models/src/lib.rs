@@ -1,1 +1,28 @@
+//! Model recipes and the CPU forward pass.
+//!
+//! Data flow: a [`weights::TensorStore`] indexes the tensors of a GGUF file or a Hugging Face
+//! folder (memory-mapped, GGUF names); a recipe ([`recipes`]) picks the tensors of each layer
+//! and orders the steps written in [`layers`] (norms, projections, RoPE, attention, MLP), which
+//! call the kernels through [`ops::matmul`]. The KV cache is reached only through [`kv::KvCache`].
+//!
+//! Two matmul paths exist side by side: [`ops::MatmulPath::Reference`] (f32, plain loops — the
+//! oracle) and [`ops::MatmulPath::Quantized`] (8-bit activations, SIMD integer dot products).
 
+pub mod attention;
+pub mod config;
+mod error;
+pub mod kv;
+pub mod layers;
+pub mod model;
+pub mod ops;
+pub mod plan;
+pub mod pool;
+pub mod recipes;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig, RopeLayout};
+pub use error::ModelError;
+pub use kv::{KvCache, KvType};
+pub use model::{LoadOptions, Logits, Model};
+pub use ops::MatmulPath;
+pub use plan::MemoryPlan;

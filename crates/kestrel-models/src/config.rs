@@ -1,0 +1,209 @@
+//! Hyper-parameters, read from GGUF metadata or a Hugging Face config.json.
+
+use crate::ModelError;
+use kestrel_gguf::{Header, Value};
+
+/// The model families kestrel has recipes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    pub fn parse(name: &str) -> Result<Self, ModelError> {
+        match name {
+            "llama" => Ok(Self::Llama),
+            "qwen2" => Ok(Self::Qwen2),
+            "qwen3" => Ok(Self::Qwen3),
+            other => Err(ModelError::UnsupportedArch(other.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How RoPE pairs up the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Adjacent pairs (x[2i], x[2i+1]): llama in GGUF, whose converter permuted q/k rows.
+    Normal,
+    /// Halves (x[i], x[i + d/2]): Hugging Face's rotate_half, and Qwen in GGUF.
+    NeoX,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_layers: usize,
+    /// Residual stream width.
+    pub dim: usize,
+    pub ffn_dim: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_eps: f32,
+    pub rope_base: f32,
+    /// Dimensions of each head that RoPE rotates (the rest pass through).
+    pub rope_dim: usize,
+    pub rope_layout: RopeLayout,
+    pub max_context: usize,
+}
+
+impl ModelConfig {
+    /// Bytes of K and V per token for `elem_bytes` bytes per element (2.0 for f16, 34/32 for q8_0).
+    pub fn kv_bytes_per_token(&self, elem_bytes: f64) -> f64 {
+        (2 * self.n_layers * self.n_kv_heads * self.head_dim) as f64 * elem_bytes
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Read from GGUF metadata (`{arch}.*` keys).
+    pub fn from_gguf(h: &Header) -> Result<Self, ModelError> {
+        let arch_name = h
+            .architecture()
+            .ok_or_else(|| ModelError::MissingParam("general.architecture".into()))?;
+        let arch = Arch::parse(arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let uint = |k: &str| -> Result<usize, ModelError> {
+            let full = key(k);
+            h.get(&full)
+                .ok_or_else(|| ModelError::MissingParam(full.clone()))?
+                .as_u64()
+                .map(|v| v as usize)
+                .ok_or_else(|| ModelError::BadParam {
+                    key: full,
+                    reason: "not an unsigned integer".into(),
+                })
+        };
+        let opt_uint = |k: &str| h.get(&key(k)).and_then(Value::as_u64).map(|v| v as usize);
+        let float = |k: &str| h.get(&key(k)).and_then(Value::as_f64);
+
+        let dim = uint("embedding_length")?;
+        let n_heads = uint("attention.head_count")?;
+        let n_kv_heads = opt_uint("attention.head_count_kv").unwrap_or(n_heads);
+        if n_heads == 0 {
+            return Err(ModelError::BadParam {
+                key: key("attention.head_count"),
+                reason: "zero heads".into(),
+            });
+        }
+        let head_dim = opt_uint("attention.key_length").unwrap_or(dim / n_heads);
+        let vocab_size = match opt_uint("vocab_size") {
+            Some(v) => v,
+            None => h
+                .get("tokenizer.ggml.tokens")
+                .and_then(Value::as_array)
+                .map(|a| a.len())
+                .ok_or_else(|| ModelError::MissingParam(key("vocab_size")))?,
+        };
+        let cfg = Self {
+            arch,
+            n_layers: uint("block_count")?,
+            dim,
+            ffn_dim: uint("feed_forward_length")?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            rms_eps: float("attention.layer_norm_rms_epsilon").unwrap_or(1e-5) as f32,
+            rope_base: float("rope.freq_base").unwrap_or(10_000.0) as f32,
+            rope_dim: opt_uint("rope.dimension_count").unwrap_or(head_dim),
+            rope_layout: match arch {
+                Arch::Llama => RopeLayout::Normal,
+                Arch::Qwen2 | Arch::Qwen3 => RopeLayout::NeoX,
+            },
+            max_context: opt_uint("context_length").unwrap_or(4096),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Read from a Hugging Face config.json. HF checkpoints keep q/k unpermuted, so RoPE is NeoX.
+    pub fn from_hf_json(json: &serde_json::Value) -> Result<Self, ModelError> {
+        let arch = Arch::parse(json["model_type"].as_str().unwrap_or("<missing>"))?;
+        let uint = |k: &str| -> Result<usize, ModelError> {
+            json[k]
+                .as_u64()
+                .map(|v| v as usize)
+                .ok_or_else(|| ModelError::MissingParam(k.to_string()))
+        };
+        let dim = uint("hidden_size")?;
+        let n_heads = uint("num_attention_heads")?;
+        if n_heads == 0 {
+            return Err(ModelError::BadParam {
+                key: "num_attention_heads".into(),
+                reason: "zero heads".into(),
+            });
+        }
+        let head_dim = json["head_dim"]
+            .as_u64()
+            .map(|v| v as usize)
+            .unwrap_or(dim / n_heads);
+        let rope_base = json["rope_parameters"]["rope_theta"]
+            .as_f64()
+            .or_else(|| json["rope_theta"].as_f64())
+            .unwrap_or(10_000.0) as f32;
+        let cfg = Self {
+            arch,
+            n_layers: uint("num_hidden_layers")?,
+            dim,
+            ffn_dim: uint("intermediate_size")?,
+            n_heads,
+            n_kv_heads: json["num_key_value_heads"]
+                .as_u64()
+                .map(|v| v as usize)
+                .unwrap_or(n_heads),
+            head_dim,
+            vocab_size: uint("vocab_size")?,
+            rms_eps: json["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
+            rope_base,
+            rope_dim: head_dim,
+            rope_layout: RopeLayout::NeoX,
+            max_context: json["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        let bad = |key: &str, reason: String| {
+            Err(ModelError::BadParam {
+                key: key.into(),
+                reason,
+            })
+        };
+        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return bad(
+                "head_count_kv",
+                format!("{} heads cannot be grouped over {} kv heads", self.n_heads, self.n_kv_heads),
+            );
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+            return bad(
+                "head_dim",
+                format!("head_dim {} / rope_dim {} must be even and rope_dim <= head_dim", self.head_dim, self.rope_dim),
+            );
+        }
+        for (k, v) in [("n_layers", self.n_layers), ("dim", self.dim), ("ffn_dim", self.ffn_dim), ("vocab_size", self.vocab_size)] {
+            if v == 0 || v > (1 << 24) {
+                return bad(k, format!("value {v} out of range"));
+            }
+        }
+        Ok(())
+    }
+}

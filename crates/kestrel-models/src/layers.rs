@@ -1,0 +1,188 @@
+//! The building blocks the recipes are written in: weights of an attention block and an MLP,
+//! and the steps over them. A recipe is the order of these steps plus what makes its family
+//! different (biases, q/k norms).
+
+use crate::attention::causal_attention;
+use crate::config::ModelConfig;
+use crate::kv::KvCache;
+use crate::ops::{self, MatmulPath, Rope};
+use crate::pool::ThreadPool;
+use crate::weights::{TensorStore, Weight};
+use crate::ModelError;
+
+/// Everything one forward call shares across layers.
+pub struct Ctx<'a> {
+    pub cfg: &'a ModelConfig,
+    pub pool: &'a ThreadPool,
+    pub path: MatmulPath,
+    pub rope: &'a Rope,
+    /// Position of the first token of this batch.
+    pub start: usize,
+    /// Tokens in this batch.
+    pub t_len: usize,
+}
+
+impl Ctx<'_> {
+    /// `x: [T, w.cols] -> [T, w.rows]`
+    pub fn matmul(&self, w: &Weight, x: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let mut out = vec![0f32; self.t_len * w.rows];
+        ops::matmul(self.pool, self.path, w, x, &mut out)?;
+        Ok(out)
+    }
+}
+
+pub struct AttnWeights {
+    pub norm: Vec<f32>,      // (dim)
+    pub wq: Weight,          // (n_heads * head_dim, dim)
+    pub wk: Weight,          // (n_kv_heads * head_dim, dim)
+    pub wv: Weight,          // (n_kv_heads * head_dim, dim)
+    pub wo: Weight,          // (dim, n_heads * head_dim)
+    pub bias: Option<QkvBias>,
+    pub qk_norm: Option<QkNorm>,
+}
+
+/// Biases of the q/k/v projections (Qwen2).
+pub struct QkvBias {
+    pub q: Vec<f32>, // (n_heads * head_dim)
+    pub k: Vec<f32>, // (n_kv_heads * head_dim)
+    pub v: Vec<f32>, // (n_kv_heads * head_dim)
+}
+
+/// RMSNorm over each head of q and k before RoPE (Qwen3).
+pub struct QkNorm {
+    pub q: Vec<f32>, // (head_dim)
+    pub k: Vec<f32>, // (head_dim)
+}
+
+pub struct MlpWeights {
+    pub norm: Vec<f32>, // (dim)
+    pub gate: Weight,   // (ffn_dim, dim)
+    pub up: Weight,     // (ffn_dim, dim)
+    pub down: Weight,   // (dim, ffn_dim)
+}
+
+pub struct LayerWeights {
+    pub attn: AttnWeights,
+    pub mlp: MlpWeights,
+}
+
+/// Which optional parts a family's attention block has.
+pub struct AttnParts {
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+}
+
+pub fn load_layer(
+    store: &TensorStore,
+    cfg: &ModelConfig,
+    i: usize,
+    parts: AttnParts,
+) -> Result<LayerWeights, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let (dim, q_dim, kv_dim) = (cfg.dim, cfg.q_dim(), cfg.kv_dim());
+    let bias = if parts.qkv_bias {
+        Some(QkvBias {
+            q: store.vector(&n("attn_q.bias"), q_dim)?,
+            k: store.vector(&n("attn_k.bias"), kv_dim)?,
+            v: store.vector(&n("attn_v.bias"), kv_dim)?,
+        })
+    } else {
+        None
+    };
+    let qk_norm = if parts.qk_norm {
+        Some(QkNorm {
+            q: store.vector(&n("attn_q_norm.weight"), cfg.head_dim)?,
+            k: store.vector(&n("attn_k_norm.weight"), cfg.head_dim)?,
+        })
+    } else {
+        None
+    };
+    Ok(LayerWeights {
+        attn: AttnWeights {
+            norm: store.vector(&n("attn_norm.weight"), dim)?,
+            wq: store.matrix(&n("attn_q.weight"), q_dim, dim)?,
+            wk: store.matrix(&n("attn_k.weight"), kv_dim, dim)?,
+            wv: store.matrix(&n("attn_v.weight"), kv_dim, dim)?,
+            wo: store.matrix(&n("attn_output.weight"), dim, q_dim)?,
+            bias,
+            qk_norm,
+        },
+        mlp: MlpWeights {
+            norm: store.vector(&n("ffn_norm.weight"), dim)?,
+            gate: store.matrix(&n("ffn_gate.weight"), cfg.ffn_dim, dim)?,
+            up: store.matrix(&n("ffn_up.weight"), cfg.ffn_dim, dim)?,
+            down: store.matrix(&n("ffn_down.weight"), dim, cfg.ffn_dim)?,
+        },
+    })
+}
+
+/// Q, K, V of a batch: `[T, q_dim]`, `[T, kv_dim]`, `[T, kv_dim]`.
+pub struct Qkv {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+}
+
+/// The attention block's input norm and projections.
+pub fn project_qkv(ctx: &Ctx, a: &AttnWeights, x: &[f32]) -> Result<Qkv, ModelError> {
+    let mut h = vec![0f32; x.len()];
+    ops::rms_norm_into(x, &a.norm, ctx.cfg.rms_eps, &mut h);
+    Ok(Qkv {
+        q: ctx.matmul(&a.wq, &h)?,
+        k: ctx.matmul(&a.wk, &h)?,
+        v: ctx.matmul(&a.wv, &h)?,
+    })
+}
+
+pub fn add_qkv_bias(qkv: &mut Qkv, b: &QkvBias) {
+    ops::add_bias(&mut qkv.q, &b.q);
+    ops::add_bias(&mut qkv.k, &b.k);
+    ops::add_bias(&mut qkv.v, &b.v);
+}
+
+pub fn qk_head_norm(ctx: &Ctx, qkv: &mut Qkv, n: &QkNorm) {
+    ops::rms_norm(&mut qkv.q, &n.q, ctx.cfg.rms_eps);
+    ops::rms_norm(&mut qkv.k, &n.k, ctx.cfg.rms_eps);
+}
+
+/// RoPE, cache write, attention over the cache, output projection; adds the result to `x`.
+pub fn attend(
+    ctx: &Ctx,
+    a: &AttnWeights,
+    layer: usize,
+    mut qkv: Qkv,
+    cache: &mut KvCache,
+    x: &mut [f32],
+) -> Result<(), ModelError> {
+    let cfg = ctx.cfg;
+    ctx.rope.apply(&mut qkv.q, cfg.head_dim);
+    ctx.rope.apply(&mut qkv.k, cfg.head_dim);
+    cache.write(layer, ctx.start, &qkv.k, &qkv.v);
+    let mut att = vec![0f32; qkv.q.len()];
+    causal_attention(
+        ctx.pool,
+        cache,
+        layer,
+        &qkv.q,
+        ctx.start,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        &mut att,
+    );
+    let o = ctx.matmul(&a.wo, &att)?;
+    ops::add_in_place(x, &o);
+    Ok(())
+}
+
+/// `x += down(silu(gate(norm(x))) * up(norm(x)))`
+pub fn mlp(ctx: &Ctx, m: &MlpWeights, x: &mut [f32]) -> Result<(), ModelError> {
+    let mut h = vec![0f32; x.len()];
+    ops::rms_norm_into(x, &m.norm, ctx.cfg.rms_eps, &mut h);
+    let mut gate = ctx.matmul(&m.gate, &h)?;
+    let up = ctx.matmul(&m.up, &h)?;
+    ops::swiglu(&mut gate, &up);
+    let down = ctx.matmul(&m.down, &gate)?;
+    ops::add_in_place(x, &down);
+    Ok(())
+}

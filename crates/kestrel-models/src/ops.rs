@@ -1,0 +1,195 @@
+//! Layer helpers shared by every recipe: norms, RoPE, activations, and the matmul front door.
+//! Activations are row-major `[T, width]` f32 buffers, one row per token.
+
+use crate::pool::{SharedMut, ThreadPool};
+use crate::weights::Weight;
+use crate::ModelError;
+use kestrel_gguf::GgmlType;
+
+/// Which kernels compute the matmuls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatmulPath {
+    /// The oracle: every weight row decoded to f32, dotted with f32 activations in plain
+    /// sequential order. Slow and obviously right; every faster kernel is checked against it.
+    Reference,
+    /// As llama.cpp's CPU backend: activations quantized once per matmul to the weight type's
+    /// 8-bit partner block, integer dot products with SIMD kernels.
+    Quantized,
+}
+
+/// RMSNorm of each row of `x` (rows of `w.len()`), in place: x * w / sqrt(mean(x²) + eps).
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(w.len()) {
+        let ss: f32 = row.iter().map(|v| v * v).sum::<f32>() / w.len() as f32;
+        let scale = 1.0 / (ss + eps).sqrt();
+        for (v, g) in row.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
+/// `out = rms_norm(x)` without touching `x`.
+pub fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    out.copy_from_slice(x);
+    rms_norm(out, w, eps);
+}
+
+/// Adds `bias` (length = row width) to every row.
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += b;
+        }
+    }
+}
+
+/// `gate = silu(gate) * up`, elementwise (the SwiGLU of the MLP).
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `x += y`
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Rotary position embedding tables for one batch of positions.
+pub struct Rope {
+    /// [T, rope_dim / 2] cos and sin of position * theta_i.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+    n_pos: usize,
+    neox: bool,
+}
+
+impl Rope {
+    pub fn new(positions: &[usize], rope_dim: usize, base: f32, neox: bool) -> Self {
+        let half = rope_dim / 2;
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &p in positions {
+            for i in 0..half {
+                // theta_i = base^(-2i / d), as transformers' inv_freq; angles in f64 for accuracy.
+                let inv_freq = (base as f64).powf(-2.0 * i as f64 / rope_dim as f64);
+                let angle = p as f64 * inv_freq as f32 as f64;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Self {
+            cos,
+            sin,
+            half,
+            n_pos: positions.len(),
+            neox,
+        }
+    }
+
+    /// Rotates every head of every row of `x` (`[T, n_heads * head_dim]`) in place.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize) {
+        let row_len = x.len() / self.n_pos.max(1);
+        for (t, row) in x.chunks_exact_mut(row_len).enumerate() {
+            let cos = &self.cos[t * self.half..(t + 1) * self.half];
+            let sin = &self.sin[t * self.half..(t + 1) * self.half];
+            for head in row.chunks_exact_mut(head_dim) {
+                for i in 0..self.half {
+                    let (a, b) = if self.neox { (i, i + self.half) } else { (2 * i, 2 * i + 1) };
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * cos[i] - x1 * sin[i];
+                    head[b] = x0 * sin[i] + x1 * cos[i];
+                }
+            }
+        }
+    }
+}
+
+/// Weight rows per pool task: enough tasks to balance, few enough to keep overhead low.
+fn rows_per_task(rows: usize, n_threads: usize) -> usize {
+    if n_threads <= 1 {
+        return rows;
+    }
+    (rows / (n_threads * 8)).clamp(16, 1024)
+}
+
+/// `out[t, r] = dot(w[r, :], x[t, :])` for `x: [T, w.cols]`, `out: [T, w.rows]`.
+pub fn matmul(
+    pool: &ThreadPool,
+    path: MatmulPath,
+    w: &Weight,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    let (rows, cols) = (w.rows, w.cols);
+    let t_len = x.len() / cols;
+    debug_assert_eq!(x.len(), t_len * cols);
+    debug_assert_eq!(out.len(), t_len * rows);
+    let chunk = rows_per_task(rows, pool.n_threads());
+    let n_tasks = rows.div_ceil(chunk);
+    let out_ptr = SharedMut::new(out);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    match path {
+        MatmulPath::Reference => {
+            pool.run(n_tasks, &|task| {
+                let mut wrow = vec![0f32; cols];
+                for r in task * chunk..((task + 1) * chunk).min(rows) {
+                    if w.row_f32(r, &mut wrow).is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
+                    for t in 0..t_len {
+                        let xr = &x[t * cols..(t + 1) * cols];
+                        let mut acc = 0f32;
+                        for (a, b) in wrow.iter().zip(xr) {
+                            acc += a * b;
+                        }
+                        // SAFETY: (t, r) is written by the task that owns row r only.
+                        unsafe { out_ptr.slice(t * rows + r, 1)[0] = acc };
+                    }
+                }
+            });
+        }
+        MatmulPath::Quantized => {
+            let act_ty = kestrel_quant::vec_dot_type(w.ty);
+            let act_row = act_ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+            let mut acts = vec![0u8; t_len * act_row];
+            for t in 0..t_len {
+                quantize_activations(
+                    act_ty,
+                    &x[t * cols..(t + 1) * cols],
+                    &mut acts[t * act_row..(t + 1) * act_row],
+                )?;
+            }
+            let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
+            pool.run(n_tasks, &|task| {
+                let mut dots = vec![0f32; t_len];
+                for r in task * chunk..((task + 1) * chunk).min(rows) {
+                    if kestrel_quant::vec_dot_multi(w.ty, cols, w.row(r), &act_rows, &mut dots).is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    }
+                    for (t, d) in dots.iter().enumerate() {
+                        // SAFETY: as above.
+                        unsafe { out_ptr.slice(t * rows + r, 1)[0] = *d };
+                    }
+                }
+            });
+        }
+    }
+    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(ModelError::BadType {
+            name: w.name.clone(),
+            ty: w.ty.to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn quantize_activations(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), ModelError> {
+    kestrel_quant::quantize_row(ty, x, out)?;
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! Llama (SmolLM2, Llama 2/3): pre-norm attention and SwiGLU MLP, no biases.
+
+use crate::config::ModelConfig;
+use crate::kv::KvCache;
+use crate::layers::{self, AttnParts, Ctx, LayerWeights};
+use crate::weights::TensorStore;
+use crate::ModelError;
+
+pub fn load_layer(store: &TensorStore, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, ModelError> {
+    let parts = AttnParts { qkv_bias: false, qk_norm: false };
+    layers::load_layer(store, cfg, i, parts)
+}
+
+pub fn forward_layer(
+    ctx: &Ctx,
+    l: &LayerWeights,
+    i: usize,
+    cache: &mut KvCache,
+    x: &mut [f32],
+) -> Result<(), ModelError> {
+    let qkv = layers::project_qkv(ctx, &l.attn, x)?;
+    layers::attend(ctx, &l.attn, i, qkv, cache, x)?;
+    layers::mlp(ctx, &l.mlp, x)
+}

@@ -1,0 +1,5 @@
+//! One file per model family: which tensors a layer has and the order of its steps.
+
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;

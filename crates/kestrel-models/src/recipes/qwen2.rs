@@ -1,0 +1,27 @@
+//! Qwen2 / Qwen2.5: llama's layer plus biases on the q, k and v projections.
+
+use crate::config::ModelConfig;
+use crate::kv::KvCache;
+use crate::layers::{self, AttnParts, Ctx, LayerWeights};
+use crate::weights::TensorStore;
+use crate::ModelError;
+
+pub fn load_layer(store: &TensorStore, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, ModelError> {
+    let parts = AttnParts { qkv_bias: true, qk_norm: false };
+    layers::load_layer(store, cfg, i, parts)
+}
+
+pub fn forward_layer(
+    ctx: &Ctx,
+    l: &LayerWeights,
+    i: usize,
+    cache: &mut KvCache,
+    x: &mut [f32],
+) -> Result<(), ModelError> {
+    let mut qkv = layers::project_qkv(ctx, &l.attn, x)?;
+    if let Some(b) = &l.attn.bias {
+        layers::add_qkv_bias(&mut qkv, b); // what makes it Qwen2
+    }
+    layers::attend(ctx, &l.attn, i, qkv, cache, x)?;
+    layers::mlp(ctx, &l.mlp, x)
+}

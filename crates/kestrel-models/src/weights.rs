@@ -1,0 +1,297 @@
+//! Typed views of weight tensors, borrowed from a memory map (GGUF, safetensors): no copy at load.
+//!
+//! Every tensor is addressed by its GGUF name (`blk.3.attn_q.weight`); Hugging Face names are
+//! mapped onto those, so recipes see one naming scheme whatever the file format.
+
+use crate::ModelError;
+use kestrel_gguf::{GgmlType, GgufFile};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A 2-D weight matrix `[rows, cols]` (row-major; each row is `cols` elements in `ty` blocks).
+pub struct Weight {
+    pub name: String,
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    row_bytes: usize,
+    map: Arc<memmap2::Mmap>,
+    start: usize,
+}
+
+impl Weight {
+    /// All rows, contiguous.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map[self.start..self.start + self.rows * self.row_bytes]
+    }
+
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// The encoded bytes of row `r`.
+    pub fn row(&self, r: usize) -> &[u8] {
+        let s = self.start + r * self.row_bytes;
+        &self.map[s..s + self.row_bytes]
+    }
+
+    /// Row `r` decoded to f32.
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        kestrel_quant::dequantize_row(self.ty, self.row(r), &mut out[..self.cols])?;
+        Ok(())
+    }
+
+    /// The whole tensor decoded to f32 (for small vectors: norms, biases).
+    pub fn to_f32(&self) -> Result<Vec<f32>, ModelError> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for r in 0..self.rows {
+            self.row_f32(r, &mut out[r * self.cols..(r + 1) * self.cols])?;
+        }
+        Ok(out)
+    }
+}
+
+/// One entry of the tensor index: where the bytes are and what they hold.
+struct Entry {
+    ty: GgmlType,
+    /// Shape in ggml order (dims[0] is the row length).
+    dims: Vec<usize>,
+    map: Arc<memmap2::Mmap>,
+    start: usize,
+    len: usize,
+}
+
+/// All tensors of a model file (or folder of files), by GGUF name.
+pub struct TensorStore {
+    pub path: PathBuf,
+    entries: HashMap<String, Entry>,
+}
+
+impl TensorStore {
+    pub fn from_gguf(file: &GgufFile) -> Self {
+        let entries = file
+            .header
+            .tensors
+            .iter()
+            .map(|t| {
+                let entry = Entry {
+                    ty: t.ggml_type,
+                    dims: t.dims.iter().map(|&d| d as usize).collect(),
+                    map: file.mmap().clone(),
+                    start: file.tensor_file_offset(t) as usize,
+                    len: t.n_bytes as usize,
+                };
+                (t.name.clone(), entry)
+            })
+            .collect();
+        Self {
+            path: file.path().to_path_buf(),
+            entries,
+        }
+    }
+
+    /// Every `*.safetensors` file of a Hugging Face folder.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self, ModelError> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|source| ModelError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .filter(|p| p.file_name().is_some_and(|n| n != "reference.safetensors"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(ModelError::BadFile {
+                path: dir.to_path_buf(),
+                reason: "no *.safetensors files in the folder".into(),
+            });
+        }
+        let mut entries = HashMap::new();
+        for path in files {
+            let bad = |reason: String| ModelError::BadFile {
+                path: path.clone(),
+                reason,
+            };
+            let file = std::fs::File::open(&path).map_err(|source| ModelError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            // SAFETY: read-only map of a model file (see kestrel_gguf::GgufFile::open).
+            let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.map_err(|source| {
+                ModelError::Io {
+                    path: path.clone(),
+                    source,
+                }
+            })?);
+            let st = safetensors::SafeTensors::deserialize(&map)
+                .map_err(|e| bad(format!("invalid safetensors: {e}")))?;
+            for (name, view) in st.tensors() {
+                let ty = match view.dtype() {
+                    safetensors::Dtype::F32 => GgmlType::F32,
+                    safetensors::Dtype::F16 => GgmlType::F16,
+                    safetensors::Dtype::BF16 => GgmlType::BF16,
+                    other => return Err(bad(format!("tensor '{name}' has unsupported dtype {other:?}"))),
+                };
+                let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
+                // safetensors shapes are outermost-first; ggml order is innermost-first.
+                let dims: Vec<usize> = view.shape().iter().rev().copied().collect();
+                let entry = Entry {
+                    ty,
+                    dims,
+                    map: map.clone(),
+                    start,
+                    len: view.data().len(),
+                };
+                entries.insert(hf_to_gguf_name(&name), entry);
+            }
+        }
+        Ok(Self {
+            path: dir.to_path_buf(),
+            entries,
+        })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// (name, type, bytes) of every tensor, sorted by name.
+    pub fn list(&self) -> Vec<(String, GgmlType, u64)> {
+        let mut v: Vec<_> = self
+            .entries
+            .iter()
+            .map(|(n, e)| (n.clone(), e.ty, e.len as u64))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Total bytes of all tensors.
+    pub fn total_bytes(&self) -> u64 {
+        self.entries.values().map(|e| e.len as u64).sum()
+    }
+
+    /// A matrix of `rows` rows of `cols` elements.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+        let e = self
+            .entries
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let found_rows: usize = e.dims.iter().skip(1).product();
+        if e.dims.first() != Some(&cols) || found_rows != rows {
+            return Err(ModelError::BadShape {
+                name: name.to_string(),
+                expected: vec![cols, rows],
+                found: e.dims.clone(),
+            });
+        }
+        if !cpu_supports(e.ty) {
+            return Err(ModelError::BadType {
+                name: name.to_string(),
+                ty: e.ty.to_string(),
+            });
+        }
+        let row_bytes = e.ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+        debug_assert_eq!(row_bytes * rows, e.len);
+        Ok(Weight {
+            name: name.to_string(),
+            ty: e.ty,
+            rows,
+            cols,
+            row_bytes,
+            map: e.map.clone(),
+            start: e.start,
+        })
+    }
+
+    /// A vector of `len` elements decoded to f32 (norm weights, biases).
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        self.matrix(name, 1, len)?.to_f32()
+    }
+
+    pub fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        if self.contains(name) {
+            self.vector(name, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Touch every page of the tensor data so the first forward pass does not stall on page
+    /// faults; `progress(done, total)` is called as bytes are touched.
+    pub fn prefault(&self, progress: &mut dyn FnMut(u64, u64)) {
+        let total = self.total_bytes();
+        let mut done = 0u64;
+        let mut sink = 0u8;
+        for e in self.entries.values() {
+            let bytes = &e.map[e.start..e.start + e.len];
+            for chunk in bytes.chunks(1 << 22) {
+                for page in chunk.iter().step_by(4096) {
+                    sink ^= *page;
+                }
+                done += chunk.len() as u64;
+                progress(done, total);
+            }
+        }
+        std::hint::black_box(sink);
+    }
+}
+
+/// Maps Hugging Face parameter names onto GGUF names; unknown names pass through unchanged.
+fn hf_to_gguf_name(hf: &str) -> String {
+    match hf {
+        "model.embed_tokens.weight" => return "token_embd.weight".into(),
+        "model.norm.weight" => return "output_norm.weight".into(),
+        "lm_head.weight" => return "output.weight".into(),
+        _ => {}
+    }
+    let Some(rest) = hf.strip_prefix("model.layers.") else {
+        return hf.to_string();
+    };
+    let Some((layer, param)) = rest.split_once('.') else {
+        return hf.to_string();
+    };
+    let mapped = match param {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.q_proj.bias" => "attn_q.bias",
+        "self_attn.k_proj.bias" => "attn_k.bias",
+        "self_attn.v_proj.bias" => "attn_v.bias",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        _ => return hf.to_string(),
+    };
+    format!("blk.{layer}.{mapped}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hf_to_gguf_name;
+
+    #[test]
+    fn hf_names_map_to_gguf_names() {
+        assert_eq!(hf_to_gguf_name("model.layers.3.self_attn.q_proj.bias"), "blk.3.attn_q.bias");
+        assert_eq!(hf_to_gguf_name("model.layers.0.mlp.down_proj.weight"), "blk.0.ffn_down.weight");
+        assert_eq!(hf_to_gguf_name("lm_head.weight"), "output.weight");
+        assert_eq!(hf_to_gguf_name("something.else"), "something.else");
+    }
+}
+
+/// Weight types the CPU kernels can multiply.
+fn cpu_supports(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+    )
+}
