@@ -37,7 +37,22 @@ pub fn vec_dot_type(w: GgmlType) -> GgmlType {
 
 /// Whether [`vec_dot`] has a kernel for weights of type `w`.
 pub fn has_vec_dot(w: GgmlType) -> bool {
-    vec_dot_type(w) != w || w == GgmlType::F32
+    matches!(
+        w,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+    )
 }
 
 /// A kernel family. Ordered from slowest to fastest.
