@@ -1,1 +1,48 @@
+//! Token sampling for kestrel: a chain of small logit processors driven by a
+//! per-request seeded RNG.
+//!
+//! Given the logits for the next position and the tokens of the sequence so
+//! far, [`Sampler::sample`] runs the same default chain as llama.cpp:
+//!
+//! ```text
+//! logits ─► candidates (id, logit); NaN is treated as -inf
+//!        ─► penalties    repeat / presence / frequency over the last `repeat_last_n` tokens
+//!        ─► (greedy?)    temperature == 0 or top_k == 1: argmax, ties to the lowest id
+//!        ─► top-k        keep the k highest logits (partial select, no full sort)
+//!        ─► top-p        keep the smallest prefix whose probability mass reaches p
+//!        ─► min-p        drop tokens with p < min_p × p_max
+//!        ─► temperature  divide logits by T
+//!        ─► dist         draw from the softmax with the request's seeded RNG
+//! ```
+//!
+//! Every stage is a small processor in [`processors`] that works on a
+//! [`Candidates`] list and can be used and tested on its own. The RNG is a
+//! hand-written xoshiro256** seeded through splitmix64 ([`rng`]), so a seeded
+//! request gives the same tokens forever, independent of any crate version.
+//!
+//! [`logprobs`] returns the top-k log-probabilities (log-softmax of the raw
+//! logits) for the OpenAI `logprobs` option.
+//!
+//! ```
+//! use kestrel_sampler::{Sampler, SamplingParams};
+//!
+//! let params = SamplingParams { seed: Some(42), ..SamplingParams::default() };
+//! let mut sampler = Sampler::new(params, 4).expect("valid params");
+//! let token = sampler.sample(&[0.1, 2.0, -1.0, 0.5], &[]);
+//! assert!(token < 4);
+//! ```
 
+pub mod candidates;
+pub mod error;
+pub mod logprobs;
+pub mod params;
+pub mod processors;
+pub mod rng;
+pub mod sampler;
+
+pub use candidates::{Candidate, Candidates};
+pub use error::SamplerError;
+pub use logprobs::logprobs;
+pub use params::SamplingParams;
+pub use rng::Xoshiro256StarStar;
+pub use sampler::Sampler;

@@ -1,0 +1,267 @@
+//! The candidates list every processor works on.
+
+use std::cmp::Ordering;
+
+/// One token still in the running, with its (possibly processed) logit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// Token id.
+    pub id: u32,
+    /// Logit; never NaN (NaN inputs become `-inf`).
+    pub logit: f32,
+}
+
+/// Descending logit, ties broken to the lowest id. Total (no NaN panics).
+pub(crate) fn by_logit_desc(a: &Candidate, b: &Candidate) -> Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
+}
+
+/// Collects the `k` best of `items` into `buf`, sorted (ties to the lowest
+/// id). One pass: candidates that beat the current k-th best go into a
+/// buffer of `2k`, compacted to the best `k` whenever it fills, so the cost
+/// is O(n) even for adversarial orders, and on real logits almost every
+/// item is rejected by one comparison.
+pub(crate) fn top_k_into(
+    items: impl Iterator<Item = Candidate>,
+    k: usize,
+    buf: &mut Vec<Candidate>,
+) {
+    buf.clear();
+    if k == 0 {
+        return;
+    }
+    buf.reserve(2 * k);
+    let mut kth: Option<Candidate> = None;
+    for c in items {
+        if let Some(t) = &kth {
+            if by_logit_desc(&c, t).is_ge() {
+                continue;
+            }
+        }
+        buf.push(c);
+        if buf.len() == 2 * k {
+            buf.select_nth_unstable_by(k - 1, by_logit_desc);
+            buf.truncate(k);
+            kth = Some(buf[k - 1]);
+        }
+    }
+    if buf.len() > k {
+        buf.select_nth_unstable_by(k - 1, by_logit_desc);
+        buf.truncate(k);
+    }
+    buf.sort_unstable_by(by_logit_desc);
+}
+
+/// A list of candidates, reusable across calls.
+///
+/// It remembers how long a prefix is already sorted (by descending logit,
+/// ties to the lowest id) and holds the top elements, so processors can
+/// sort only as far as they need to.
+#[derive(Debug, Clone, Default)]
+pub struct Candidates {
+    data: Vec<Candidate>,
+    /// `data[..sorted]` holds the `sorted` best candidates, in order.
+    sorted: usize,
+    /// Reusable buffer for [`Candidates::keep_top`].
+    spare: Vec<Candidate>,
+}
+
+impl Candidates {
+    /// An empty list with room for `n` candidates.
+    pub fn with_capacity(n: usize) -> Self {
+        Candidates {
+            data: Vec::with_capacity(n),
+            sorted: 0,
+            spare: Vec::new(),
+        }
+    }
+
+    /// A new list from raw logits (see [`Candidates::fill`]).
+    pub fn from_logits(logits: &[f32]) -> Self {
+        let mut c = Candidates::with_capacity(logits.len());
+        c.fill(logits);
+        c
+    }
+
+    /// Replaces the contents with one candidate per logit, in id order,
+    /// reusing the buffer. NaN logits become `-inf`.
+    pub fn fill(&mut self, logits: &[f32]) {
+        self.data.clear();
+        self.data
+            .extend(logits.iter().enumerate().map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+            }));
+        self.sorted = 0;
+    }
+
+    /// The candidates in their current order.
+    pub fn as_slice(&self) -> &[Candidate] {
+        &self.data
+    }
+
+    /// Number of candidates.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether no candidate is left.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Whether the whole list is sorted by descending logit.
+    pub fn is_sorted(&self) -> bool {
+        self.sorted == self.data.len()
+    }
+
+    /// Token ids in current order.
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.data.iter().map(|c| c.id)
+    }
+
+    /// The candidate for token `id`, if still present.
+    pub fn get(&self, id: u32) -> Option<&Candidate> {
+        self.position(id).map(|i| &self.data[i])
+    }
+
+    /// Largest logit (`-inf` when empty).
+    pub fn max_logit(&self) -> f32 {
+        if self.sorted > 0 {
+            return self.data[0].logit;
+        }
+        self.data.iter().fold(
+            f32::NEG_INFINITY,
+            |m, c| if c.logit > m { c.logit } else { m },
+        )
+    }
+
+    fn position(&self, id: u32) -> Option<usize> {
+        // Fast path: a freshly filled list is indexed by id.
+        let i = id as usize;
+        if self.data.get(i).is_some_and(|c| c.id == id) {
+            return Some(i);
+        }
+        self.data.iter().position(|c| c.id == id)
+    }
+
+    /// Mutable access to token `id`'s logit; forgets the sort order.
+    pub(crate) fn logit_mut(&mut self, id: u32) -> Option<&mut f32> {
+        let i = self.position(id)?;
+        self.sorted = 0;
+        Some(&mut self.data[i].logit)
+    }
+
+    /// Applies `f` to every logit. `f` must be non-decreasing so the sort
+    /// order stays valid (e.g. division by a positive temperature).
+    pub(crate) fn map_logits_monotone(&mut self, f: impl Fn(f32) -> f32) {
+        for c in &mut self.data {
+            c.logit = f(c.logit);
+        }
+    }
+
+    /// Makes sure the first `k` entries are the `k` best, sorted. Only the
+    /// unsorted tail is partially selected, so growing `k` is incremental.
+    pub(crate) fn sort_prefix(&mut self, k: usize) {
+        let k = k.min(self.data.len());
+        if k <= self.sorted {
+            return;
+        }
+        let tail = &mut self.data[self.sorted..];
+        let want = k - self.sorted;
+        if want < tail.len() {
+            tail.select_nth_unstable_by(want - 1, by_logit_desc);
+        }
+        tail[..want].sort_unstable_by(by_logit_desc);
+        self.sorted = k;
+    }
+
+    /// Keeps only the `k` best candidates, sorted, in one pass over the
+    /// list (see [`top_k_into`]); no sort of the whole list.
+    pub(crate) fn keep_top(&mut self, k: usize) {
+        if k >= self.data.len() {
+            self.sort_prefix(k);
+            return;
+        }
+        if k == 0 || self.sorted > 0 {
+            self.sort_prefix(k);
+            self.truncate(k);
+            return;
+        }
+        let buf = &mut self.spare;
+        top_k_into(self.data.iter().copied(), k, buf);
+        // Copy back (k is small) so `data` keeps its vocabulary-sized buffer.
+        self.data.clear();
+        self.data.extend_from_slice(buf);
+        self.sorted = self.data.len();
+    }
+
+    /// Keeps the first `n` candidates.
+    pub(crate) fn truncate(&mut self, n: usize) {
+        self.data.truncate(n);
+        self.sorted = self.sorted.min(self.data.len());
+    }
+
+    /// Keeps the candidates whose logit is `>= threshold`, preserving order.
+    pub(crate) fn retain_at_least(&mut self, threshold: f32) {
+        let sorted = self.sorted;
+        let mut kept_sorted = 0;
+        let mut w = 0;
+        for r in 0..self.data.len() {
+            let c = self.data[r];
+            if c.logit >= threshold {
+                self.data[w] = c;
+                w += 1;
+                if r < sorted {
+                    kept_sorted += 1;
+                }
+            }
+        }
+        self.data.truncate(w);
+        // A threshold keeps a prefix of the sorted prefix; if it cut into
+        // that prefix, everything after it was below the cut as well.
+        self.sorted = kept_sorted;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_becomes_neg_inf() {
+        let c = Candidates::from_logits(&[1.0, f32::NAN, 2.0]);
+        assert_eq!(c.as_slice()[1].logit, f32::NEG_INFINITY);
+        assert_eq!(c.max_logit(), 2.0);
+    }
+
+    #[test]
+    fn keep_top_matches_full_sort_on_any_order() {
+        let shuffled: Vec<f32> = (0..5000).map(|i| ((i * 7919) % 5000) as f32).collect();
+        let ascending: Vec<f32> = (0..5000).map(|i| i as f32).collect();
+        let ties = vec![1.0f32; 5000];
+        for logits in [shuffled, ascending, ties] {
+            for k in [1, 2, 40, 1000, 4999] {
+                let mut c = Candidates::from_logits(&logits);
+                c.keep_top(k);
+                let mut want = Candidates::from_logits(&logits);
+                want.data.sort_by(by_logit_desc);
+                want.data.truncate(k);
+                assert_eq!(c.as_slice(), want.as_slice());
+                assert!(c.is_sorted());
+            }
+        }
+    }
+
+    #[test]
+    fn sort_prefix_is_incremental_and_correct() {
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32).collect();
+        let mut c = Candidates::from_logits(&logits);
+        c.sort_prefix(10);
+        c.sort_prefix(100);
+        let mut all = logits.clone();
+        all.sort_by(|a, b| b.total_cmp(a));
+        let got: Vec<f32> = c.as_slice()[..100].iter().map(|c| c.logit).collect();
+        assert_eq!(got, all[..100]);
+    }
+}
