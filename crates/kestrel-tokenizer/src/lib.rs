@@ -332,3 +332,10 @@ fn register_added_tokens(inner: &mut tokenizers::Tokenizer, vocab: &Vocab) {
     inner.add_tokens(&plain);
     inner.set_encode_special_tokens(true);
 }
+
+// A server shares one tokenizer and template across request threads.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Tokenizer>();
+    shared::<ChatTemplate>();
+};

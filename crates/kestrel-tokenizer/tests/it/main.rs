@@ -5,6 +5,7 @@
 
 mod common;
 mod llamacpp_chat;
+mod llamacpp_generate;
 mod llamacpp_tokenize;
 mod stream;
 mod tiny;
