@@ -208,7 +208,7 @@ pub fn write_block<B: Block>(block: &B, bytes: &mut [u8]) {
 /// Bytes of a row of `n` elements of `ty`, or an error when `n` is not a whole number of blocks.
 pub fn row_bytes(ty: GgmlType, n: usize) -> Result<usize, crate::QuantError> {
     let block_len = ty.block_len() as usize;
-    if n % block_len != 0 {
+    if !n.is_multiple_of(block_len) {
         return Err(crate::QuantError::NotBlockMultiple { ty, n, block_len });
     }
     Ok(n / block_len * ty.block_bytes() as usize)

@@ -138,6 +138,7 @@ fn q2_k(x: &BlockQ2K, y: &mut [f32]) {
     }
 }
 
+#[allow(clippy::needless_range_loop)]
 fn q3_k(x: &BlockQ3K, y: &mut [f32]) {
     let d_all = x.d.to_f32();
     let scales = q3k_scales(&x.scales);

@@ -447,6 +447,7 @@ fn q4_k(x: &[f32]) -> BlockQ4K {
 }
 
 /// `quantize_row_q6_K_ref`.
+#[allow(clippy::needless_range_loop)]
 fn q6_k(x: &[f32]) -> BlockQ6K {
     let mut l = [0i8; QK_K];
     let mut scales = [0f32; 16];

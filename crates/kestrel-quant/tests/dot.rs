@@ -61,7 +61,11 @@ fn exact(w: GgmlType, n: usize, x: &[u8], y: &[u8]) -> (f64, f64) {
             dot += m * (s - sum_y);
         }
     }
-    let mag = xf.iter().zip(&yf).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+    let mag = xf
+        .iter()
+        .zip(&yf)
+        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+        .sum();
     (dot, mag)
 }
 
@@ -80,7 +84,11 @@ fn every_backend_matches_the_scalar_oracle() {
             for (c, y) in acts.iter().enumerate() {
                 let (e, mag) = exact(w, n, &x, y);
                 let err = (oracle[c] as f64 - e).abs();
-                assert!(err <= ORACLE_VS_F64_TOL * mag + 1e-30, "{w} n={n}: oracle {} vs f64 {e} (mag {mag})", oracle[c]);
+                assert!(
+                    err <= ORACLE_VS_F64_TOL * mag + 1e-30,
+                    "{w} n={n}: oracle {} vs f64 {e} (mag {mag})",
+                    oracle[c]
+                );
             }
             for &b in &backends {
                 let mut got = vec![0f32; acts.len()];
@@ -88,11 +96,20 @@ fn every_backend_matches_the_scalar_oracle() {
                 for (c, y) in acts.iter().enumerate() {
                     let (_, mag) = exact(w, n, &x, y);
                     let err = (got[c] as f64 - oracle[c] as f64).abs();
-                    assert!(err <= SIMD_VS_SCALAR_TOL * mag + 1e-30, "{w} n={n} {b:?} row {c}: {} vs oracle {}", got[c], oracle[c]);
+                    assert!(
+                        err <= SIMD_VS_SCALAR_TOL * mag + 1e-30,
+                        "{w} n={n} {b:?} row {c}: {} vs oracle {}",
+                        got[c],
+                        oracle[c]
+                    );
                     // The multi-row kernels do per row exactly what the one-row kernel does.
                     let mut single = [0f32];
                     vec_dot_multi_with(b, w, n, &x, &refs[c..c + 1], &mut single).unwrap();
-                    assert_eq!(single[0].to_bits(), got[c].to_bits(), "{w} {b:?} multi vs single, row {c}");
+                    assert_eq!(
+                        single[0].to_bits(),
+                        got[c].to_bits(),
+                        "{w} {b:?} multi vs single, row {c}"
+                    );
                 }
             }
         }
@@ -105,12 +122,27 @@ fn bad_shapes_are_errors() {
     let x = vec![0u8; 144];
     let y = vec![0u8; 292];
     assert!(try_vec_dot(GgmlType::Q4_K, 256, &x, &y).is_ok());
-    assert!(matches!(try_vec_dot(GgmlType::Q4_K, 256, &x[..143], &y), Err(QuantError::ByteLen { .. })));
-    assert!(matches!(try_vec_dot(GgmlType::Q4_K, 256, &x, &y[..291]), Err(QuantError::ByteLen { .. })));
-    assert!(matches!(try_vec_dot(GgmlType::Q4_K, 255, &x, &y), Err(QuantError::NotBlockMultiple { .. })));
-    assert!(matches!(try_vec_dot(GgmlType::I8, 1, &x[..1], &y[..1]), Err(QuantError::Unsupported { .. })));
+    assert!(matches!(
+        try_vec_dot(GgmlType::Q4_K, 256, &x[..143], &y),
+        Err(QuantError::ByteLen { .. })
+    ));
+    assert!(matches!(
+        try_vec_dot(GgmlType::Q4_K, 256, &x, &y[..291]),
+        Err(QuantError::ByteLen { .. })
+    ));
+    assert!(matches!(
+        try_vec_dot(GgmlType::Q4_K, 255, &x, &y),
+        Err(QuantError::NotBlockMultiple { .. })
+    ));
+    assert!(matches!(
+        try_vec_dot(GgmlType::I8, 1, &x[..1], &y[..1]),
+        Err(QuantError::Unsupported { .. })
+    ));
     let mut out = [0f32; 1];
-    assert!(matches!(vec_dot_multi(GgmlType::Q4_K, 256, &x, &[&y, &y], &mut out), Err(QuantError::Len { .. })));
+    assert!(matches!(
+        vec_dot_multi(GgmlType::Q4_K, 256, &x, &[&y, &y], &mut out),
+        Err(QuantError::Len { .. })
+    ));
     assert_eq!(vec_dot(GgmlType::Q4_K, 256, &x, &y), 0.0);
 }
 

@@ -82,12 +82,19 @@ fn real_model_rows_match_gguf() {
     let text = std::fs::read_to_string(data_dir().join("models.txt")).unwrap();
     let mut checked = 0;
     let mut open: Option<(String, GgufFile)> = None;
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let f: Vec<&str> = line.split_whitespace().collect();
         let (model, tensor, ty, row, n, hash) = (f[0], f[1], f[2], f[3], f[4], f[5]);
         let path = models.join(model);
         if !path.exists() {
-            assert!(!require, "KESTREL_REQUIRE_MODELS=1 but {} is missing", path.display());
+            assert!(
+                !require,
+                "KESTREL_REQUIRE_MODELS=1 but {} is missing",
+                path.display()
+            );
             println!("note: skipping {model} (not found at {})", path.display());
             continue;
         }
@@ -104,7 +111,11 @@ fn real_model_rows_match_gguf() {
         dequantize_row(info.ggml_type, &data[row * rb..(row + 1) * rb], &mut out).unwrap();
         let want_first: Vec<f32> = f[6..].iter().map(|s| s.parse().unwrap()).collect();
         assert_eq!(&out[..4], &want_first[..], "{model} {tensor} row {row}");
-        assert_eq!(format!("{:016x}", fnv64(&out)), hash, "{model} {tensor} row {row}");
+        assert_eq!(
+            format!("{:016x}", fnv64(&out)),
+            hash,
+            "{model} {tensor} row {row}"
+        );
         checked += 1;
     }
     println!("checked {checked} real-model rows");
