@@ -1,1 +1,123 @@
-fn main() {}
+//! `kestrel`: the command line front end.
+
+mod commands;
+mod generate;
+mod source;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "kestrel", version, about = "Local LLM inference for coding agents, shell helpers and chat")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Architecture, hyper-parameters, tensors, tokenizer and the memory plan of a model.
+    Info {
+        #[arg(short, long)]
+        model: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the token ids of TEXT as a JSON array.
+    Tokenize {
+        #[arg(short, long)]
+        model: PathBuf,
+        /// Tokenize special-token strings (e.g. <|im_start|>) as plain text.
+        #[arg(long)]
+        no_parse_special: bool,
+        /// Add the model's BOS token when it asks for one.
+        #[arg(long)]
+        add_special: bool,
+        /// Also print each token's piece.
+        #[arg(long)]
+        pieces: bool,
+        text: String,
+    },
+    /// Print the text of comma-separated token ids.
+    Detokenize {
+        #[arg(short, long)]
+        model: PathBuf,
+        ids: String,
+    },
+    /// Render a conversation with the model's own chat template.
+    Template {
+        #[arg(short, long)]
+        model: PathBuf,
+        /// JSON file with an array of {role, content} messages.
+        #[arg(long)]
+        messages: PathBuf,
+        /// JSON file with an array of OpenAI-style tool definitions.
+        #[arg(long)]
+        tools: Option<PathBuf>,
+        #[arg(long)]
+        no_generation_prompt: bool,
+    },
+    /// Generate a completion, streamed to stdout.
+    Run(commands::run::RunArgs),
+    /// An interactive conversation that keeps the KV cache between turns.
+    Chat(commands::chat::ChatArgs),
+    /// Write the logits of every prompt position to a safetensors file.
+    Logits {
+        #[arg(short, long)]
+        model: PathBuf,
+        /// Comma-separated token ids.
+        #[arg(long)]
+        prompt_ids: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Use the scalar f32 reference kernels instead of the quantized ones.
+        #[arg(long)]
+        reference: bool,
+        #[arg(short, long)]
+        threads: Option<usize>,
+        /// KV cache element type: f32 (default here, for parity) or f16.
+        #[arg(long, default_value = "f32")]
+        kv_type: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info { model, json } => {
+            source::ModelSource::open(&model).and_then(|s| commands::info::run(&s, json))
+        }
+        Command::Tokenize { model, no_parse_special, add_special, pieces, text } => {
+            commands::tokens::tokenize(&model, &text, add_special, !no_parse_special, pieces)
+        }
+        Command::Detokenize { model, ids } => commands::tokens::detokenize(&model, &ids),
+        Command::Template { model, messages, tools, no_generation_prompt } => {
+            commands::tokens::template(&model, &messages, tools.as_deref(), !no_generation_prompt)
+        }
+        Command::Run(args) => commands::run::run(args),
+        Command::Chat(args) => commands::chat::run(args),
+        Command::Logits { model, prompt_ids, out, reference, threads, kv_type } => {
+            commands::logits::run(&model, &prompt_ids, &out, reference, threads, &kv_type)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes.
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", chain.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parses comma-separated token ids ("1,2, 3").
+pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>().map_err(|_| anyhow::anyhow!("'{p}' is not a token id (expected comma-separated non-negative integers)")))
+        .collect()
+}

@@ -1,0 +1,5 @@
+pub mod chat;
+pub mod info;
+pub mod logits;
+pub mod run;
+pub mod tokens;

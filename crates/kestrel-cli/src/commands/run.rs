@@ -1,0 +1,200 @@
+//! `kestrel run`: one completion, streamed to stdout (or one JSON object with `--json`).
+
+use crate::generate::{self, Request};
+use crate::source::ModelSource;
+use anyhow::Result;
+use kestrel_models::{KvType, LoadOptions, MatmulPath};
+use kestrel_sampler::{Sampler, SamplingParams};
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Sampling options shared by `run` and `chat` (defaults as llama.cpp's).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: u32,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty over the last 64 tokens; 1.0 = off.
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Seed of the sampler's RNG (random when absent).
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..SamplingParams::default()
+        }
+    }
+}
+
+/// Model and engine options shared by `run` and `chat`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EngineArgs {
+    #[arg(short, long)]
+    pub model: PathBuf,
+    /// Threads (default: all cores).
+    #[arg(short, long)]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: 4096, or the model's maximum if smaller).
+    #[arg(short = 'c', long)]
+    pub ctx_size: Option<usize>,
+    /// KV cache element type: f16 or f32.
+    #[arg(long, default_value = "f16")]
+    pub kv_type: String,
+    /// Use the scalar f32 reference kernels (slow; the oracle for parity checks).
+    #[arg(long)]
+    pub reference: bool,
+}
+
+impl EngineArgs {
+    pub fn load_options(&self) -> LoadOptions {
+        let mut o = LoadOptions::default();
+        if let Some(t) = self.threads {
+            o.threads = t.max(1);
+        }
+        if self.reference {
+            o.matmul = MatmulPath::Reference;
+        }
+        o
+    }
+
+    pub fn kv_type(&self) -> Result<KvType> {
+        match self.kv_type.as_str() {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            other => anyhow::bail!("unknown --kv-type '{other}' (f16 or f32)"),
+        }
+    }
+
+    pub fn context(&self, src: &ModelSource) -> Result<usize> {
+        let max = src.config.max_context;
+        match self.ctx_size {
+            Some(c) if c > max => anyhow::bail!("--ctx-size {c} is above the model's maximum context {max}"),
+            Some(0) => anyhow::bail!("--ctx-size must be positive"),
+            Some(c) => Ok(c),
+            None => Ok(max.min(4096)),
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Prompt text.
+    #[arg(short, long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long)]
+    pub prompt_ids: Option<String>,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message (with --chat).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Stop when this string is generated (repeatable); it is not printed.
+    #[arg(long = "stop")]
+    pub stops: Vec<String>,
+    /// Keep going past end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let src = ModelSource::open(&args.engine.model)?;
+    let tok = &src.tokenizer;
+    let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
+        (_, Some(ids)) => crate::parse_ids(ids)?,
+        (Some(text), None) if args.chat => {
+            let mut messages = Vec::new();
+            if let Some(s) = &args.system {
+                messages.push(json!({"role": "system", "content": s}));
+            }
+            messages.push(json!({"role": "user", "content": text}));
+            let rendered = generate::chat_template(&src)?.apply(&messages, None, true)?;
+            tok.encode(&rendered, true, true)?
+        }
+        (Some(text), None) => tok.encode(text, true, true)?,
+        (None, None) => anyhow::bail!("give a prompt with -p TEXT or --prompt-ids 1,2,3"),
+    };
+    anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
+    let params = args.sampling.params();
+    let mut sampler = Sampler::new(params, src.config.vocab_size)?;
+    let ctx = args.engine.context(&src)?;
+    let kv_type = args.engine.kv_type()?;
+    let model = src.load_model(args.engine.load_options(), args.json)?;
+    let mut cache = model.new_cache(ctx, kv_type);
+
+    let req = Request {
+        prompt: &prompt,
+        max_tokens: args.max_tokens,
+        stops: &args.stops,
+        ignore_eos: args.ignore_eos,
+    };
+    let mut stdout = std::io::stdout().lock();
+    let out = if args.json {
+        generate::generate(&model, tok, &mut cache, &mut sampler, &req, &mut |_| {})?
+    } else {
+        generate::generate(&model, tok, &mut cache, &mut sampler, &req, &mut |t| {
+            let _ = stdout.write_all(t.as_bytes());
+            let _ = stdout.flush();
+        })?
+    };
+    let t = &out.timings;
+    if args.json {
+        let obj = json!({
+            "prompt_tokens": prompt,
+            "tokens": out.tokens,
+            "text": out.text,
+            "stop_reason": out.stop,
+            "seed": sampler.seed(),
+            "timings": {
+                "prompt_tok_s": t.prompt_tok_s,
+                "decode_tok_s": t.decode_tok_s,
+                "ttft_ms": t.ttft_ms,
+                "e2e_tok_s": t.e2e_tok_s,
+                "prompt_n": t.prompt_n,
+                "decode_n": t.decode_n,
+            },
+        });
+        writeln!(stdout, "{obj}")?;
+    } else {
+        writeln!(stdout)?;
+        eprintln!(
+            "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | ttft {:.0} ms | stop: {:?}",
+            t.prompt_n, t.prompt_tok_s, t.decode_n, t.decode_tok_s, t.ttft_ms, out.stop
+        );
+    }
+    Ok(())
+}

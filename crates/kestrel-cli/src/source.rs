@@ -1,0 +1,105 @@
+//! Opening what `-m MODEL` names: a GGUF file or a Hugging Face folder.
+
+use anyhow::{Context, Result};
+use kestrel_gguf::{GgufFile, Value};
+use kestrel_models::{LoadOptions, Model, ModelConfig};
+use kestrel_tokenizer::Tokenizer;
+use std::path::{Path, PathBuf};
+
+pub struct ModelSource {
+    pub path: PathBuf,
+    pub format: &'static str,
+    pub file_bytes: u64,
+    pub name: Option<String>,
+    pub config: ModelConfig,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<String>,
+    /// (type name, bytes) of every tensor.
+    pub tensor_types: Vec<(String, u64)>,
+    /// Sum of every tensor's size from its type and shape.
+    pub weight_bytes: u64,
+    gguf: Option<GgufFile>,
+}
+
+impl ModelSource {
+    pub fn open(path: &Path) -> Result<Self> {
+        if path.is_dir() {
+            return Self::open_hf(path);
+        }
+        let file = GgufFile::open(path)?;
+        let h = &file.header;
+        let config = ModelConfig::from_gguf(h)?;
+        let tokenizer = Tokenizer::from_gguf(h)?;
+        let chat_template = h.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_string);
+        let tensor_types = h
+            .tensors
+            .iter()
+            .map(|t| (t.ggml_type.to_string(), t.n_bytes))
+            .collect();
+        Ok(Self {
+            path: path.to_path_buf(),
+            format: "GGUF",
+            file_bytes: file.file_len(),
+            name: h.get("general.name").and_then(Value::as_str).map(str::to_string),
+            weight_bytes: h.tensor_bytes(),
+            config,
+            tokenizer,
+            chat_template,
+            tensor_types,
+            gguf: Some(file),
+        })
+    }
+
+    fn open_hf(dir: &Path) -> Result<Self> {
+        let cfg_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", cfg_path.display()))?;
+        let config = ModelConfig::from_hf_json(&json)?;
+        let tokenizer = Tokenizer::from_hf_dir(dir)?;
+        let store = kestrel_models::weights::TensorStore::from_hf_dir(dir)?;
+        let list = store.list();
+        let weight_bytes = list.iter().map(|(_, _, b)| b).sum();
+        let file_bytes = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum();
+        Ok(Self {
+            path: dir.to_path_buf(),
+            format: "Hugging Face safetensors folder",
+            file_bytes,
+            name: json["_name_or_path"].as_str().map(str::to_string),
+            chat_template: tokenizer.chat_template_source().map(str::to_string),
+            config,
+            tokenizer,
+            tensor_types: list.into_iter().map(|(_, ty, b)| (ty.to_string(), b)).collect(),
+            weight_bytes,
+            gguf: None,
+        })
+    }
+
+    /// Loads the weights, showing a progress bar on stderr while pages are brought in.
+    pub fn load_model(&self, opts: LoadOptions, quiet: bool) -> Result<Model> {
+        let bar = if quiet {
+            indicatif::ProgressBar::hidden()
+        } else {
+            let b = indicatif::ProgressBar::new(self.weight_bytes);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("loading {bar:30} {bytes}/{total_bytes} {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        };
+        let mut progress = |done: u64, total: u64| {
+            bar.set_length(total);
+            bar.set_position(done);
+        };
+        let model = match &self.gguf {
+            Some(file) => Model::from_gguf(file, opts, &mut progress)?,
+            None => Model::load(&self.path, opts, &mut progress)?,
+        };
+        bar.finish_and_clear();
+        Ok(model)
+    }
+}
