@@ -123,6 +123,18 @@ impl KvCache {
         self.k[layer].read(pos * self.kv_dim + kv_head * self.head_dim, out);
     }
 
+    /// The raw f16 K and V of a layer (`[pos, kv_dim]`), when the cache stores f16.
+    pub fn f16_layer(&self, layer: usize) -> Option<(&[f16], &[f16])> {
+        match (&self.k[layer], &self.v[layer]) {
+            (Store::F16(k), Store::F16(v)) => Some((k, v)),
+            _ => None,
+        }
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
     #[inline]
     pub fn read_v(&self, layer: usize, pos: usize, kv_head: usize, out: &mut [f32]) {
         self.v[layer].read(pos * self.kv_dim + kv_head * self.head_dim, out);

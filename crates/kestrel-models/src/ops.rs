@@ -72,13 +72,15 @@ impl Rope {
         let half = rope_dim / 2;
         let mut cos = Vec::with_capacity(positions.len() * half);
         let mut sin = Vec::with_capacity(positions.len() * half);
+        // As ggml computes it: theta_i = pos * theta_scale^i by repeated f32 multiplication,
+        // so positions far into the context rotate exactly as llama.cpp rotates them.
+        let theta_scale = base.powf(-2.0 / rope_dim as f32);
         for &p in positions {
-            for i in 0..half {
-                // theta_i = base^(-2i / d), as transformers' inv_freq; angles in f64 for accuracy.
-                let inv_freq = (base as f64).powf(-2.0 * i as f64 / rope_dim as f64);
-                let angle = p as f64 * inv_freq as f32 as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+            let mut theta = p as f32;
+            for _ in 0..half {
+                cos.push(theta.cos());
+                sin.push(theta.sin());
+                theta *= theta_scale;
             }
         }
         Self {
