@@ -190,16 +190,31 @@ impl ModelConfig {
         if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
             return bad(
                 "head_count_kv",
-                format!("{} heads cannot be grouped over {} kv heads", self.n_heads, self.n_kv_heads),
+                format!(
+                    "{} heads cannot be grouped over {} kv heads",
+                    self.n_heads, self.n_kv_heads
+                ),
             );
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.head_dim == 0
+            || self.head_dim % 2 != 0
+            || self.rope_dim > self.head_dim
+            || self.rope_dim % 2 != 0
+        {
             return bad(
                 "head_dim",
-                format!("head_dim {} / rope_dim {} must be even and rope_dim <= head_dim", self.head_dim, self.rope_dim),
+                format!(
+                    "head_dim {} / rope_dim {} must be even and rope_dim <= head_dim",
+                    self.head_dim, self.rope_dim
+                ),
             );
         }
-        for (k, v) in [("n_layers", self.n_layers), ("dim", self.dim), ("ffn_dim", self.ffn_dim), ("vocab_size", self.vocab_size)] {
+        for (k, v) in [
+            ("n_layers", self.n_layers),
+            ("dim", self.dim),
+            ("ffn_dim", self.ffn_dim),
+            ("vocab_size", self.vocab_size),
+        ] {
             if v == 0 || v > (1 << 24) {
                 return bad(k, format!("value {v} out of range"));
             }

@@ -72,11 +72,21 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, capacity: usize, ty: KvType) -> Self {
+    pub fn new(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        ty: KvType,
+    ) -> Self {
         let kv_dim = n_kv_heads * head_dim;
         Self {
-            k: (0..n_layers).map(|_| Store::new(ty, capacity * kv_dim)).collect(),
-            v: (0..n_layers).map(|_| Store::new(ty, capacity * kv_dim)).collect(),
+            k: (0..n_layers)
+                .map(|_| Store::new(ty, capacity * kv_dim))
+                .collect(),
+            v: (0..n_layers)
+                .map(|_| Store::new(ty, capacity * kv_dim))
+                .collect(),
             kv_dim,
             head_dim,
             capacity,

@@ -32,11 +32,11 @@ impl Ctx<'_> {
 }
 
 pub struct AttnWeights {
-    pub norm: Vec<f32>,      // (dim)
-    pub wq: Weight,          // (n_heads * head_dim, dim)
-    pub wk: Weight,          // (n_kv_heads * head_dim, dim)
-    pub wv: Weight,          // (n_kv_heads * head_dim, dim)
-    pub wo: Weight,          // (dim, n_heads * head_dim)
+    pub norm: Vec<f32>, // (dim)
+    pub wq: Weight,     // (n_heads * head_dim, dim)
+    pub wk: Weight,     // (n_kv_heads * head_dim, dim)
+    pub wv: Weight,     // (n_kv_heads * head_dim, dim)
+    pub wo: Weight,     // (dim, n_heads * head_dim)
     pub bias: Option<QkvBias>,
     pub qk_norm: Option<QkNorm>,
 }

@@ -47,27 +47,32 @@ pub enum Logits {
 
 pub struct Model {
     pub config: ModelConfig,
-    embed: Weight,          // (vocab, dim)
+    embed: Weight, // (vocab, dim)
     layers: Vec<LayerWeights>,
-    output_norm: Vec<f32>,  // (dim)
-    output: Weight,         // (vocab, dim); the embedding itself when tied
+    output_norm: Vec<f32>, // (dim)
+    output: Weight,        // (vocab, dim); the embedding itself when tied
     pool: ThreadPool,
     opts: LoadOptions,
 }
 
 impl Model {
     /// Opens a GGUF file or a Hugging Face folder (config.json + *.safetensors).
-    pub fn load(path: &Path, opts: LoadOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Self, ModelError> {
+    pub fn load(
+        path: &Path,
+        opts: LoadOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, ModelError> {
         if path.is_dir() {
             let cfg_path = path.join("config.json");
             let text = std::fs::read_to_string(&cfg_path).map_err(|source| ModelError::Io {
                 path: cfg_path.clone(),
                 source,
             })?;
-            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::BadFile {
-                path: cfg_path.clone(),
-                reason: format!("invalid JSON: {e}"),
-            })?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::BadFile {
+                    path: cfg_path.clone(),
+                    reason: format!("invalid JSON: {e}"),
+                })?;
             let cfg = ModelConfig::from_hf_json(&json)?;
             let store = TensorStore::from_hf_dir(path)?;
             Self::from_store(cfg, &store, opts, progress)
@@ -77,7 +82,11 @@ impl Model {
         }
     }
 
-    pub fn from_gguf(file: &GgufFile, opts: LoadOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Self, ModelError> {
+    pub fn from_gguf(
+        file: &GgufFile,
+        opts: LoadOptions,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, ModelError> {
         let cfg = ModelConfig::from_gguf(&file.header)?;
         let store = TensorStore::from_gguf(file);
         Self::from_store(cfg, &store, opts, progress)
@@ -98,7 +107,11 @@ impl Model {
             .map(|i| load_layer(store, &cfg, i))
             .collect::<Result<Vec<_>, _>>()?;
         let embed = store.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)?;
-        let output_name = if store.contains("output.weight") { "output.weight" } else { "token_embd.weight" };
+        let output_name = if store.contains("output.weight") {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
         let output = store.matrix(output_name, cfg.vocab_size, cfg.dim)?;
         let output_norm = store.vector("output_norm.weight", cfg.dim)?;
         store.prefault(progress);
@@ -125,7 +138,15 @@ impl Model {
     /// Bytes of weights one decode step reads (every matrix once, plus one embedding row).
     pub fn weight_bytes_per_token(&self) -> u64 {
         let mats = self.layers.iter().flat_map(|l| {
-            [&l.attn.wq, &l.attn.wk, &l.attn.wv, &l.attn.wo, &l.mlp.gate, &l.mlp.up, &l.mlp.down]
+            [
+                &l.attn.wq,
+                &l.attn.wk,
+                &l.attn.wv,
+                &l.attn.wo,
+                &l.mlp.gate,
+                &l.mlp.up,
+                &l.mlp.down,
+            ]
         });
         mats.map(|w| w.bytes().len() as u64).sum::<u64>()
             + self.output.bytes().len() as u64
@@ -140,7 +161,12 @@ impl Model {
 
     /// Runs `tokens` at positions `cache.len()..`, appends their K/V to the cache and returns
     /// the logits asked for. Long inputs are processed in steps of `max_batch` tokens.
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         let vocab = self.config.vocab_size;
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(ModelError::BadToken { id, vocab });
@@ -168,7 +194,12 @@ impl Model {
     }
 
     /// One batch of tokens through every layer (the hot function of prefill and decode).
-    fn forward_step(&self, tokens: &[u32], cache: &mut KvCache, want: Option<Logits>) -> Result<Vec<f32>, ModelError> {
+    fn forward_step(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        want: Option<Logits>,
+    ) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.config;
         let (t_len, dim) = (tokens.len(), cfg.dim);
         let start = cache.len();
@@ -180,7 +211,12 @@ impl Model {
         }
 
         let positions: Vec<usize> = (start..start + t_len).collect();
-        let rope = Rope::new(&positions, cfg.rope_dim, cfg.rope_base, cfg.rope_layout == crate::config::RopeLayout::NeoX);
+        let rope = Rope::new(
+            &positions,
+            cfg.rope_dim,
+            cfg.rope_base,
+            cfg.rope_layout == crate::config::RopeLayout::NeoX,
+        );
         let ctx = Ctx {
             cfg,
             pool: &self.pool,
@@ -208,7 +244,13 @@ impl Model {
         ops::rms_norm(rows, &self.output_norm, cfg.rms_eps);
         let n = rows.len() / dim;
         let mut logits = vec![0f32; n * cfg.vocab_size];
-        ops::matmul(&self.pool, self.opts.matmul, &self.output, rows, &mut logits)?;
+        ops::matmul(
+            &self.pool,
+            self.opts.matmul,
+            &self.output,
+            rows,
+            &mut logits,
+        )?;
         Ok(logits)
     }
 }

@@ -100,7 +100,11 @@ impl Rope {
             let sin = &self.sin[t * self.half..(t + 1) * self.half];
             for head in row.chunks_exact_mut(head_dim) {
                 for i in 0..self.half {
-                    let (a, b) = if self.neox { (i, i + self.half) } else { (2 * i, 2 * i + 1) };
+                    let (a, b) = if self.neox {
+                        (i, i + self.half)
+                    } else {
+                        (2 * i, 2 * i + 1)
+                    };
                     let (x0, x1) = (head[a], head[b]);
                     head[a] = x0 * cos[i] - x1 * sin[i];
                     head[b] = x0 * sin[i] + x1 * cos[i];
@@ -170,7 +174,9 @@ pub fn matmul(
             pool.run(n_tasks, &|task| {
                 let mut dots = vec![0f32; t_len];
                 for r in task * chunk..((task + 1) * chunk).min(rows) {
-                    if kestrel_quant::vec_dot_multi(w.ty, cols, w.row(r), &act_rows, &mut dots).is_err() {
+                    if kestrel_quant::vec_dot_multi(w.ty, cols, w.row(r), &act_rows, &mut dots)
+                        .is_err()
+                    {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                         return;
                     }

@@ -93,7 +93,8 @@ impl ThreadPool {
         let generation = (s.generation.load(Ordering::Relaxed) + 1) as u32 as u64;
         // SAFETY: erase the closure's lifetime; we do not return before every claimed task has
         // finished, and tasks of this generation can no longer be claimed after that.
-        let task: *const Task = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Task>(f) };
+        let task: *const Task =
+            unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Task>(f) };
         s.done.store(0, Ordering::Relaxed);
         s.cursor.store(generation << 32, Ordering::Release);
         {
@@ -111,8 +112,16 @@ impl ThreadPool {
         if mine > 0 {
             s.done.fetch_add(mine, Ordering::AcqRel);
         }
+        // Spin briefly, then yield: when the machine is oversubscribed a spinning caller would
+        // burn the time slice the worker it waits for needs.
+        let mut spins = 0u32;
         while s.done.load(Ordering::Acquire) < n_tasks {
-            std::hint::spin_loop();
+            if spins < SPIN_LIMIT {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         if s.panicked.swap(false, Ordering::AcqRel) {
             panic!("a thread-pool task panicked");
@@ -132,8 +141,7 @@ fn claim_and_run(s: &Shared, generation: u32, task: *const Task, n_tasks: usize)
         if idx >= n_tasks {
             return ran;
         }
-        if s
-            .cursor
+        if s.cursor
             .compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed)
             .is_err()
         {
@@ -159,7 +167,9 @@ fn worker_loop(s: &Shared) {
                 std::hint::spin_loop();
             } else {
                 let job = s.job.lock().unwrap_or_else(|e| e.into_inner());
-                if s.generation.load(Ordering::Acquire) == seen && !s.shutdown.load(Ordering::Relaxed) {
+                if s.generation.load(Ordering::Acquire) == seen
+                    && !s.shutdown.load(Ordering::Relaxed)
+                {
                     drop(s.wake.wait(job).unwrap_or_else(|e| e.into_inner()));
                 }
             }

@@ -133,7 +133,11 @@ impl TensorStore {
                     safetensors::Dtype::F32 => GgmlType::F32,
                     safetensors::Dtype::F16 => GgmlType::F16,
                     safetensors::Dtype::BF16 => GgmlType::BF16,
-                    other => return Err(bad(format!("tensor '{name}' has unsupported dtype {other:?}"))),
+                    other => {
+                        return Err(bad(format!(
+                            "tensor '{name}' has unsupported dtype {other:?}"
+                        )))
+                    }
                 };
                 let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
                 // safetensors shapes are outermost-first; ggml order is innermost-first.
@@ -280,8 +284,14 @@ mod tests {
 
     #[test]
     fn hf_names_map_to_gguf_names() {
-        assert_eq!(hf_to_gguf_name("model.layers.3.self_attn.q_proj.bias"), "blk.3.attn_q.bias");
-        assert_eq!(hf_to_gguf_name("model.layers.0.mlp.down_proj.weight"), "blk.0.ffn_down.weight");
+        assert_eq!(
+            hf_to_gguf_name("model.layers.3.self_attn.q_proj.bias"),
+            "blk.3.attn_q.bias"
+        );
+        assert_eq!(
+            hf_to_gguf_name("model.layers.0.mlp.down_proj.weight"),
+            "blk.0.ffn_down.weight"
+        );
         assert_eq!(hf_to_gguf_name("lm_head.weight"), "output.weight");
         assert_eq!(hf_to_gguf_name("something.else"), "something.else");
     }

@@ -31,7 +31,10 @@ fn real_model(file: &str) -> Option<PathBuf> {
     if std::env::var("KESTREL_REQUIRE_MODELS").is_ok_and(|v| v == "1") {
         panic!("{} is missing (run scripts/fetch-models.sh)", p.display());
     }
-    eprintln!("skipping: {} not fetched (scripts/fetch-models.sh)", p.display());
+    eprintln!(
+        "skipping: {} not fetched (scripts/fetch-models.sh)",
+        p.display()
+    );
     None
 }
 
@@ -54,14 +57,22 @@ struct Outcome {
 
 /// Greedy-decodes one fixture case and judges it against llama.cpp's tokens.
 fn run_case(model: &Model, case: &Value) -> Outcome {
-    let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
     let prompt = ids(&case["prompt_ids"]);
     let want = ids(&case["tokens"]);
     let top = case["top"].as_array().unwrap();
     let name = case["name"].as_str().unwrap();
 
     let mut cache = model.new_cache(prompt.len() + want.len() + 1, KvType::F16);
-    let mut logits = model.forward(&prompt, &mut cache, Logits::Last).expect("prefill");
+    let mut logits = model
+        .forward(&prompt, &mut cache, Logits::Last)
+        .expect("prefill");
     for (k, &w) in want.iter().enumerate() {
         let got = argmax(&logits);
         if got != w {
@@ -84,7 +95,9 @@ fn run_case(model: &Model, case: &Value) -> Outcome {
             };
         }
         if k + 1 < want.len() {
-            logits = model.forward(&[got], &mut cache, Logits::Last).expect("decode");
+            logits = model
+                .forward(&[got], &mut cache, Logits::Last)
+                .expect("decode");
         }
     }
     Outcome {
@@ -96,9 +109,13 @@ fn run_case(model: &Model, case: &Value) -> Outcome {
 
 fn check(model_key: &str, file: &str, matmul: MatmulPath, only: Option<&[&str]>) {
     let Some(path) = real_model(file) else { return };
-    let text = std::fs::read_to_string(root().join("testdata/llamacpp/generate_public.json")).unwrap();
+    let text =
+        std::fs::read_to_string(root().join("testdata/llamacpp/generate_public.json")).unwrap();
     let fixture: Value = serde_json::from_str(&text).unwrap();
-    let opts = LoadOptions { matmul, ..LoadOptions::default() };
+    let opts = LoadOptions {
+        matmul,
+        ..LoadOptions::default()
+    };
     let model = Model::load(&path, opts, &mut |_, _| {}).expect("load");
     let cases: Vec<&Value> = fixture["cases"]
         .as_array()
@@ -123,22 +140,42 @@ fn check(model_key: &str, file: &str, matmul: MatmulPath, only: Option<&[&str]>)
 
 #[test]
 fn smollm2_greedy_matches_llama_cpp() {
-    check("smollm2", "smollm2-135m-instruct-q4_1.gguf", MatmulPath::Quantized, None);
+    check(
+        "smollm2",
+        "smollm2-135m-instruct-q4_1.gguf",
+        MatmulPath::Quantized,
+        None,
+    );
 }
 
 #[test]
 fn smollm2_reference_path_matches_llama_cpp() {
     // The scalar f32 oracle on a real quantized model (the short prompts keep it quick).
     let short = ["raw_fibonacci", "raw_capital_france", "chat_arith"];
-    check("smollm2", "smollm2-135m-instruct-q4_1.gguf", MatmulPath::Reference, Some(&short));
+    check(
+        "smollm2",
+        "smollm2-135m-instruct-q4_1.gguf",
+        MatmulPath::Reference,
+        Some(&short),
+    );
 }
 
 #[test]
 fn qwen05_greedy_matches_llama_cpp() {
-    check("qwen05", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", MatmulPath::Quantized, None);
+    check(
+        "qwen05",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        MatmulPath::Quantized,
+        None,
+    );
 }
 
 #[test]
 fn qwen15_greedy_matches_llama_cpp() {
-    check("qwen15", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", MatmulPath::Quantized, None);
+    check(
+        "qwen15",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        MatmulPath::Quantized,
+        None,
+    );
 }

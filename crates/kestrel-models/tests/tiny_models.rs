@@ -10,7 +10,9 @@ const LOGIT_TOLERANCE: f32 = 1e-3;
 const NEAR_TIE: f32 = 1e-3;
 
 fn tiny_dir(arch: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny").join(format!("tiny-{arch}"))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/tiny")
+        .join(format!("tiny-{arch}"))
 }
 
 struct Case {
@@ -20,15 +22,22 @@ struct Case {
 }
 
 fn reference(arch: &str) -> Vec<Case> {
-    let bytes = std::fs::read(tiny_dir(arch).join("reference.safetensors")).expect("reference file");
+    let bytes =
+        std::fs::read(tiny_dir(arch).join("reference.safetensors")).expect("reference file");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("reference parses");
     let i32s = |name: &str| -> Vec<u32> {
         let t = st.tensor(name).expect(name);
-        t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+        t.data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect()
     };
     let f32s = |name: &str| -> Vec<f32> {
         let t = st.tensor(name).expect(name);
-        t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+        t.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
     };
     (0..4)
         .map(|i| Case {
@@ -40,8 +49,13 @@ fn reference(arch: &str) -> Vec<Case> {
 }
 
 fn load(path: &Path, matmul: MatmulPath) -> Model {
-    let opts = LoadOptions { threads: 2, matmul, max_batch: 128 };
-    Model::load(path, opts, &mut |_, _| {}).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
+    let opts = LoadOptions {
+        threads: 2,
+        matmul,
+        max_batch: 128,
+    };
+    Model::load(path, opts, &mut |_, _| {})
+        .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))
 }
 
 fn argmax_top2(logits: &[f32]) -> (u32, f32) {
@@ -56,9 +70,15 @@ fn check_model(arch: &str, path: &Path, matmul: MatmulPath) {
     for (ci, case) in reference(arch).iter().enumerate() {
         // Logits at every prompt position (max_batch 128 splits the 300-token prompt in steps).
         let mut cache = model.new_cache(case.tokens.len() + 32, KvType::F32);
-        let logits = model.forward(&case.tokens, &mut cache, Logits::All).expect("forward");
+        let logits = model
+            .forward(&case.tokens, &mut cache, Logits::All)
+            .expect("forward");
         assert_eq!(logits.len(), case.logits.len());
-        let max_err = logits.iter().zip(&case.logits).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let max_err = logits
+            .iter()
+            .zip(&case.logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         assert!(
             max_err <= LOGIT_TOLERANCE,
             "{arch} {} case {ci} (T={}): max-abs logit error {max_err} > {LOGIT_TOLERANCE}",
@@ -66,7 +86,11 @@ fn check_model(arch: &str, path: &Path, matmul: MatmulPath) {
             case.tokens.len()
         );
 
-        eprintln!("{arch} {} case {ci}: T={} max-abs logit error {max_err:.2e}", path.display(), case.tokens.len());
+        eprintln!(
+            "{arch} {} case {ci}: T={} max-abs logit error {max_err:.2e}",
+            path.display(),
+            case.tokens.len()
+        );
         // 24 greedy tokens, decoding one at a time on the cache.
         let mut last = logits[logits.len() - vocab..].to_vec();
         for (k, &want) in case.greedy.iter().enumerate() {
@@ -79,7 +103,9 @@ fn check_model(arch: &str, path: &Path, matmul: MatmulPath) {
                 );
                 break; // a legitimate near-tie flip: the rest of the continuation differs
             }
-            last = model.forward(&[got], &mut cache, Logits::Last).expect("decode");
+            last = model
+                .forward(&[got], &mut cache, Logits::Last)
+                .expect("decode");
         }
     }
 }

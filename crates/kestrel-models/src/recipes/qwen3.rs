@@ -6,8 +6,15 @@ use crate::layers::{self, AttnParts, Ctx, LayerWeights};
 use crate::weights::TensorStore;
 use crate::ModelError;
 
-pub fn load_layer(store: &TensorStore, cfg: &ModelConfig, i: usize) -> Result<LayerWeights, ModelError> {
-    let parts = AttnParts { qkv_bias: false, qk_norm: true };
+pub fn load_layer(
+    store: &TensorStore,
+    cfg: &ModelConfig,
+    i: usize,
+) -> Result<LayerWeights, ModelError> {
+    let parts = AttnParts {
+        qkv_bias: false,
+        qk_norm: true,
+    };
     layers::load_layer(store, cfg, i, parts)
 }
 
