@@ -1,0 +1,422 @@
+//! The scheduler: admission, step planning (decodes + prefill chunks), one forward call per
+//! step, sampling, cancellation and retirement. Synchronous and single-threaded; the engine
+//! thread (`engine.rs`) drives it.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use kestrel_tokenizer::Tokenizer;
+
+use crate::blocks::{BlockPool, ROOT_HASH};
+use crate::config::EngineConfig;
+use crate::model::{SeqStep, StepModel};
+use crate::request::{Event, FinishReason};
+use crate::sequence::{Pending, Sequence};
+use crate::stats::EngineStats;
+use crate::stop::StopMatcher;
+
+/// How a sequence leaves the running set.
+enum Outcome {
+    Finished(FinishReason),
+    Failed(String),
+}
+
+/// One sequence's share of the step being planned.
+struct Planned {
+    seq: usize,
+    start: usize,
+    len: usize,
+    want_logits: bool,
+    prefill: bool,
+}
+
+pub(crate) struct Scheduler<'t> {
+    model: Box<dyn StepModel>,
+    tokenizer: &'t Tokenizer,
+    cfg: EngineConfig,
+    pool: BlockPool,
+    vocab: usize,
+    eog: Vec<u32>,
+    queue: VecDeque<Pending>,
+    /// Admitted sequences, in admission order (older prefills get the step budget first).
+    running: Vec<Sequence<'t>>,
+    /// Blocks promised to running sequences and not handed out yet. Invariant:
+    /// `reserved <= pool.available()`.
+    reserved: usize,
+    /// Counters (occupancy fields are filled in by `stats`).
+    counters: EngineStats,
+}
+
+impl<'t> Scheduler<'t> {
+    pub fn new(model: Box<dyn StepModel>, tokenizer: &'t Tokenizer, cfg: EngineConfig) -> Self {
+        let pool = BlockPool::new(model.kv_blocks(), cfg.block_size);
+        Self {
+            vocab: model.vocab_size(),
+            eog: tokenizer.eog_ids().to_vec(),
+            model,
+            tokenizer,
+            cfg,
+            pool,
+            queue: VecDeque::new(),
+            running: Vec::new(),
+            reserved: 0,
+            counters: EngineStats::default(),
+        }
+    }
+
+    pub fn enqueue(&mut self, p: Pending) {
+        self.counters.requests += 1;
+        self.queue.push_back(p);
+    }
+
+    pub fn has_work(&self) -> bool {
+        !self.queue.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            blocks_total: self.pool.n_blocks(),
+            blocks_free: self.pool.free_count(),
+            blocks_used: self.pool.used_count(),
+            blocks_cached: self.pool.cached_count(),
+            blocks_reserved: self.reserved,
+            queue_depth: self.queue.len(),
+            running: self.running.len(),
+            ..self.counters.clone()
+        }
+    }
+
+    /// With no work left: no reservation, every block free or cached, none referenced.
+    pub fn check_idle(&self) -> Result<(), String> {
+        if self.has_work() {
+            return Err(format!(
+                "not idle: {} queued, {} running",
+                self.queue.len(),
+                self.running.len()
+            ));
+        }
+        if self.reserved != 0 {
+            return Err(format!(
+                "{} blocks still reserved while idle",
+                self.reserved
+            ));
+        }
+        self.pool.check_idle()
+    }
+
+    /// Ends every request with an error (engine shutting down).
+    pub fn abort_all(&mut self, message: &str) {
+        for p in self.queue.drain(..) {
+            p.send(Event::Error {
+                message: message.to_string(),
+            });
+        }
+        while !self.running.is_empty() {
+            let i = self.running.len() - 1;
+            self.retire(i, Outcome::Failed(message.to_string()));
+        }
+    }
+
+    /// One scheduling step: cancellations, admissions, one forward call, sampling.
+    pub fn step(&mut self) {
+        self.reap_cancelled();
+        self.admit();
+        if self.running.is_empty() {
+            return;
+        }
+        let mut plan = self.plan();
+        let mut outcomes: Vec<Option<Outcome>> = (0..self.running.len()).map(|_| None).collect();
+
+        // Hand out the blocks this step writes (from the sequences' reservations).
+        let bs = self.cfg.block_size;
+        plan.retain(|p| {
+            let seq = &mut self.running[p.seq];
+            let end = p.start + p.len;
+            while seq.blocks.len() * bs < end {
+                let block = if seq.reserved_left > 0 {
+                    self.pool.alloc()
+                } else {
+                    None
+                };
+                let Some(block) = block else {
+                    outcomes[p.seq] = Some(Outcome::Failed(
+                        "internal error: KV block reservation exhausted".to_string(),
+                    ));
+                    return false;
+                };
+                seq.reserved_left -= 1;
+                self.reserved -= 1;
+                seq.blocks.push(block);
+            }
+            true
+        });
+
+        if !plan.is_empty() {
+            self.run_forward(&plan, &mut outcomes);
+        }
+        for i in (0..outcomes.len()).rev() {
+            if let Some(o) = outcomes[i].take() {
+                self.retire(i, o);
+            }
+        }
+    }
+
+    /// Decodes first (one token for every decoding sequence), then prefill chunks in
+    /// admission order while the step budget lasts.
+    fn plan(&self) -> Vec<Planned> {
+        let bs = self.cfg.block_size;
+        let mut budget = self.cfg.step_token_budget;
+        let mut plan = Vec::with_capacity(self.running.len());
+        for (i, s) in self.running.iter().enumerate() {
+            if !s.in_prefill() && budget > 0 {
+                plan.push(Planned {
+                    seq: i,
+                    start: s.computed,
+                    len: 1,
+                    want_logits: true,
+                    prefill: false,
+                });
+                budget -= 1;
+            }
+        }
+        for (i, s) in self.running.iter().enumerate() {
+            if !s.in_prefill() || budget == 0 {
+                continue;
+            }
+            let remaining = s.prompt_len - s.computed;
+            let mut len = remaining.min(self.cfg.chunk_size).min(budget);
+            if len < remaining {
+                // A chunk that does not end the prompt ends on a block boundary, so chunk
+                // boundaries are prefix-index boundaries (where a hybrid model's recurrent
+                // state snapshot would be taken).
+                let end = s.computed + len;
+                let aligned = end - end % bs;
+                if aligned > s.computed {
+                    len = aligned - s.computed;
+                }
+            }
+            budget -= len;
+            plan.push(Planned {
+                seq: i,
+                start: s.computed,
+                len,
+                want_logits: len == remaining,
+                prefill: true,
+            });
+        }
+        plan
+    }
+
+    /// The hot path: one `forward` over every planned sequence, then index and sample.
+    fn run_forward(&mut self, plan: &[Planned], outcomes: &mut [Option<Outcome>]) {
+        let bs = self.cfg.block_size;
+        let steps: Vec<SeqStep<'_>> = plan
+            .iter()
+            .map(|p| {
+                let s = &self.running[p.seq];
+                let end = p.start + p.len;
+                SeqStep {
+                    tokens: &s.tokens[p.start..end],
+                    start: p.start,
+                    blocks: &s.blocks[..end.div_ceil(bs)],
+                    want_logits: p.want_logits,
+                }
+            })
+            .collect();
+        let model = &mut self.model;
+        let result = catch_unwind(AssertUnwindSafe(|| model.forward(&steps)))
+            .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
+        drop(steps);
+
+        let c = &mut self.counters;
+        c.forward_steps += 1;
+        c.max_step_seqs = c.max_step_seqs.max(plan.len());
+        let decodes = plan.iter().filter(|p| !p.prefill).count();
+        c.max_step_decodes = c.max_step_decodes.max(decodes);
+        c.computed_decode_tokens += decodes as u64;
+        c.computed_prompt_tokens += plan
+            .iter()
+            .filter(|p| p.prefill)
+            .map(|p| p.len as u64)
+            .sum::<u64>();
+
+        let n_want = plan.iter().filter(|p| p.want_logits).count();
+        let fail_all = |outcomes: &mut [Option<Outcome>], message: String| {
+            for p in plan {
+                outcomes[p.seq] = Some(Outcome::Failed(message.clone()));
+            }
+        };
+        let logits = match result {
+            Ok(l) if l.len() == n_want * self.vocab => l,
+            Ok(l) => {
+                let message = format!(
+                    "model error: forward returned {} logits, expected {n_want} x {}",
+                    l.len(),
+                    self.vocab
+                );
+                return fail_all(outcomes, message);
+            }
+            Err(e) => return fail_all(outcomes, format!("model error: {e}")),
+        };
+
+        let mut k = 0;
+        for p in plan {
+            let seq = &mut self.running[p.seq];
+            seq.computed = p.start + p.len;
+            // Newly full blocks enter the prefix index at once.
+            while seq.hashes.len() < seq.computed / bs {
+                let i = seq.hashes.len();
+                let parent = seq.hashes.last().copied().unwrap_or(ROOT_HASH);
+                let h =
+                    self.pool
+                        .register(seq.blocks[i], parent, &seq.tokens[i * bs..(i + 1) * bs]);
+                seq.hashes.push(h);
+            }
+            if p.want_logits {
+                let l = &logits[k * self.vocab..(k + 1) * self.vocab];
+                k += 1;
+                self.counters.generated_tokens += 1;
+                if let Some(reason) = seq.on_logits(l, &self.eog) {
+                    outcomes[p.seq] = Some(Outcome::Finished(reason));
+                }
+            }
+        }
+    }
+
+    /// Removes cancelled requests (queued or running). A running one keeps what it computed
+    /// in the prefix index: full blocks were registered as they were finished.
+    fn reap_cancelled(&mut self) {
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for p in self.queue.drain(..) {
+            if p.is_cancelled() {
+                self.counters.requests_cancelled += 1;
+                p.send(Event::Done {
+                    finish: FinishReason::Cancelled,
+                    usage: crate::request::Usage {
+                        prompt_tokens: p.req.prompt.len(),
+                        ..Default::default()
+                    },
+                });
+            } else {
+                kept.push_back(p);
+            }
+        }
+        self.queue = kept;
+        for i in (0..self.running.len()).rev() {
+            if self.running[i].is_cancelled() {
+                self.retire(i, Outcome::Finished(FinishReason::Cancelled));
+            }
+        }
+    }
+
+    /// Admits queued requests in FIFO order while a sequence slot is free and the head's
+    /// blocks can be reserved (see the crate doc for why this cannot deadlock).
+    fn admit(&mut self) {
+        let bs = self.cfg.block_size;
+        while self.running.len() < self.cfg.max_running {
+            let Some(front) = self.queue.front() else {
+                break;
+            };
+            let prompt = &front.req.prompt;
+            let plen = prompt.len();
+            let m = self.pool.lookup(&prompt[..plen / bs * bs]);
+            // The last prompt token must run (its logits start generation): a prompt cached
+            // whole keeps all but its last block shared and copies that block's first
+            // block_size - 1 positions into a private block.
+            let cow = !m.blocks.is_empty() && m.blocks.len() * bs == plen;
+            let keep = if cow {
+                m.blocks.len() - 1
+            } else {
+                m.blocks.len()
+            };
+            let total = (plen + front.req.max_tokens).div_ceil(bs);
+            let new_needed = total - keep;
+            let mut leaving_lru = m.blocks[..keep]
+                .iter()
+                .filter(|&&b| self.pool.is_evictable(b))
+                .count();
+            if cow && self.pool.is_evictable(m.blocks[keep]) {
+                leaving_lru += 1;
+            }
+            if new_needed + leaving_lru + self.reserved > self.pool.available() {
+                break;
+            }
+            let Some(p) = self.queue.pop_front() else {
+                break;
+            };
+
+            for &b in &m.blocks[..keep] {
+                self.pool.incref(b);
+            }
+            let mut blocks = m.blocks[..keep].to_vec();
+            let hashes = m.hashes[..keep].to_vec();
+            let mut allocated = 0;
+            let mut cached = keep * bs;
+            if cow {
+                let src = m.blocks[keep];
+                self.pool.incref(src);
+                let dst = self.pool.alloc();
+                if let Some(dst) = dst {
+                    if bs > 1 {
+                        self.model.copy_block(src, dst, bs - 1);
+                    }
+                    blocks.push(dst);
+                    allocated = 1;
+                    cached = plen - 1;
+                }
+                self.pool.release(src);
+            }
+            let reserved_left = new_needed - allocated;
+            self.reserved += reserved_left;
+            self.counters.prompt_tokens += plen as u64;
+            self.counters.cached_prompt_tokens += cached as u64;
+
+            let req = p.req;
+            self.running.push(Sequence {
+                tx: p.tx,
+                cancel: p.cancel,
+                submitted: p.submitted,
+                first_token_at: None,
+                prompt_len: plen,
+                cached_tokens: cached,
+                computed: cached,
+                blocks,
+                hashes,
+                reserved_left,
+                max_tokens: req.max_tokens,
+                ignore_eos: req.ignore_eos,
+                logprobs: req.logprobs,
+                sampler: p.sampler,
+                decoder: self.tokenizer.stream_decoder(true),
+                stop: StopMatcher::new(&req.stop),
+                tokens: req.prompt,
+            });
+        }
+    }
+
+    /// Takes sequence `i` out of the running set: releases its blocks and reservation, sends
+    /// its last event.
+    fn retire(&mut self, i: usize, outcome: Outcome) {
+        let seq = self.running.remove(i);
+        self.pool.release_all(&seq.blocks);
+        self.reserved -= seq.reserved_left;
+        match outcome {
+            Outcome::Finished(finish) => {
+                if finish == FinishReason::Cancelled {
+                    self.counters.requests_cancelled += 1;
+                } else {
+                    self.counters.requests_finished += 1;
+                }
+                seq.send(Event::Done {
+                    finish,
+                    usage: seq.usage(Instant::now()),
+                });
+            }
+            Outcome::Failed(message) => {
+                self.counters.requests_failed += 1;
+                seq.send(Event::Error { message });
+            }
+        }
+    }
+}
