@@ -177,11 +177,14 @@ pub fn vec_dot_multi_with(
     }
     let nb = n / w.block_len() as usize;
     let mut i = 0;
+    // Groups of 8 where 32 vector registers hold their accumulators, else of 4; then 4, 2, 1.
+    let wide = backend == Backend::Avx512Vnni;
     while i < acts.len() {
         i += match acts.len() - i {
             1 => group::<1>(backend, w, n, nb, w_row, &acts[i..], &mut out[i..]),
             2 | 3 => group::<2>(backend, w, n, nb, w_row, &acts[i..], &mut out[i..]),
-            _ => group::<4>(backend, w, n, nb, w_row, &acts[i..], &mut out[i..]),
+            r if r < 8 || !wide => group::<4>(backend, w, n, nb, w_row, &acts[i..], &mut out[i..]),
+            _ => group::<8>(backend, w, n, nb, w_row, &acts[i..], &mut out[i..]),
         };
     }
     Ok(())
@@ -207,7 +210,7 @@ fn group<const N: usize>(
             // row was checked to hold exactly `nb` blocks of its type.
             unsafe {
                 if backend == Backend::Avx512Vnni {
-                    avx512::dot::<N>(w, nb, x.as_ptr(), y)
+                    avx512::dot512::<N>(w, nb, x.as_ptr(), y)
                 } else {
                     avx2::dot::<N>(w, nb, x.as_ptr(), y)
                 }
