@@ -7,53 +7,80 @@
 //! models whose logits sit near ties. Each task takes one token and one kv head and serves all
 //! query heads of its group, so every K/V row is read and converted once per group.
 
-use crate::kv::KvCache;
+use crate::kv::KvPool;
 use crate::pool::{SharedMut, ThreadPool};
 use half::f16;
 
-/// `out[t, h, :] = softmax(q[t,h] · K[0..=start+t, h/group]ᵀ / sqrt(d)) · V[...]`
+/// Where one token of the step attends: its position and its sequence's block table.
+pub struct TokenKv<'a> {
+    pub pos: usize,
+    pub blocks: &'a [u32],
+}
+
+/// `out[t, h, :] = softmax(q[t,h] · K[0..=pos_t, h/group]ᵀ / sqrt(d)) · V[...]`
 ///
-/// `q` and `out` are `[T, n_heads * head_dim]`; the cache already holds positions
-/// `0..start+T` of `layer`.
+/// `q` and `out` are `[T, n_heads * head_dim]`; the pool already holds positions `0..=pos_t`
+/// of every token's sequence in `layer`.
 #[allow(clippy::too_many_arguments)]
 pub fn causal_attention(
     pool: &ThreadPool,
-    cache: &KvCache,
+    kv: &KvPool,
     layer: usize,
     q: &[f32],
-    start: usize,
+    tokens: &[TokenKv],
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
     out: &mut [f32],
 ) {
     let q_dim = n_heads * head_dim;
-    let t_len = q.len() / q_dim;
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let out_ptr = SharedMut::new(out);
-    let kv_dim = cache.kv_dim();
-    pool.run(t_len * n_kv_heads, &|task| {
+    let kv_dim = kv.kv_dim();
+    let block_size = kv.block_size();
+    pool.run(tokens.len() * n_kv_heads, &|task| {
         let (t, kvh) = (task / n_kv_heads, task % n_kv_heads);
         let q_off = t * q_dim + kvh * group * head_dim;
         let qg = &q[q_off..q_off + group * head_dim];
         // SAFETY: the group's heads of token t are written by this task only.
         let dst = unsafe { out_ptr.slice(q_off, group * head_dim) };
-        let n_pos = start + t + 1;
-        match cache.f16_layer(layer) {
+        let tok = &tokens[t];
+        let span = Span { blocks: tok.blocks, block_size, n_pos: tok.pos + 1 };
+        match kv.f16_layer(layer) {
             Some((k, v)) => {
-                let rows = Rows {
-                    k,
-                    v,
-                    kv_dim,
-                    head_off: kvh * head_dim,
-                    head_dim,
-                };
-                attend_group_f16(qg, &rows, n_pos, scale, dst)
+                let rows = Rows { k, v, kv_dim, head_off: kvh * head_dim, head_dim };
+                attend_group_f16(qg, &rows, &span, scale, dst)
             }
-            None => attend_group_f32(cache, layer, kvh, qg, head_dim, n_pos, scale, dst),
+            None => attend_group_f32(kv, layer, kvh, qg, head_dim, &span, scale, dst),
         }
     });
+}
+
+/// The pool rows of positions `0..n_pos` of one sequence, block by block.
+struct Span<'a> {
+    blocks: &'a [u32],
+    block_size: usize,
+    n_pos: usize,
+}
+
+impl Span<'_> {
+    /// Calls `f(row)` for every position in order, without a division per position.
+    #[inline]
+    fn for_each_row(&self, mut f: impl FnMut(usize)) {
+        let mut left = self.n_pos;
+        for &b in self.blocks {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(self.block_size);
+            let base = b as usize * self.block_size;
+            for row in base..base + n {
+                f(row);
+            }
+            left -= n;
+        }
+    }
 }
 
 /// The K/V rows of one kv head in a layer's f16 store.
@@ -66,26 +93,26 @@ struct Rows<'a> {
 }
 
 impl Rows<'_> {
-    fn k(&self, pos: usize) -> &[f16] {
-        let s = pos * self.kv_dim + self.head_off;
+    fn k(&self, row: usize) -> &[f16] {
+        let s = row * self.kv_dim + self.head_off;
         &self.k[s..s + self.head_dim]
     }
-    fn v(&self, pos: usize) -> &[f16] {
-        let s = pos * self.kv_dim + self.head_off;
+    fn v(&self, row: usize) -> &[f16] {
+        let s = row * self.kv_dim + self.head_off;
         &self.v[s..s + self.head_dim]
     }
 }
 
-fn attend_group_f16(qg: &[f32], rows: &Rows, n_pos: usize, scale: f32, out: &mut [f32]) {
+fn attend_group_f16(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if rows.head_dim % 8 == 0 && has_f16c() {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
-            unsafe { x86::attend_group_f16(qg, rows, n_pos, scale, out) };
+            unsafe { x86::attend_group_f16(qg, rows, span, scale, out) };
             return;
         }
     }
-    attend_group_f16_scalar(qg, rows, n_pos, scale, out);
+    attend_group_f16_scalar(qg, rows, span, scale, out);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -105,16 +132,16 @@ fn round_f16(x: f32) -> f32 {
 }
 
 /// The plain version of the f16-cache attention: the oracle of the SIMD one.
-fn attend_group_f16_scalar(qg: &[f32], rows: &Rows, n_pos: usize, scale: f32, out: &mut [f32]) {
+fn attend_group_f16_scalar(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
     let d = rows.head_dim;
     for (qh, dst) in qg.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         let q16: Vec<f32> = qh.iter().map(|x| round_f16(*x)).collect();
         let mut acc = vec![0f32; d];
         let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-        for pos in 0..n_pos {
+        span.for_each_row(|row| {
             let s = q16
                 .iter()
-                .zip(rows.k(pos))
+                .zip(rows.k(row))
                 .map(|(a, b)| a * b.to_f32())
                 .sum::<f32>()
                 * scale;
@@ -126,11 +153,11 @@ fn attend_group_f16_scalar(qg: &[f32], rows: &Rows, n_pos: usize, scale: f32, ou
             } else {
                 vs = (s - max).exp();
             }
-            for (a, b) in acc.iter_mut().zip(rows.v(pos)) {
+            for (a, b) in acc.iter_mut().zip(rows.v(row)) {
                 *a = round_f16(*a + b.to_f32() * vs);
             }
             sum = sum * ms + vs;
-        }
+        });
         for (o, a) in dst.iter_mut().zip(&acc) {
             *o = a / sum;
         }
@@ -140,12 +167,12 @@ fn attend_group_f16_scalar(qg: &[f32], rows: &Rows, n_pos: usize, scale: f32, ou
 /// f32 cache: plain f32 arithmetic throughout (used for parity with float64 references).
 #[allow(clippy::too_many_arguments)]
 fn attend_group_f32(
-    cache: &KvCache,
+    kv: &KvPool,
     layer: usize,
     kvh: usize,
     qg: &[f32],
     d: usize,
-    n_pos: usize,
+    span: &Span,
     scale: f32,
     out: &mut [f32],
 ) {
@@ -154,8 +181,8 @@ fn attend_group_f32(
     for (qh, dst) in qg.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         let mut acc = vec![0f32; d];
         let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
-        for pos in 0..n_pos {
-            cache.read_k(layer, pos, kvh, &mut k);
+        span.for_each_row(|row| {
+            kv.read_k(layer, row, kvh, &mut k);
             let s = qh.iter().zip(&k).map(|(a, b)| a * b).sum::<f32>() * scale;
             if s > max {
                 // Rescale what was accumulated under the old maximum.
@@ -166,11 +193,11 @@ fn attend_group_f32(
             }
             let w = (s - max).exp();
             sum += w;
-            cache.read_v(layer, pos, kvh, &mut v);
+            kv.read_v(layer, row, kvh, &mut v);
             for (a, b) in acc.iter_mut().zip(&v) {
                 *a += w * b;
             }
-        }
+        });
         for (d, a) in dst.iter_mut().zip(&acc) {
             *d = a / sum;
         }
@@ -179,7 +206,7 @@ fn attend_group_f32(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::Rows;
+    use super::{Rows, Span};
     use std::arch::x86_64::*;
 
     /// Largest group x head_dim handled with stack scratch (e.g. 8 heads of 128).
@@ -211,14 +238,14 @@ mod x86 {
     pub unsafe fn attend_group_f16(
         qg: &[f32],
         rows: &Rows,
-        n_pos: usize,
+        span: &Span,
         scale: f32,
         out: &mut [f32],
     ) {
         let d = rows.head_dim;
         let g = qg.len() / d;
         if qg.len() > MAX_GROUP_DIM {
-            return super::attend_group_f16_scalar(qg, rows, n_pos, scale, out);
+            return super::attend_group_f16_scalar(qg, rows, span, scale, out);
         }
         let mut q16 = [0f32; MAX_GROUP_DIM];
         let mut acc = [0f32; MAX_GROUP_DIM];
@@ -230,11 +257,11 @@ mod x86 {
         let mut vrow = [0f32; 256];
         let vecs = d / 8;
         if g > 64 || d > 256 {
-            return super::attend_group_f16_scalar(qg, rows, n_pos, scale, out);
+            return super::attend_group_f16_scalar(qg, rows, span, scale, out);
         }
-        for pos in 0..n_pos {
-            let kp = rows.k(pos).as_ptr();
-            let vp = rows.v(pos).as_ptr();
+        span.for_each_row(|row| {
+            let kp = rows.k(row).as_ptr();
+            let vp = rows.v(row).as_ptr();
             for j in 0..vecs {
                 _mm256_storeu_ps(vrow.as_mut_ptr().add(8 * j), load_f16x8(vp.add(8 * j)));
             }
@@ -273,7 +300,7 @@ mod x86 {
                 }
                 sum[h] = sum[h] * ms + vs;
             }
-        }
+        });
         for h in 0..g {
             for i in 0..d {
                 out[h * d + i] = acc[h * d + i] / sum[h];
@@ -315,10 +342,18 @@ mod tests {
                 head_off: (n_kv - 1) * d,
                 head_dim: d,
             };
+            // A shuffled block table of 8-row blocks covering n_pos rows.
+            let n_blocks = n_pos.div_ceil(8);
+            let mut blocks: Vec<u32> = (0..n_blocks as u32).collect();
+            blocks.reverse();
+            let k: Vec<f16> = (0..n_blocks * 8 * kv_dim).map(|i| k.get(i).copied().unwrap_or(f16::ZERO)).collect();
+            let v: Vec<f16> = (0..n_blocks * 8 * kv_dim).map(|i| v.get(i).copied().unwrap_or(f16::ZERO)).collect();
+            let rows = Rows { k: &k, v: &v, kv_dim, head_off: (n_kv - 1) * d, head_dim: d };
+            let span = Span { blocks: &blocks, block_size: 8, n_pos };
             let mut want = vec![0f32; group * d];
-            attend_group_f16_scalar(&q, &rows, n_pos, 0.125, &mut want);
+            attend_group_f16_scalar(&q, &rows, &span, 0.125, &mut want);
             let mut got = vec![0f32; group * d];
-            attend_group_f16(&q, &rows, n_pos, 0.125, &mut got);
+            attend_group_f16(&q, &rows, &span, 0.125, &mut got);
             let err = want
                 .iter()
                 .zip(&got)

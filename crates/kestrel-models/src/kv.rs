@@ -1,8 +1,11 @@
-//! The KV cache of one sequence, as the model sees it.
+//! KV storage as the model sees it: a pool of fixed-size blocks shared by all sequences.
 //!
-//! Recipes reach cached keys and values only through [`KvCache`]'s narrow surface: `write` the
-//! new tokens' K/V rows of a layer, then read them back per position and kv-head. The paged,
-//! shared store of the serving engine implements the same surface.
+//! A layer's keys live in one array of rows `[n_blocks * block_size, kv_dim]` (values alike).
+//! A sequence owns a block table; its position `p` lives in row
+//! `blocks[p / block_size] * block_size + p % block_size`. Recipes reach K/V only through
+//! [`KvPool`] (write rows, read rows) and a sequence's [`SeqKv`] view (its table and length).
+//! [`KvCache`] is the one-sequence case (`run`, `chat`, `logits`): a pool whose table is the
+//! identity.
 
 use half::f16;
 
@@ -47,56 +50,147 @@ impl Store {
     }
 
     fn read(&self, at: usize, out: &mut [f32]) {
+        let n = out.len();
         match self {
-            Store::F32(v) => out.copy_from_slice(&v[at..at + out.len()]),
+            Store::F32(v) => out.copy_from_slice(&v[at..at + n]),
             Store::F16(v) => {
-                let n = out.len();
                 for (d, s) in out.iter_mut().zip(&v[at..at + n]) {
                     *d = s.to_f32();
                 }
             }
         }
     }
+
+    fn copy_within(&mut self, src: usize, dst: usize, len: usize) {
+        match self {
+            Store::F32(v) => v.copy_within(src..src + len, dst),
+            Store::F16(v) => v.copy_within(src..src + len, dst),
+        }
+    }
 }
 
-/// Keys and values of every layer for positions `0..capacity`; layout per layer `[pos, kv_dim]`.
-pub struct KvCache {
+/// K and V of every layer for `n_blocks` blocks of `block_size` positions.
+pub struct KvPool {
     k: Vec<Store>,
     v: Vec<Store>,
     kv_dim: usize,
     head_dim: usize,
-    capacity: usize,
-    /// Positions filled so far (the next token goes at `len`).
-    len: usize,
+    block_size: usize,
+    n_blocks: usize,
     ty: KvType,
 }
 
-impl KvCache {
+impl KvPool {
     pub fn new(
         n_layers: usize,
         n_kv_heads: usize,
         head_dim: usize,
-        capacity: usize,
+        n_blocks: usize,
+        block_size: usize,
         ty: KvType,
     ) -> Self {
         let kv_dim = n_kv_heads * head_dim;
+        let rows = n_blocks * block_size;
         Self {
-            k: (0..n_layers)
-                .map(|_| Store::new(ty, capacity * kv_dim))
-                .collect(),
-            v: (0..n_layers)
-                .map(|_| Store::new(ty, capacity * kv_dim))
-                .collect(),
+            k: (0..n_layers).map(|_| Store::new(ty, rows * kv_dim)).collect(),
+            v: (0..n_layers).map(|_| Store::new(ty, rows * kv_dim)).collect(),
             kv_dim,
             head_dim,
-            capacity,
-            len: 0,
+            block_size,
+            n_blocks,
             ty,
         }
     }
 
+    /// Bytes one block takes across all layers (K and V).
+    pub fn block_bytes(n_layers: usize, kv_dim: usize, block_size: usize, ty: KvType) -> usize {
+        2 * n_layers * kv_dim * block_size * ty.bytes()
+    }
+
+    pub fn n_blocks(&self) -> usize {
+        self.n_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.ty
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Stores one token's K and V rows (`kv_dim` each) of `layer` at pool row `row`.
+    pub fn write_row(&mut self, layer: usize, row: usize, k: &[f32], v: &[f32]) {
+        self.k[layer].write(row * self.kv_dim, k);
+        self.v[layer].write(row * self.kv_dim, v);
+    }
+
+    /// K of (`layer`, pool row, `kv_head`) into `out` (`head_dim` long).
+    #[inline]
+    pub fn read_k(&self, layer: usize, row: usize, kv_head: usize, out: &mut [f32]) {
+        self.k[layer].read(row * self.kv_dim + kv_head * self.head_dim, out);
+    }
+
+    #[inline]
+    pub fn read_v(&self, layer: usize, row: usize, kv_head: usize, out: &mut [f32]) {
+        self.v[layer].read(row * self.kv_dim + kv_head * self.head_dim, out);
+    }
+
+    /// The raw f16 K and V rows of a layer, when the pool stores f16.
+    pub fn f16_layer(&self, layer: usize) -> Option<(&[f16], &[f16])> {
+        match (&self.k[layer], &self.v[layer]) {
+            (Store::F16(k), Store::F16(v)) => Some((k, v)),
+            _ => None,
+        }
+    }
+
+    /// Copies the first `n_positions` rows of block `src` into block `dst`, in every layer.
+    pub fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
+        let n = n_positions.min(self.block_size) * self.kv_dim;
+        let (s, d) = (src as usize * self.block_size * self.kv_dim, dst as usize * self.block_size * self.kv_dim);
+        for store in self.k.iter_mut().chain(self.v.iter_mut()) {
+            store.copy_within(s, d, n);
+        }
+    }
+}
+
+/// Pool row of position `pos` of a sequence with block table `blocks`.
+#[inline]
+pub fn row_of(blocks: &[u32], block_size: usize, pos: usize) -> usize {
+    blocks[pos / block_size] as usize * block_size + pos % block_size
+}
+
+/// One sequence's KV cache (`run`, `chat`, `logits`): a private pool, identity block table.
+pub struct KvCache {
+    pool: KvPool,
+    blocks: Vec<u32>,
+    /// Positions filled so far (the next token goes at `len`).
+    len: usize,
+}
+
+/// Block size of a one-sequence cache (any value works; the table is the identity).
+const SINGLE_SEQ_BLOCK: usize = 64;
+
+impl KvCache {
+    pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, capacity: usize, ty: KvType) -> Self {
+        let n_blocks = capacity.div_ceil(SINGLE_SEQ_BLOCK).max(1);
+        Self {
+            pool: KvPool::new(n_layers, n_kv_heads, head_dim, n_blocks, SINGLE_SEQ_BLOCK, ty),
+            blocks: (0..n_blocks as u32).collect(),
+            len: 0,
+        }
+    }
+
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.pool.n_blocks * self.pool.block_size
     }
 
     pub fn len(&self) -> usize {
@@ -108,7 +202,7 @@ impl KvCache {
     }
 
     pub fn kv_type(&self) -> KvType {
-        self.ty
+        self.pool.ty
     }
 
     /// Forget positions from `len` on (e.g. to re-run a suffix, or start a new sequence at 0).
@@ -118,35 +212,10 @@ impl KvCache {
 
     /// Marks `n` more positions as filled, after every layer wrote them.
     pub fn advance(&mut self, n: usize) {
-        self.len = (self.len + n).min(self.capacity);
+        self.len = (self.len + n).min(self.capacity());
     }
 
-    /// Stores K and V rows (`[T, kv_dim]`) of `layer` for positions `start..start+T`.
-    pub fn write(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
-        self.k[layer].write(start * self.kv_dim, k);
-        self.v[layer].write(start * self.kv_dim, v);
-    }
-
-    /// K of (`layer`, `pos`, `kv_head`) into `out` (`head_dim` long).
-    #[inline]
-    pub fn read_k(&self, layer: usize, pos: usize, kv_head: usize, out: &mut [f32]) {
-        self.k[layer].read(pos * self.kv_dim + kv_head * self.head_dim, out);
-    }
-
-    /// The raw f16 K and V of a layer (`[pos, kv_dim]`), when the cache stores f16.
-    pub fn f16_layer(&self, layer: usize) -> Option<(&[f16], &[f16])> {
-        match (&self.k[layer], &self.v[layer]) {
-            (Store::F16(k), Store::F16(v)) => Some((k, v)),
-            _ => None,
-        }
-    }
-
-    pub fn kv_dim(&self) -> usize {
-        self.kv_dim
-    }
-
-    #[inline]
-    pub fn read_v(&self, layer: usize, pos: usize, kv_head: usize, out: &mut [f32]) {
-        self.v[layer].read(pos * self.kv_dim + kv_head * self.head_dim, out);
+    pub(crate) fn parts(&mut self) -> (&mut KvPool, &[u32]) {
+        (&mut self.pool, &self.blocks)
     }
 }

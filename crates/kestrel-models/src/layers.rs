@@ -4,7 +4,8 @@
 
 use crate::attention::causal_attention;
 use crate::config::ModelConfig;
-use crate::kv::KvCache;
+use crate::attention::TokenKv;
+use crate::kv::KvPool;
 use crate::ops::{self, MatmulPath, Rope};
 use crate::pool::ThreadPool;
 use crate::weights::{TensorStore, Weight};
@@ -16,10 +17,12 @@ pub struct Ctx<'a> {
     pub pool: &'a ThreadPool,
     pub path: MatmulPath,
     pub rope: &'a Rope,
-    /// Position of the first token of this batch.
-    pub start: usize,
-    /// Tokens in this batch.
+    /// Tokens in this batch (from one or several sequences).
     pub t_len: usize,
+    /// Per token: its position and its sequence's block table.
+    pub tokens: &'a [TokenKv<'a>],
+    /// Per token: the pool row its K/V go to.
+    pub rows: &'a [usize],
 }
 
 impl Ctx<'_> {
@@ -151,20 +154,24 @@ pub fn attend(
     a: &AttnWeights,
     layer: usize,
     mut qkv: Qkv,
-    cache: &mut KvCache,
+    kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
     let cfg = ctx.cfg;
     ctx.rope.apply(&mut qkv.q, cfg.head_dim);
     ctx.rope.apply(&mut qkv.k, cfg.head_dim);
-    cache.write(layer, ctx.start, &qkv.k, &qkv.v);
+    let kv_dim = cfg.kv_dim();
+    for (t, &row) in ctx.rows.iter().enumerate() {
+        let span = t * kv_dim..(t + 1) * kv_dim;
+        kv.write_row(layer, row, &qkv.k[span.clone()], &qkv.v[span]);
+    }
     let mut att = vec![0f32; qkv.q.len()];
     causal_attention(
         ctx.pool,
-        cache,
+        kv,
         layer,
         &qkv.q,
-        ctx.start,
+        ctx.tokens,
         cfg.n_heads,
         cfg.n_kv_heads,
         cfg.head_dim,

@@ -15,6 +15,7 @@ pub mod kv;
 pub mod layers;
 pub mod model;
 pub mod ops;
+pub mod paged;
 pub mod plan;
 pub mod pool;
 pub mod recipes;
@@ -22,7 +23,8 @@ pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeLayout};
 pub use error::ModelError;
-pub use kv::{KvCache, KvType};
-pub use model::{LoadOptions, Logits, Model};
+pub use kv::{KvCache, KvPool, KvType};
+pub use model::{LoadOptions, Logits, Model, SeqStep, WantLogits};
 pub use ops::MatmulPath;
+pub use paged::PagedModel;
 pub use plan::MemoryPlan;

@@ -1,7 +1,8 @@
 //! A loaded model: config, weights by recipe, and the forward pass.
 
 use crate::config::{Arch, ModelConfig};
-use crate::kv::{KvCache, KvType};
+use crate::attention::TokenKv;
+use crate::kv::{row_of, KvCache, KvPool, KvType};
 use crate::layers::{Ctx, LayerWeights};
 use crate::ops::{self, MatmulPath, Rope};
 use crate::pool::ThreadPool;
@@ -159,18 +160,15 @@ impl Model {
         KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity, ty)
     }
 
+    /// A block pool shared by many sequences (the serving engine's KV store).
+    pub fn new_pool(&self, n_blocks: usize, block_size: usize, ty: KvType) -> KvPool {
+        let c = &self.config;
+        KvPool::new(c.n_layers, c.n_kv_heads, c.head_dim, n_blocks, block_size, ty)
+    }
+
     /// Runs `tokens` at positions `cache.len()..`, appends their K/V to the cache and returns
     /// the logits asked for. Long inputs are processed in steps of `max_batch` tokens.
-    pub fn forward(
-        &self,
-        tokens: &[u32],
-        cache: &mut KvCache,
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
-        let vocab = self.config.vocab_size;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::BadToken { id, vocab });
-        }
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
         let needed = cache.len() + tokens.len();
         if needed > cache.capacity() {
             return Err(ModelError::ContextFull {
@@ -184,46 +182,68 @@ impl Model {
         for (i, chunk) in tokens.chunks(step).enumerate() {
             let last_step = i + 1 == n_steps;
             let want_here = match want {
-                Logits::All => Some(Logits::All),
-                Logits::Last if last_step => Some(Logits::Last),
-                Logits::Last => None,
+                Logits::All => WantLogits::All,
+                Logits::Last if last_step => WantLogits::Last,
+                Logits::Last => WantLogits::None,
             };
-            logits.extend(self.forward_step(chunk, cache, want_here)?);
+            let start = cache.len();
+            let (pool, blocks) = cache.parts();
+            let seq = SeqStep { tokens: chunk, start, blocks, want: want_here };
+            logits.extend(self.forward_batch(pool, &[seq])?);
+            cache.advance(chunk.len());
         }
         Ok(logits)
     }
 
-    /// One batch of tokens through every layer (the hot function of prefill and decode).
-    fn forward_step(
-        &self,
-        tokens: &[u32],
-        cache: &mut KvCache,
-        want: Option<Logits>,
-    ) -> Result<Vec<f32>, ModelError> {
+    /// One forward pass over the new tokens of several sequences at once: one pass over the
+    /// weights serves every sequence (continuous batching). Returns the logits each `SeqStep`
+    /// asked for, concatenated in order. This is the hot function of prefill and decode.
+    pub fn forward_batch(&self, pool: &mut KvPool, seqs: &[SeqStep]) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.config;
-        let (t_len, dim) = (tokens.len(), cfg.dim);
-        let start = cache.len();
+        let vocab = cfg.vocab_size;
+        let bs = pool.block_size();
+        // Check every sequence's tokens and table before touching the pool.
+        for s in seqs {
+            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ModelError::BadToken { id, vocab });
+            }
+            let end = s.start + s.tokens.len();
+            let covered = s.blocks.len() * bs;
+            if end > covered || s.blocks.iter().any(|&b| b as usize >= pool.n_blocks()) {
+                return Err(ModelError::ContextFull { needed: end, capacity: covered });
+            }
+        }
+        let dim = cfg.dim;
+        let t_len: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if t_len == 0 {
+            return Ok(Vec::new());
+        }
 
         // x: [T, dim], the residual stream, starts as the token embeddings
         let mut x = vec![0f32; t_len * dim];
-        for (row, &tok) in x.chunks_exact_mut(dim).zip(tokens) {
-            self.embed.row_f32(tok as usize, row)?;
+        let mut tokens = Vec::with_capacity(t_len);
+        let mut rows = Vec::with_capacity(t_len);
+        let mut positions = Vec::with_capacity(t_len);
+        for s in seqs {
+            for (i, &tok) in s.tokens.iter().enumerate() {
+                let pos = s.start + i;
+                let t = tokens.len();
+                self.embed.row_f32(tok as usize, &mut x[t * dim..(t + 1) * dim])?;
+                tokens.push(TokenKv { pos, blocks: s.blocks });
+                rows.push(row_of(s.blocks, bs, pos));
+                positions.push(pos);
+            }
         }
 
-        let positions: Vec<usize> = (start..start + t_len).collect();
-        let rope = Rope::new(
-            &positions,
-            cfg.rope_dim,
-            cfg.rope_base,
-            cfg.rope_layout == crate::config::RopeLayout::NeoX,
-        );
+        let rope = Rope::new(&positions, cfg.rope_dim, cfg.rope_base, cfg.rope_layout == crate::config::RopeLayout::NeoX);
         let ctx = Ctx {
             cfg,
             pool: &self.pool,
             path: self.opts.matmul,
             rope: &rope,
-            start,
             t_len,
+            tokens: &tokens,
+            rows: &rows,
         };
         let forward_layer = match cfg.arch {
             Arch::Llama => recipes::llama::forward_layer,
@@ -231,26 +251,47 @@ impl Model {
             Arch::Qwen3 => recipes::qwen3::forward_layer,
         };
         for (i, layer) in self.layers.iter().enumerate() {
-            forward_layer(&ctx, layer, i, cache, &mut x)?;
+            forward_layer(&ctx, layer, i, pool, &mut x)?;
         }
-        cache.advance(t_len);
 
         // final norm and the vocabulary projection, for the rows asked for
-        let rows = match want {
-            None => return Ok(Vec::new()),
-            Some(Logits::All) => &mut x[..],
-            Some(Logits::Last) => &mut x[(t_len - 1) * dim..],
-        };
-        ops::rms_norm(rows, &self.output_norm, cfg.rms_eps);
-        let n = rows.len() / dim;
-        let mut logits = vec![0f32; n * cfg.vocab_size];
-        ops::matmul(
-            &self.pool,
-            self.opts.matmul,
-            &self.output,
-            rows,
-            &mut logits,
-        )?;
+        let mut picked = Vec::new();
+        let mut t0 = 0;
+        for s in seqs {
+            let n = s.tokens.len();
+            match s.want {
+                WantLogits::None => {}
+                WantLogits::Last => picked.extend_from_slice(&x[(t0 + n - 1) * dim..(t0 + n) * dim]),
+                WantLogits::All => picked.extend_from_slice(&x[t0 * dim..(t0 + n) * dim]),
+            }
+            t0 += n;
+        }
+        if picked.is_empty() {
+            return Ok(Vec::new());
+        }
+        ops::rms_norm(&mut picked, &self.output_norm, cfg.rms_eps);
+        let n = picked.len() / dim;
+        let mut logits = vec![0f32; n * vocab];
+        ops::matmul(&self.pool, self.opts.matmul, &self.output, &picked, &mut logits)?;
         Ok(logits)
     }
+}
+
+/// Which logits a sequence of a batched step wants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WantLogits {
+    None,
+    Last,
+    All,
+}
+
+/// One sequence's share of a batched forward step.
+pub struct SeqStep<'a> {
+    /// New tokens: a prefill chunk, or the one token of a decode step.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; positions `0..start` are already in the sequence's blocks.
+    pub start: usize,
+    /// Block table covering positions `0..start + tokens.len()`.
+    pub blocks: &'a [u32],
+    pub want: WantLogits,
 }

@@ -1,7 +1,7 @@
 //! Llama (SmolLM2, Llama 2/3): pre-norm attention and SwiGLU MLP, no biases.
 
 use crate::config::ModelConfig;
-use crate::kv::KvCache;
+use crate::kv::KvPool;
 use crate::layers::{self, AttnParts, Ctx, LayerWeights};
 use crate::weights::TensorStore;
 use crate::ModelError;
@@ -22,10 +22,10 @@ pub fn forward_layer(
     ctx: &Ctx,
     l: &LayerWeights,
     i: usize,
-    cache: &mut KvCache,
+    kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
     let qkv = layers::project_qkv(ctx, &l.attn, x)?;
-    layers::attend(ctx, &l.attn, i, qkv, cache, x)?;
+    layers::attend(ctx, &l.attn, i, qkv, kv, x)?;
     layers::mlp(ctx, &l.mlp, x)
 }

@@ -1,7 +1,7 @@
 //! Qwen3: llama's layer plus an RMSNorm over each head of q and k before RoPE; no biases.
 
 use crate::config::ModelConfig;
-use crate::kv::KvCache;
+use crate::kv::KvPool;
 use crate::layers::{self, AttnParts, Ctx, LayerWeights};
 use crate::weights::TensorStore;
 use crate::ModelError;
@@ -22,13 +22,13 @@ pub fn forward_layer(
     ctx: &Ctx,
     l: &LayerWeights,
     i: usize,
-    cache: &mut KvCache,
+    kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
     let mut qkv = layers::project_qkv(ctx, &l.attn, x)?;
     if let Some(n) = &l.attn.qk_norm {
         layers::qk_head_norm(ctx, &mut qkv, n); // what makes it Qwen3
     }
-    layers::attend(ctx, &l.attn, i, qkv, cache, x)?;
+    layers::attend(ctx, &l.attn, i, qkv, kv, x)?;
     layers::mlp(ctx, &l.mlp, x)
 }

@@ -1,0 +1,54 @@
+//! A model together with the block pool it stores K/V in: what the serving engine drives.
+//! The engine hands out block ids and builds block tables; this side stores the data.
+
+use crate::kv::{KvPool, KvType};
+use crate::model::{Model, SeqStep, WantLogits};
+use crate::ModelError;
+
+pub struct PagedModel {
+    pub model: Model,
+    pub pool: KvPool,
+    /// Prompt tokens computed by forward passes so far (what really ran, for tests and stats).
+    pub tokens_computed: u64,
+}
+
+impl PagedModel {
+    pub fn new(model: Model, n_blocks: usize, block_size: usize, kv_type: KvType) -> Self {
+        let pool = model.new_pool(n_blocks, block_size, kv_type);
+        Self {
+            model,
+            pool,
+            tokens_computed: 0,
+        }
+    }
+
+    /// Bytes one block takes across all layers.
+    pub fn block_bytes(model: &Model, block_size: usize, kv_type: KvType) -> usize {
+        let c = &model.config;
+        KvPool::block_bytes(c.n_layers, c.kv_dim(), block_size, kv_type)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+
+    /// One batched step; `want_last[i]` says whether sequence i wants its last logits.
+    pub fn step(&mut self, seqs: &[(&[u32], usize, &[u32], bool)]) -> Result<Vec<f32>, ModelError> {
+        let steps: Vec<SeqStep> = seqs
+            .iter()
+            .map(|&(tokens, start, blocks, want)| SeqStep {
+                tokens,
+                start,
+                blocks,
+                want: if want { WantLogits::Last } else { WantLogits::None },
+            })
+            .collect();
+        let out = self.model.forward_batch(&mut self.pool, &steps)?;
+        self.tokens_computed += seqs.iter().map(|s| s.0.len() as u64).sum::<u64>();
+        Ok(out)
+    }
+
+    pub fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
+        self.pool.copy_block(src, dst, n_positions);
+    }
+}
