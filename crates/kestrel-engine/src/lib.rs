@@ -41,12 +41,15 @@ mod blocks;
 mod config;
 mod engine;
 mod error;
+pub mod mock;
 mod model;
 mod request;
 mod scheduler;
 mod sequence;
 mod stats;
 mod stop;
+#[cfg(test)]
+mod tests;
 
 pub use blocks::BlockPool;
 pub use config::EngineConfig;

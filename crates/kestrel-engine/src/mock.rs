@@ -1,0 +1,187 @@
+//! A deterministic [`StepModel`] for tests (this crate's and front ends').
+//!
+//! Logits are a function of (position, last token): the token picked by a `next` function gets
+//! a clear maximum, the rest a fixed pattern. The mock keeps the token written at every KV
+//! position, so it can check that the engine only reads positions that were written, and it
+//! records every step (including the full context each sequence saw) for assertions.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::model::{SeqStep, StepModel};
+
+/// Picks the most likely next token from (position of the last token, last token).
+pub type NextToken = Arc<dyn Fn(usize, u32) -> u32 + Send + Sync>;
+
+/// One sequence's share of a recorded step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedSeq {
+    pub tokens: Vec<u32>,
+    pub start: usize,
+    pub blocks: Vec<u32>,
+    pub want_logits: bool,
+    /// Tokens read back from the KV blocks for positions [0, start), then `tokens`.
+    pub context: Vec<u32>,
+}
+
+/// Everything the mock saw.
+#[derive(Debug, Clone, Default)]
+pub struct MockLog {
+    pub steps: Vec<Vec<RecordedSeq>>,
+    /// `copy_block` calls: (src, dst, n_positions).
+    pub copies: Vec<(u32, u32, usize)>,
+}
+
+/// The mock model. See the module doc.
+pub struct MockModel {
+    vocab: usize,
+    block_size: usize,
+    /// Token at each position of each block (`None`: never written).
+    kv: Vec<Vec<Option<u32>>>,
+    next: NextToken,
+    log: Arc<Mutex<MockLog>>,
+    fail_on_token: Option<u32>,
+    delay: Duration,
+}
+
+impl MockModel {
+    pub fn new(
+        vocab: usize,
+        n_blocks: usize,
+        block_size: usize,
+        next: impl Fn(usize, u32) -> u32 + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            vocab,
+            block_size,
+            kv: vec![vec![None; block_size]; n_blocks],
+            next: Arc::new(next),
+            log: Arc::new(Mutex::new(MockLog::default())),
+            fail_on_token: None,
+            delay: Duration::ZERO,
+        }
+    }
+
+    /// The shared log (keep a clone before boxing the model).
+    pub fn log(&self) -> Arc<Mutex<MockLog>> {
+        Arc::clone(&self.log)
+    }
+
+    /// `forward` fails whenever a step's new tokens contain `token`.
+    pub fn fail_on_token(mut self, token: u32) -> Self {
+        self.fail_on_token = Some(token);
+        self
+    }
+
+    /// Sleeps this long in every `forward` (to make cancellation races observable).
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Logits at `pos` after `last`: `next(pos, last)` gets 10, the rest a pattern in [0, 1.2].
+    pub fn logits_at(&self, pos: usize, last: u32, out: &mut Vec<f32>) {
+        let target = (self.next)(pos, last) as usize % self.vocab;
+        for i in 0..self.vocab {
+            let v = if i == target {
+                10.0
+            } else {
+                ((pos * 31 + last as usize * 17 + i * 7) % 13) as f32 * 0.1
+            };
+            out.push(v);
+        }
+    }
+
+    fn read(&self, blocks: &[u32], pos: usize) -> Result<u32, String> {
+        let b = *blocks
+            .get(pos / self.block_size)
+            .ok_or_else(|| format!("no block for position {pos}"))?;
+        let block = self
+            .kv
+            .get(b as usize)
+            .ok_or_else(|| format!("block id {b} out of range"))?;
+        block[pos % self.block_size]
+            .ok_or_else(|| format!("position {pos} (block {b}) never written"))
+    }
+}
+
+impl StepModel for MockModel {
+    fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    fn kv_blocks(&self) -> usize {
+        self.kv.len()
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn forward(&mut self, seqs: &[SeqStep<'_>]) -> Result<Vec<f32>, String> {
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        if let Some(t) = self.fail_on_token {
+            if seqs.iter().any(|s| s.tokens.contains(&t)) {
+                return Err(format!("mock failure on token {t}"));
+            }
+        }
+        let mut recorded = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            if s.tokens.is_empty() {
+                return Err("empty step".to_string());
+            }
+            let end = s.start + s.tokens.len();
+            if s.blocks.len() * self.block_size < end {
+                return Err(format!("block table too short for {end} positions"));
+            }
+            let mut context = (0..s.start)
+                .map(|p| self.read(s.blocks, p))
+                .collect::<Result<Vec<u32>, String>>()?;
+            context.extend_from_slice(s.tokens);
+            recorded.push(RecordedSeq {
+                tokens: s.tokens.to_vec(),
+                start: s.start,
+                blocks: s.blocks.to_vec(),
+                want_logits: s.want_logits,
+                context,
+            });
+        }
+        let mut logits = Vec::new();
+        for s in seqs {
+            for (i, &t) in s.tokens.iter().enumerate() {
+                let pos = s.start + i;
+                let b = s.blocks[pos / self.block_size] as usize;
+                self.kv[b][pos % self.block_size] = Some(t);
+            }
+            if s.want_logits {
+                let pos = s.start + s.tokens.len() - 1;
+                let last = s.tokens[s.tokens.len() - 1];
+                self.logits_at(pos, last, &mut logits);
+            }
+        }
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .steps
+            .push(recorded);
+        Ok(logits)
+    }
+
+    fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
+        if let (Some(from), true) = (
+            self.kv.get(src as usize).cloned(),
+            (dst as usize) < self.kv.len(),
+        ) {
+            for p in 0..n_positions.min(self.block_size) {
+                self.kv[dst as usize][p] = from[p];
+            }
+        }
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .copies
+            .push((src, dst, n_positions));
+    }
+}
