@@ -239,7 +239,7 @@ impl Engine {
     /// or reservation is left, and the prefix index is consistent.
     pub fn check_idle_accounting(&self) -> Result<(), String> {
         let mut st = self.shared.lock();
-        while !(st.idle && st.inbox.is_empty()) && !st.dead {
+        while !(st.dead || st.idle && st.inbox.is_empty()) {
             st = self.shared.idle.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         if st.dead && !st.shutdown {

@@ -174,9 +174,8 @@ impl StepModel for MockModel {
             self.kv.get(src as usize).cloned(),
             (dst as usize) < self.kv.len(),
         ) {
-            for p in 0..n_positions.min(self.block_size) {
-                self.kv[dst as usize][p] = from[p];
-            }
+            let n = n_positions.min(self.block_size);
+            self.kv[dst as usize][..n].copy_from_slice(&from[..n]);
         }
         self.log
             .lock()
