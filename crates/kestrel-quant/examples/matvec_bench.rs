@@ -12,7 +12,9 @@
 //! cargo run -p kestrel-quant --release --example matvec_bench -- [TYPES..] [--t 64,512]
 //!   [--backend avx512|avx2|generic] [--no-decode] [--no-prefill]
 
-use kestrel_quant::{quantize_row, row_bytes, vec_dot_multi_with, vec_dot_type, Backend, GgmlType};
+use kestrel_quant::{
+    quantize_row, row_bytes, vec_dot_multi_with, vec_dot_rows_with, vec_dot_type, Backend, GgmlType,
+};
 
 /// Thread CPU time: other builds share these 2 cores, and wall time would count their slices.
 struct Instant(f64);
@@ -172,6 +174,22 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                     let macs = (rows * N * t_len * reps) as f64;
                     println!(
                         "  {b:<11?} prefill T={t_len:<4} multi: {:7.1} GOPS ({:5.2} GB/s weights)",
+                        2.0 * macs / s / 1e9,
+                        (rb * rows * reps) as f64 / s / 1e9
+                    );
+                    let mut out4 = vec![0f32; 4 * t_len];
+                    let all: Vec<&[u8]> = m0.chunks_exact(rb).take(rows).collect();
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        for w4 in all.chunks(4) {
+                            vec_dot_rows_with(b, w, N, w4, &refs, &mut out4[..w4.len() * t_len])?;
+                            sink += out4[t_len - 1];
+                        }
+                    }
+                    let s = t.elapsed().as_secs_f64();
+                    std::hint::black_box(sink);
+                    println!(
+                        "  {b:<11?} prefill T={t_len:<4} rows:  {:7.1} GOPS ({:5.2} GB/s weights)",
                         2.0 * macs / s / 1e9,
                         (rb * rows * reps) as f64 / s / 1e9
                     );

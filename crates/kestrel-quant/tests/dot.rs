@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use kestrel_quant::{
-    dequantize_row, quantize_row, row_bytes, vec_dot, vec_dot_multi_with, vec_dot_type, Backend,
-    GgmlType,
+    dequantize_row, quantize_row, row_bytes, vec_dot, vec_dot_multi_with, vec_dot_rows_with,
+    vec_dot_type, Backend, GgmlType,
 };
 
 /// SIMD vs scalar: the integer block sums are identical, so only f32 summation order differs.
@@ -114,6 +114,99 @@ fn every_backend_matches_the_scalar_oracle() {
             }
         }
     }
+}
+
+/// Row lengths with odd block counts (a lone tail block, 1-3 blocks past the 4-block loop).
+fn odd_lengths(w: GgmlType) -> Vec<usize> {
+    let bl = w.block_len() as usize;
+    if bl == 1 {
+        vec![1, 37, 1000]
+    } else if bl == 256 {
+        vec![256, 768, 1280, 2304]
+    } else {
+        vec![32, 64, 96, 160, 224, 1184, 896]
+    }
+}
+
+/// Every backend, odd lengths, batch sizes 1, 2, 3, 5, 8, 9, 17 (every group and tail shape of
+/// `vec_dot_multi`): within tolerance of the oracle, and bit-identical to the one-row call.
+#[test]
+fn multi_row_batches_of_odd_sizes_match_the_oracle() {
+    let mut rng = Rng(0x0dd5);
+    for w in DOT_TYPES {
+        for n in odd_lengths(w) {
+            let x = random_row(&mut rng, w, n);
+            let acts: Vec<Vec<u8>> = (0..17).map(|_| act_row(&mut rng, w, n)).collect();
+            for t in [1usize, 2, 3, 5, 8, 9, 17] {
+                let refs: Vec<&[u8]> = acts[..t].iter().map(|a| a.as_slice()).collect();
+                let mut oracle = vec![0f32; t];
+                vec_dot_multi_with(Backend::Generic, w, n, &x, &refs, &mut oracle).unwrap();
+                for b in Backend::available() {
+                    let mut got = vec![0f32; t];
+                    vec_dot_multi_with(b, w, n, &x, &refs, &mut got).unwrap();
+                    for c in 0..t {
+                        let (_, mag) = exact(w, n, &x, refs[c]);
+                        let err = (got[c] as f64 - oracle[c] as f64).abs();
+                        assert!(
+                            err <= SIMD_VS_SCALAR_TOL * mag + 1e-30,
+                            "{w} n={n} t={t} {b:?} row {c}: {} vs oracle {}",
+                            got[c],
+                            oracle[c]
+                        );
+                        let mut single = [0f32];
+                        vec_dot_multi_with(b, w, n, &x, &refs[c..c + 1], &mut single).unwrap();
+                        assert_eq!(single[0].to_bits(), got[c].to_bits(), "{w} n={n} t={t} {b:?} row {c}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `vec_dot_rows` (the tiled kernel and its fallback) equals `vec_dot_multi` per weight row, bit
+/// for bit, for 1..=9 weight rows and odd batch sizes, on every backend and type.
+#[test]
+fn tiled_rows_equal_multi_per_row() {
+    let mut rng = Rng(0x711e);
+    for w in DOT_TYPES {
+        for n in odd_lengths(w) {
+            let xs: Vec<Vec<u8>> = (0..9).map(|_| random_row(&mut rng, w, n)).collect();
+            let acts: Vec<Vec<u8>> = (0..17).map(|_| act_row(&mut rng, w, n)).collect();
+            for b in Backend::available() {
+                for m in [1usize, 2, 3, 4, 5, 8, 9] {
+                    for t in [1usize, 2, 3, 5, 8, 9, 17] {
+                        let rows: Vec<&[u8]> = xs[..m].iter().map(|a| a.as_slice()).collect();
+                        let refs: Vec<&[u8]> = acts[..t].iter().map(|a| a.as_slice()).collect();
+                        let mut got = vec![0f32; m * t];
+                        vec_dot_rows_with(b, w, n, &rows, &refs, &mut got).unwrap();
+                        for r in 0..m {
+                            let mut want = vec![0f32; t];
+                            vec_dot_multi_with(b, w, n, rows[r], &refs, &mut want).unwrap();
+                            let mut oracle = vec![0f32; t];
+                            vec_dot_multi_with(Backend::Generic, w, n, rows[r], &refs, &mut oracle)
+                                .unwrap();
+                            for c in 0..t {
+                                assert_eq!(
+                                    got[r * t + c].to_bits(),
+                                    want[c].to_bits(),
+                                    "{w} n={n} {b:?} m={m} t={t} ({r}, {c}): {} vs {}",
+                                    got[r * t + c],
+                                    want[c]
+                                );
+                                let (_, mag) = exact(w, n, rows[r], refs[c]);
+                                let err = (got[r * t + c] as f64 - oracle[c] as f64).abs();
+                                assert!(err <= SIMD_VS_SCALAR_TOL * mag + 1e-30, "{w} n={n} {b:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut out = [0f32; 3];
+    let x = vec![0u8; 144];
+    let y = vec![0u8; 292];
+    assert!(vec_dot_rows_with(Backend::Generic, GgmlType::Q4_K, 256, &[&x, &x], &[&y, &y], &mut out).is_err());
 }
 
 #[test]

@@ -190,3 +190,146 @@ unsafe fn blocks32<const N: usize, const T: u8>(
     }
     out
 }
+
+/// Register tile for [`tile`]: weight rows x activation rows per call.
+pub(crate) const TILE_W: usize = 4;
+pub(crate) const TILE_A: usize = 2;
+
+/// Whether [`tile`] has a kernel for `w`.
+pub(crate) fn has_tile(w: GgmlType) -> bool {
+    matches!(w, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
+}
+
+/// `MR` weight rows x `NR` activation rows, the GEMM-style micro-kernel behind `vec_dot_rows`.
+/// The weight quants enter `vpdpbusd` unsigned (q + 8, q + 16, q + 128; Q4_1 as is) and each
+/// activation block's offset correction (-off * its sums of four) seeds the i32 accumulator,
+/// so the per-pair work is four instructions (dpbusd, convert, scale, FMA) and all the rest is
+/// shared along a row or a column of the tile. The integer lane sums, the scales and the f32
+/// accumulation order are exactly [`blocks32`]'s, so results equal `vec_dot_multi`'s bit for bit.
+///
+/// # Safety
+/// As [`dot`]; `w` is one of [`has_tile`]'s types.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn tile<const MR: usize, const NR: usize>(
+    w: GgmlType,
+    nb: usize,
+    x: [*const u8; MR],
+    y: [*const u8; NR],
+) -> [[f32; NR]; MR] {
+    match w {
+        GgmlType::Q4_0 => tile_t::<MR, NR, Q4_0>(nb, x, y),
+        GgmlType::Q5_0 => tile_t::<MR, NR, Q5_0>(nb, x, y),
+        GgmlType::Q8_0 => tile_t::<MR, NR, Q8_0>(nb, x, y),
+        _ => tile_t::<MR, NR, Q4_1>(nb, x, y),
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_step<const MR: usize, const NR: usize, const T: u8>(
+    acc: &mut [[__m512; NR]; MR],
+    summ: &mut [[f32; NR]; MR],
+    x: &[*const u8; MR],
+    y: &[*const u8; NR],
+    blk: usize,
+    second: bool,
+) {
+    let bx: usize = match T {
+        Q4_0 => 18,
+        Q5_0 => 22,
+        Q8_0 => 34,
+        _ => 20,
+    };
+    let by: usize = if T == Q4_1 { 36 } else { 34 };
+    let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
+    // Activation side: quants, scales, offset corrections (and Q8_1 sums).
+    let mut qy = [_mm512_setzero_si512(); NR];
+    let mut dy = [_mm512_setzero_ps(); NR];
+    let mut seed = [_mm512_setzero_si512(); NR];
+    let mut sy = [[0f32; 2]; NR];
+    for c in 0..NR {
+        let yb = y[c].add(blk * by);
+        let y1 = if second { yb.add(by) } else { std::ptr::null() };
+        if T == Q4_1 {
+            qy[c] = load2x32(yb.add(4), off(y1, 4));
+            sy[c] = [fp16(yb.add(2)), if second { fp16(yb.add(by + 2)) } else { 0.0 }];
+        } else {
+            qy[c] = load2x32(yb.add(2), off(y1, 2));
+            let o: i8 = match T {
+                Q4_0 => 8,
+                Q5_0 => 16,
+                _ => -128, // 0x80: 128 as the unsigned operand
+            };
+            let corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(o), qy[c]);
+            seed[c] = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+        }
+        dy[c] = halves2(yb, y1);
+    }
+    for r in 0..MR {
+        let xb = x[r].add(blk * bx);
+        let x1 = if second { xb.add(bx) } else { std::ptr::null() };
+        let u = match T {
+            Q4_0 => nibbles2(xb.add(2), off(x1, 2)),
+            Q5_0 => {
+                let nib = nibbles2(xb.add(6), off(x1, 6));
+                let h0 = (xb.add(2) as *const u32).read_unaligned() as u64;
+                let h1 = if second {
+                    (x1.add(2) as *const u32).read_unaligned() as u64
+                } else {
+                    0
+                };
+                let set = _cvtu64_mask64(h0 | (h1 << 32));
+                _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
+            }
+            Q8_0 => _mm512_xor_si512(
+                load2x32(xb.add(2), off(x1, 2)),
+                _mm512_set1_epi8(0x80u8 as i8),
+            ),
+            _ => nibbles2(xb.add(4), off(x1, 4)),
+        };
+        let dx = halves2(xb, x1);
+        let m = if T == Q4_1 {
+            [fp16(xb.add(2)), if second { fp16(x1.add(2)) } else { 0.0 }]
+        } else {
+            [0.0; 2]
+        };
+        for c in 0..NR {
+            if T == Q4_1 {
+                summ[r][c] += m[0] * sy[c][0] + m[1] * sy[c][1];
+            }
+            let s = _mm512_dpbusd_epi32(seed[c], u, qy[c]);
+            let d = _mm512_mul_ps(dx, dy[c]);
+            acc[r][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[r][c]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_t<const MR: usize, const NR: usize, const T: u8>(
+    nb: usize,
+    x: [*const u8; MR],
+    y: [*const u8; NR],
+) -> [[f32; NR]; MR] {
+    let mut acc0 = [[_mm512_setzero_ps(); NR]; MR];
+    let mut acc1 = [[_mm512_setzero_ps(); NR]; MR];
+    let mut summ0 = [[0f32; NR]; MR];
+    let mut summ1 = [[0f32; NR]; MR];
+    let mut i = 0;
+    while i + 4 <= nb {
+        tile_step::<MR, NR, T>(&mut acc0, &mut summ0, &x, &y, i, true);
+        tile_step::<MR, NR, T>(&mut acc1, &mut summ1, &x, &y, i + 2, true);
+        i += 4;
+    }
+    while i < nb {
+        let two = i + 2 <= nb;
+        tile_step::<MR, NR, T>(&mut acc0, &mut summ0, &x, &y, i, two);
+        i += if two { 2 } else { 1 };
+    }
+    let mut out = [[0f32; NR]; MR];
+    for r in 0..MR {
+        for c in 0..NR {
+            out[r][c] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][c], acc1[r][c]))
+                + (summ0[r][c] + summ1[r][c]);
+        }
+    }
+    out
+}
