@@ -139,7 +139,11 @@ pub fn generate(
             decode_ms,
             decode_tok_s: per_s(decode_n, decode_ms),
             ttft_ms,
-            e2e_tok_s: if total_s > 0.0 { tokens.len() as f64 / total_s } else { 0.0 },
+            e2e_tok_s: if total_s > 0.0 {
+                tokens.len() as f64 / total_s
+            } else {
+                0.0
+            },
         },
         tokens,
         text,

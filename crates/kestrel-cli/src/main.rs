@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "kestrel", version, about = "Local LLM inference for coding agents, shell helpers and chat")]
+#[command(
+    name = "kestrel",
+    version,
+    about = "Local LLM inference for coding agents, shell helpers and chat"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -61,6 +65,9 @@ enum Command {
     },
     /// Generate a completion, streamed to stdout.
     Run(commands::run::RunArgs),
+    /// Measure prompt-eval and decode speed (llama-bench's pp / tg / depth) beside the
+    /// machine's read bandwidth, with a parity check against the reference path.
+    Bench(commands::bench::BenchArgs),
     /// An interactive conversation that keeps the KV cache between turns.
     Chat(commands::chat::ChatArgs),
     /// Write the logits of every prompt position to a safetensors file.
@@ -89,18 +96,31 @@ fn main() -> ExitCode {
         Command::Info { model, json } => {
             source::ModelSource::open(&model).and_then(|s| commands::info::run(&s, json))
         }
-        Command::Tokenize { model, no_parse_special, add_special, pieces, text } => {
-            commands::tokens::tokenize(&model, &text, add_special, !no_parse_special, pieces)
-        }
+        Command::Tokenize {
+            model,
+            no_parse_special,
+            add_special,
+            pieces,
+            text,
+        } => commands::tokens::tokenize(&model, &text, add_special, !no_parse_special, pieces),
         Command::Detokenize { model, ids } => commands::tokens::detokenize(&model, &ids),
-        Command::Template { model, messages, tools, no_generation_prompt } => {
-            commands::tokens::template(&model, &messages, tools.as_deref(), !no_generation_prompt)
-        }
+        Command::Template {
+            model,
+            messages,
+            tools,
+            no_generation_prompt,
+        } => commands::tokens::template(&model, &messages, tools.as_deref(), !no_generation_prompt),
         Command::Run(args) => commands::run::run(args),
         Command::Chat(args) => commands::chat::run(args),
-        Command::Logits { model, prompt_ids, out, reference, threads, kv_type } => {
-            commands::logits::run(&model, &prompt_ids, &out, reference, threads, &kv_type)
-        }
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Logits {
+            model,
+            prompt_ids,
+            out,
+            reference,
+            threads,
+            kv_type,
+        } => commands::logits::run(&model, &prompt_ids, &out, reference, threads, &kv_type),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -118,6 +138,12 @@ pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
     s.split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())
-        .map(|p| p.parse::<u32>().map_err(|_| anyhow::anyhow!("'{p}' is not a token id (expected comma-separated non-negative integers)")))
+        .map(|p| {
+            p.parse::<u32>().map_err(|_| {
+                anyhow::anyhow!(
+                    "'{p}' is not a token id (expected comma-separated non-negative integers)"
+                )
+            })
+        })
         .collect()
 }

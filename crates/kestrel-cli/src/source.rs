@@ -30,7 +30,10 @@ impl ModelSource {
         let h = &file.header;
         let config = ModelConfig::from_gguf(h)?;
         let tokenizer = Tokenizer::from_gguf(h)?;
-        let chat_template = h.get("tokenizer.chat_template").and_then(Value::as_str).map(str::to_string);
+        let chat_template = h
+            .get("tokenizer.chat_template")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let tensor_types = h
             .tensors
             .iter()
@@ -40,7 +43,10 @@ impl ModelSource {
             path: path.to_path_buf(),
             format: "GGUF",
             file_bytes: file.file_len(),
-            name: h.get("general.name").and_then(Value::as_str).map(str::to_string),
+            name: h
+                .get("general.name")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             weight_bytes: h.tensor_bytes(),
             config,
             tokenizer,
@@ -52,9 +58,10 @@ impl ModelSource {
 
     fn open_hf(dir: &Path) -> Result<Self> {
         let cfg_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("parsing {}", cfg_path.display()))?;
+        let text = std::fs::read_to_string(&cfg_path)
+            .with_context(|| format!("reading {}", cfg_path.display()))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", cfg_path.display()))?;
         let config = ModelConfig::from_hf_json(&json)?;
         let tokenizer = Tokenizer::from_hf_dir(dir)?;
         let store = kestrel_models::weights::TensorStore::from_hf_dir(dir)?;
@@ -73,7 +80,10 @@ impl ModelSource {
             chat_template: tokenizer.chat_template_source().map(str::to_string),
             config,
             tokenizer,
-            tensor_types: list.into_iter().map(|(_, ty, b)| (ty.to_string(), b)).collect(),
+            tensor_types: list
+                .into_iter()
+                .map(|(_, ty, b)| (ty.to_string(), b))
+                .collect(),
             weight_bytes,
             gguf: None,
         })
@@ -86,8 +96,10 @@ impl ModelSource {
         } else {
             let b = indicatif::ProgressBar::new(self.weight_bytes);
             b.set_style(
-                indicatif::ProgressStyle::with_template("loading {bar:30} {bytes}/{total_bytes} {msg}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template(
+                    "loading {bar:30} {bytes}/{total_bytes} {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             b
         };

@@ -43,16 +43,27 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let mut lines = stdin.lock().lines();
     loop {
         eprint!("> ");
-        let Some(line) = lines.next().transpose()? else { break };
+        let Some(line) = lines.next().transpose()? else {
+            break;
+        };
         if line.trim().is_empty() {
             break;
         }
         messages.push(json!({"role": "user", "content": line}));
         let rendered = template.apply(&messages, None, true)?;
         let prompt = tok.encode(&rendered, true, true)?;
-        let common = cached.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
+        let common = cached
+            .iter()
+            .zip(&prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
         cache.truncate(common);
-        let req = Request { prompt: &prompt, max_tokens: args.max_tokens, stops: &[], ignore_eos: false };
+        let req = Request {
+            prompt: &prompt,
+            max_tokens: args.max_tokens,
+            stops: &[],
+            ignore_eos: false,
+        };
         let mut stdout = std::io::stdout().lock();
         let out = generate::generate(&model, tok, &mut cache, &mut sampler, &req, &mut |t| {
             let _ = stdout.write_all(t.as_bytes());

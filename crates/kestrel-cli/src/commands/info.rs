@@ -17,7 +17,11 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
         e.0 += 1;
         e.1 += bytes;
     }
-    let specials: Vec<(String, u32)> = tok.special_tokens().into_iter().map(|s| (format!("{}:{}", s.name, s.text), s.id)).collect();
+    let specials: Vec<(String, u32)> = tok
+        .special_tokens()
+        .into_iter()
+        .map(|s| (format!("{}:{}", s.name, s.text), s.id))
+        .collect();
 
     if as_json {
         let rows: Vec<_> = plan
@@ -77,7 +81,11 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
     }
 
     println!("model         {}", source.path.display());
-    println!("format        {} ({})", source.format, human(source.file_bytes));
+    println!(
+        "format        {} ({})",
+        source.format,
+        human(source.file_bytes)
+    );
     if let Some(name) = &source.name {
         println!("name          {name}");
     }
@@ -94,14 +102,43 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
     for (ty, (n, b)) in &hist {
         println!("  {ty:<6} {n:>5} tensors {:>12}", human(*b));
     }
-    println!("tokenizer     {}, vocabulary {}", tok.kind(), tok.vocab_size());
-    let shown: Vec<String> = specials.iter().take(12).map(|(s, id)| format!("{s}={id}")).collect();
-    println!("specials      {}{}", shown.join(" "), if specials.len() > 12 { format!(" … ({} in all)", specials.len()) } else { String::new() });
+    println!(
+        "tokenizer     {}, vocabulary {}",
+        tok.kind(),
+        tok.vocab_size()
+    );
+    let shown: Vec<String> = specials
+        .iter()
+        .take(12)
+        .map(|(s, id)| format!("{s}={id}"))
+        .collect();
+    println!(
+        "specials      {}{}",
+        shown.join(" "),
+        if specials.len() > 12 {
+            format!(" … ({} in all)", specials.len())
+        } else {
+            String::new()
+        }
+    );
     println!("end of gen    {:?}", tok.eog_ids());
-    println!("chat template {}", if source.chat_template.is_some() { "yes" } else { "no" });
+    println!(
+        "chat template {}",
+        if source.chat_template.is_some() {
+            "yes"
+        } else {
+            "no"
+        }
+    );
     println!();
-    println!("memory plan (weights + KV + scratch of a {}-token step)", kestrel_models::model::DEFAULT_MAX_BATCH);
-    println!("  weights      {:>12}  (sum of every tensor's type x shape)", human(plan.weight_bytes));
+    println!(
+        "memory plan (weights + KV + scratch of a {}-token step)",
+        kestrel_models::model::DEFAULT_MAX_BATCH
+    );
+    println!(
+        "  weights      {:>12}  (sum of every tensor's type x shape)",
+        human(plan.weight_bytes)
+    );
     println!(
         "  KV per token {:>12} f16, {} q8_0",
         human(plan.kv_bytes_per_token_f16 as u64),
@@ -112,7 +149,10 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
         Some(a) => println!("  available    {:>12}  (MemAvailable)", human(a)),
         None => println!("  available    unknown"),
     }
-    println!("  {:>8}  {:>12} {:>12}  {:>12} {:>12}", "context", "KV f16", "total f16", "KV q8_0", "total q8_0");
+    println!(
+        "  {:>8}  {:>12} {:>12}  {:>12} {:>12}",
+        "context", "KV f16", "total f16", "KV q8_0", "total q8_0"
+    );
     for r in &plan.rows {
         let mark = |b: u64| match plan.fits(b) {
             Some(true) => "fits",

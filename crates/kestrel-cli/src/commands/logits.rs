@@ -5,7 +5,14 @@ use anyhow::{Context, Result};
 use kestrel_models::{KvType, LoadOptions, Logits, MatmulPath};
 use std::path::Path;
 
-pub fn run(model: &Path, prompt_ids: &str, out: &Path, reference: bool, threads: Option<usize>, kv_type: &str) -> Result<()> {
+pub fn run(
+    model: &Path,
+    prompt_ids: &str,
+    out: &Path,
+    reference: bool,
+    threads: Option<usize>,
+    kv_type: &str,
+) -> Result<()> {
     let src = ModelSource::open(model)?;
     let ids = crate::parse_ids(prompt_ids)?;
     anyhow::ensure!(!ids.is_empty(), "--prompt-ids is empty");
@@ -25,8 +32,18 @@ pub fn run(model: &Path, prompt_ids: &str, out: &Path, reference: bool, threads:
     let mut cache = m.new_cache(ids.len(), kv);
     let logits = m.forward(&ids, &mut cache, Logits::All)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![ids.len(), m.config.vocab_size], &bytes)?;
-    safetensors::serialize_to_file([("logits", view)], &None, out).with_context(|| format!("writing {}", out.display()))?;
-    eprintln!("wrote logits [{}, {}] to {}", ids.len(), m.config.vocab_size, out.display());
+    let view = safetensors::tensor::TensorView::new(
+        safetensors::Dtype::F32,
+        vec![ids.len(), m.config.vocab_size],
+        &bytes,
+    )?;
+    safetensors::serialize_to_file([("logits", view)], &None, out)
+        .with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "wrote logits [{}, {}] to {}",
+        ids.len(),
+        m.config.vocab_size,
+        out.display()
+    );
     Ok(())
 }

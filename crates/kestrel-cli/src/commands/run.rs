@@ -91,7 +91,9 @@ impl EngineArgs {
     pub fn context(&self, src: &ModelSource) -> Result<usize> {
         let max = src.config.max_context;
         match self.ctx_size {
-            Some(c) if c > max => anyhow::bail!("--ctx-size {c} is above the model's maximum context {max}"),
+            Some(c) if c > max => {
+                anyhow::bail!("--ctx-size {c} is above the model's maximum context {max}")
+            }
             Some(0) => anyhow::bail!("--ctx-size must be positive"),
             Some(c) => Ok(c),
             None => Ok(max.min(4096)),

@@ -4,12 +4,21 @@ use crate::source::ModelSource;
 use anyhow::{Context, Result};
 use std::path::Path;
 
-pub fn tokenize(model: &Path, text: &str, add_special: bool, parse_special: bool, pieces: bool) -> Result<()> {
+pub fn tokenize(
+    model: &Path,
+    text: &str,
+    add_special: bool,
+    parse_special: bool,
+    pieces: bool,
+) -> Result<()> {
     let src = ModelSource::open(model)?;
     let ids = src.tokenizer.encode(text, add_special, parse_special)?;
     println!("{}", serde_json::to_string(&ids)?);
     if pieces {
-        let p: Vec<String> = ids.iter().map(|&id| src.tokenizer.decode(&[id], false)).collect();
+        let p: Vec<String> = ids
+            .iter()
+            .map(|&id| src.tokenizer.decode(&[id], false))
+            .collect();
         println!("{}", serde_json::to_string(&p)?);
     }
     Ok(())
@@ -26,10 +35,16 @@ pub fn detokenize(model: &Path, ids: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn template(model: &Path, messages: &Path, tools: Option<&Path>, add_generation_prompt: bool) -> Result<()> {
+pub fn template(
+    model: &Path,
+    messages: &Path,
+    tools: Option<&Path>,
+    add_generation_prompt: bool,
+) -> Result<()> {
     let src = ModelSource::open(model)?;
     let read = |p: &Path| -> Result<serde_json::Value> {
-        let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
         serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", p.display()))
     };
     let messages = read(messages)?;
@@ -39,7 +54,11 @@ pub fn template(model: &Path, messages: &Path, tools: Option<&Path>, add_generat
         .as_array()
         .ok_or_else(|| anyhow::anyhow!("--messages must hold a JSON array of messages"))?;
     let tools = match &tools {
-        Some(t) => Some(t.as_array().ok_or_else(|| anyhow::anyhow!("--tools must hold a JSON array"))?.as_slice()),
+        Some(t) => Some(
+            t.as_array()
+                .ok_or_else(|| anyhow::anyhow!("--tools must hold a JSON array"))?
+                .as_slice(),
+        ),
         None => None,
     };
     let prompt = template.apply(messages, tools, add_generation_prompt)?;
