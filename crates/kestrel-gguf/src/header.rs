@@ -242,7 +242,9 @@ pub fn parse(buf: &[u8]) -> Result<Header, GgufError> {
         };
         let n_dims = c.u32(&name)?;
         if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(bad(format!("has {n_dims} dimensions (1..={MAX_DIMS} allowed)")));
+            return Err(bad(format!(
+                "has {n_dims} dimensions (1..={MAX_DIMS} allowed)"
+            )));
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
         for _ in 0..n_dims {

@@ -43,7 +43,7 @@ impl ValueType {
             Self::U16 | Self::I16 => 2,
             Self::U32 | Self::I32 | Self::F32 => 4,
             Self::U64 | Self::I64 | Self::F64 => 8,
-            Self::String => 8,     // length prefix
+            Self::String => 8,    // length prefix
             Self::Array => 4 + 8, // element type + length
         }
     }
