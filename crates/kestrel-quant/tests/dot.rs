@@ -155,7 +155,11 @@ fn multi_row_batches_of_odd_sizes_match_the_oracle() {
                         );
                         let mut single = [0f32];
                         vec_dot_multi_with(b, w, n, &x, &refs[c..c + 1], &mut single).unwrap();
-                        assert_eq!(single[0].to_bits(), got[c].to_bits(), "{w} n={n} t={t} {b:?} row {c}");
+                        assert_eq!(
+                            single[0].to_bits(),
+                            got[c].to_bits(),
+                            "{w} n={n} t={t} {b:?} row {c}"
+                        );
                     }
                 }
             }
@@ -206,7 +210,15 @@ fn tiled_rows_equal_multi_per_row() {
     let mut out = [0f32; 3];
     let x = vec![0u8; 144];
     let y = vec![0u8; 292];
-    assert!(vec_dot_rows_with(Backend::Generic, GgmlType::Q4_K, 256, &[&x, &x], &[&y, &y], &mut out).is_err());
+    assert!(vec_dot_rows_with(
+        Backend::Generic,
+        GgmlType::Q4_K,
+        256,
+        &[&x, &x],
+        &[&y, &y],
+        &mut out
+    )
+    .is_err());
 }
 
 #[test]

@@ -120,7 +120,11 @@ unsafe fn step<const N: usize, const T: u8>(
             };
             // q - 16 = nibble | 0xf0 where the fifth bit is clear.
             let clear = _cvtu64_mask64(!(h0 | (h1 << 32)));
-            _mm512_mask_mov_epi8(nib, clear, _mm512_or_si512(nib, _mm512_set1_epi8(0xf0u8 as i8)))
+            _mm512_mask_mov_epi8(
+                nib,
+                clear,
+                _mm512_or_si512(nib, _mm512_set1_epi8(0xf0u8 as i8)),
+            )
         }
         Q8_0 => load2x32(xb.add(2), off(x1, 2)),
         _ => nibbles2(xb.add(4), off(x1, 4)),
@@ -176,7 +180,14 @@ unsafe fn blocks32<const N: usize, const T: u8>(
     let mut i = 0;
     while i + 4 <= nb {
         step::<N, T>(&mut acc0, &mut summ0, x.add(i * bx), &y, i * by, true);
-        step::<N, T>(&mut acc1, &mut summ1, x.add((i + 2) * bx), &y, (i + 2) * by, true);
+        step::<N, T>(
+            &mut acc1,
+            &mut summ1,
+            x.add((i + 2) * bx),
+            &y,
+            (i + 2) * by,
+            true,
+        );
         i += 4;
     }
     while i < nb {
@@ -197,7 +208,10 @@ pub(crate) const TILE_A: usize = 2;
 
 /// Whether [`tile`] has a kernel for `w`.
 pub(crate) fn has_tile(w: GgmlType) -> bool {
-    matches!(w, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0)
+    matches!(
+        w,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
+    )
 }
 
 /// `MR` weight rows x `NR` activation rows, the GEMM-style micro-kernel behind `vec_dot_rows`.
@@ -251,7 +265,10 @@ unsafe fn tile_step<const MR: usize, const NR: usize, const T: u8>(
         let y1 = if second { yb.add(by) } else { std::ptr::null() };
         if T == Q4_1 {
             qy[c] = load2x32(yb.add(4), off(y1, 4));
-            sy[c] = [fp16(yb.add(2)), if second { fp16(yb.add(by + 2)) } else { 0.0 }];
+            sy[c] = [
+                fp16(yb.add(2)),
+                if second { fp16(yb.add(by + 2)) } else { 0.0 },
+            ];
         } else {
             qy[c] = load2x32(yb.add(2), off(y1, 2));
             let o: i8 = match T {
