@@ -6,82 +6,17 @@
 //! client that disconnects stops its work: axum drops the response future or the SSE body,
 //! the `Generation` goes with it.
 //!
-//! The request/event types follow `docs/engine-api.md`. They are defined here until
-//! `kestrel-engine` compiles, then become re-exports of the engine's own types and
-//! `impl Backend for kestrel_engine::Engine` joins this module. Tests drive the server with a
-//! scripted fake backend, so no model is needed to test the HTTP layer.
+//! The request/event types are the engine's own (`docs/engine-api.md`), re-exported; the
+//! real engine implements [`Backend`] below. Tests drive the server with a scripted fake
+//! backend, so no model is needed to test the HTTP layer.
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
+pub use kestrel_engine::{
+    Engine, EngineStats, Event, FinishReason, GenerateRequest, RequestHandle, SubmitError,
+    TokenLogprob, Usage,
+};
 pub use kestrel_sampler::SamplingParams;
-
-/// What the server asks the engine to generate (engine contract).
-#[derive(Debug, Clone, PartialEq)]
-pub struct GenerateRequest {
-    /// Prompt token ids (chat template already applied).
-    pub prompt: Vec<u32>,
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    pub sampling: SamplingParams,
-    /// Stop strings: the engine cuts the text before them and finishes with `Stop`.
-    pub stop: Vec<String>,
-    pub ignore_eos: bool,
-    /// Top-N logprobs per generated token (`Some(0)`: only the chosen token's).
-    pub logprobs: Option<usize>,
-}
-
-/// One event of a running request (engine contract).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// A generated token and the text it completed ("" while a UTF-8 character or a possible
-    /// stop string is pending).
-    Token {
-        id: u32,
-        text: String,
-        logprob: Option<TokenLogprob>,
-    },
-    Done {
-        finish: FinishReason,
-        usage: Usage,
-    },
-    Error {
-        message: String,
-    },
-}
-
-/// Log-probability of a generated token and the top alternatives (engine contract).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    pub id: u32,
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
-
-/// Why a request finished (engine contract).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// End-of-generation token or stop string.
-    Stop,
-    /// `max_tokens` reached.
-    Length,
-    Cancelled,
-}
-
-/// Token counts and timings of a finished request (engine contract).
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    /// Prompt tokens served from the prefix cache.
-    pub cached_tokens: usize,
-    pub completion_tokens: usize,
-    pub ttft_ms: f64,
-    pub decode_ms: f64,
-}
-
-/// The engine refused a request that can never fit (its message says what would).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct SubmitError(pub String);
 
 /// Gauges the `/metrics` route reads from the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -122,4 +57,30 @@ pub trait Backend: Send + Sync + 'static {
     fn submit(&self, req: GenerateRequest) -> Result<Generation, SubmitError>;
     /// Current KV-pool and scheduler gauges.
     fn stats(&self) -> BackendStats;
+}
+
+impl From<&EngineStats> for BackendStats {
+    fn from(s: &EngineStats) -> Self {
+        BackendStats {
+            kv_blocks_used: s.blocks_used,
+            kv_blocks_cached: s.blocks_cached,
+            kv_blocks_free: s.blocks_free,
+            queue_depth: s.queue_depth,
+            running: s.running,
+        }
+    }
+}
+
+impl Backend for Engine {
+    fn submit(&self, req: GenerateRequest) -> Result<Generation, SubmitError> {
+        let mut handle = Engine::submit(self, req)?;
+        // Move the receiver out; the handle stays behind as the cancel-on-drop guard.
+        let (_, placeholder) = tokio::sync::mpsc::unbounded_channel();
+        let events = std::mem::replace(&mut handle.events, placeholder);
+        Ok(Generation::new(events, Box::new(handle)))
+    }
+
+    fn stats(&self) -> BackendStats {
+        BackendStats::from(&Engine::stats(self))
+    }
 }

@@ -161,10 +161,19 @@ impl IntoResponse for ApiError {
 
 /// Parses a JSON body into `T`; the error names the field at fault and what was wrong.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(
-            "the request body is empty; expected a JSON object",
-        ));
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => {
+            return Err(ApiError::bad_request(
+                "the request body is empty; expected a JSON object",
+            ))
+        }
+        Some(b'{') => {}
+        Some(_) if serde_json::from_slice::<serde_json::Value>(body).is_ok() => {
+            return Err(ApiError::bad_request(
+                "the request body must be a JSON object",
+            ))
+        }
+        Some(_) => {} // not JSON at all: the parser below says where
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
     let result: Result<T, _> = serde_path_to_error::deserialize(de);
@@ -221,6 +230,8 @@ mod tests {
         let e = parse_json::<T>(b"  ").unwrap_err();
         assert!(e.message.contains("empty"), "{}", e.message);
         let e = parse_json::<T>(b"[1,2]").unwrap_err();
-        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("must be a JSON object"), "{}", e.message);
+        let e = parse_json::<T>(b"nope").unwrap_err();
+        assert!(e.message.contains("not valid JSON"), "{}", e.message);
     }
 }

@@ -19,7 +19,7 @@ use axum::Router;
 
 use kestrel_tokenizer::Tokenizer;
 
-use crate::backend::{GenerateRequest, Generation, TokenLogprob};
+use crate::backend::{GenerateRequest, Generation, SubmitError, TokenLogprob};
 use crate::errors::ApiError;
 use crate::openai_types::{ChatLogprob, TopLogprob};
 use crate::validate::GenOptions;
@@ -140,10 +140,29 @@ pub(crate) fn submit(
         ignore_eos: options.ignore_eos,
         logprobs: options.logprobs,
     };
-    shared
-        .backend
-        .submit(req)
-        .map_err(|e| ApiError::bad_request(format!("the request cannot be served: {e}")))
+    shared.backend.submit(req).map_err(submit_error)
+}
+
+/// The engine's refusals: the request can never fit (400), or the engine is gone (503).
+pub(crate) fn submit_error(e: SubmitError) -> ApiError {
+    let message = format!("the request cannot be served: {e}");
+    match &e {
+        SubmitError::ContextExceeded { .. } | SubmitError::PoolTooSmall { .. } => {
+            ApiError::invalid_param("max_tokens", message).with_code("context_length_exceeded")
+        }
+        SubmitError::EmptyPrompt | SubmitError::TokenOutOfRange { .. } => {
+            ApiError::invalid_param("prompt", message)
+        }
+        SubmitError::ZeroMaxTokens => ApiError::invalid_param("max_tokens", message),
+        SubmitError::Sampling(kestrel_sampler::SamplerError::InvalidParam { param, .. }) => {
+            ApiError::invalid_param(*param, message)
+        }
+        SubmitError::ShutDown => ApiError {
+            status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            ..ApiError::bad_request(message)
+        },
+    }
 }
 
 /// Runs CPU-heavy request preparation (template, tokenizer) off the async workers.
