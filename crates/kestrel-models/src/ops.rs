@@ -171,19 +171,28 @@ pub fn matmul(
                 )?;
             }
             let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
+            // Groups of 4 weight rows x all activation rows: the tiled kernel reuses each
+            // decoded weight block across tokens and each activation block across rows.
+            const ROWS_PER_CALL: usize = 4;
             pool.run(n_tasks, &|task| {
-                let mut dots = vec![0f32; t_len];
-                for r in task * chunk..((task + 1) * chunk).min(rows) {
-                    if kestrel_quant::vec_dot_multi(w.ty, cols, w.row(r), &act_rows, &mut dots)
-                        .is_err()
-                    {
+                let mut dots = vec![0f32; ROWS_PER_CALL * t_len];
+                let end = ((task + 1) * chunk).min(rows);
+                let mut r0 = task * chunk;
+                while r0 < end {
+                    let r1 = (r0 + ROWS_PER_CALL).min(end);
+                    let w_rows: Vec<&[u8]> = (r0..r1).map(|r| w.row(r)).collect();
+                    let out_rows = &mut dots[..(r1 - r0) * t_len];
+                    if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows, &act_rows, out_rows).is_err() {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                         return;
                     }
-                    for (t, d) in dots.iter().enumerate() {
-                        // SAFETY: as above.
-                        unsafe { out_ptr.slice(t * rows + r, 1)[0] = *d };
+                    for (i, r) in (r0..r1).enumerate() {
+                        for t in 0..t_len {
+                            // SAFETY: (t, r) is written by the task that owns row r only.
+                            unsafe { out_ptr.slice(t * rows + r, 1)[0] = out_rows[i * t_len + t] };
+                        }
                     }
+                    r0 = r1;
                 }
             });
         }

@@ -165,7 +165,7 @@ const PARITY_PROMPT: &str = "def quicksort(items):\n    \"\"\"Sort a list of num
 /// Greedy tokens of the fast and the reference path from the same prompt; (equal, first
 /// divergence).
 fn check_reference(model: &mut Model, prompt: &[u32], n: usize) -> Result<(bool, Option<usize>)> {
-    let mut run = |model: &Model| -> Result<Vec<u32>> {
+    let run = |model: &Model| -> Result<Vec<u32>> {
         let mut cache = model.new_cache(prompt.len() + n + 1, KvType::F16);
         let mut logits = model.forward(prompt, &mut cache, Logits::Last)?;
         let mut out = Vec::new();
