@@ -46,10 +46,20 @@ pub fn causal_attention(
         // SAFETY: the group's heads of token t are written by this task only.
         let dst = unsafe { out_ptr.slice(q_off, group * head_dim) };
         let tok = &tokens[t];
-        let span = Span { blocks: tok.blocks, block_size, n_pos: tok.pos + 1 };
+        let span = Span {
+            blocks: tok.blocks,
+            block_size,
+            n_pos: tok.pos + 1,
+        };
         match kv.f16_layer(layer) {
             Some((k, v)) => {
-                let rows = Rows { k, v, kv_dim, head_off: kvh * head_dim, head_dim };
+                let rows = Rows {
+                    k,
+                    v,
+                    kv_dim,
+                    head_off: kvh * head_dim,
+                    head_dim,
+                };
                 attend_group_f16(qg, &rows, &span, scale, dst)
             }
             None => attend_group_f32(kv, layer, kvh, qg, head_dim, &span, scale, dst),
@@ -346,10 +356,24 @@ mod tests {
             let n_blocks = n_pos.div_ceil(8);
             let mut blocks: Vec<u32> = (0..n_blocks as u32).collect();
             blocks.reverse();
-            let k: Vec<f16> = (0..n_blocks * 8 * kv_dim).map(|i| k.get(i).copied().unwrap_or(f16::ZERO)).collect();
-            let v: Vec<f16> = (0..n_blocks * 8 * kv_dim).map(|i| v.get(i).copied().unwrap_or(f16::ZERO)).collect();
-            let rows = Rows { k: &k, v: &v, kv_dim, head_off: (n_kv - 1) * d, head_dim: d };
-            let span = Span { blocks: &blocks, block_size: 8, n_pos };
+            let k: Vec<f16> = (0..n_blocks * 8 * kv_dim)
+                .map(|i| k.get(i).copied().unwrap_or(f16::ZERO))
+                .collect();
+            let v: Vec<f16> = (0..n_blocks * 8 * kv_dim)
+                .map(|i| v.get(i).copied().unwrap_or(f16::ZERO))
+                .collect();
+            let rows = Rows {
+                k: &k,
+                v: &v,
+                kv_dim,
+                head_off: (n_kv - 1) * d,
+                head_dim: d,
+            };
+            let span = Span {
+                blocks: &blocks,
+                block_size: 8,
+                n_pos,
+            };
             let mut want = vec![0f32; group * d];
             attend_group_f16_scalar(&q, &rows, &span, 0.125, &mut want);
             let mut got = vec![0f32; group * d];

@@ -92,8 +92,12 @@ impl KvPool {
         let kv_dim = n_kv_heads * head_dim;
         let rows = n_blocks * block_size;
         Self {
-            k: (0..n_layers).map(|_| Store::new(ty, rows * kv_dim)).collect(),
-            v: (0..n_layers).map(|_| Store::new(ty, rows * kv_dim)).collect(),
+            k: (0..n_layers)
+                .map(|_| Store::new(ty, rows * kv_dim))
+                .collect(),
+            v: (0..n_layers)
+                .map(|_| Store::new(ty, rows * kv_dim))
+                .collect(),
             kv_dim,
             head_dim,
             block_size,
@@ -155,7 +159,10 @@ impl KvPool {
     /// Copies the first `n_positions` rows of block `src` into block `dst`, in every layer.
     pub fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
         let n = n_positions.min(self.block_size) * self.kv_dim;
-        let (s, d) = (src as usize * self.block_size * self.kv_dim, dst as usize * self.block_size * self.kv_dim);
+        let (s, d) = (
+            src as usize * self.block_size * self.kv_dim,
+            dst as usize * self.block_size * self.kv_dim,
+        );
         for store in self.k.iter_mut().chain(self.v.iter_mut()) {
             store.copy_within(s, d, n);
         }
@@ -180,10 +187,23 @@ pub struct KvCache {
 const SINGLE_SEQ_BLOCK: usize = 64;
 
 impl KvCache {
-    pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, capacity: usize, ty: KvType) -> Self {
+    pub fn new(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        ty: KvType,
+    ) -> Self {
         let n_blocks = capacity.div_ceil(SINGLE_SEQ_BLOCK).max(1);
         Self {
-            pool: KvPool::new(n_layers, n_kv_heads, head_dim, n_blocks, SINGLE_SEQ_BLOCK, ty),
+            pool: KvPool::new(
+                n_layers,
+                n_kv_heads,
+                head_dim,
+                n_blocks,
+                SINGLE_SEQ_BLOCK,
+                ty,
+            ),
             blocks: (0..n_blocks as u32).collect(),
             len: 0,
         }

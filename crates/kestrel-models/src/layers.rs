@@ -3,8 +3,8 @@
 //! different (biases, q/k norms).
 
 use crate::attention::causal_attention;
-use crate::config::ModelConfig;
 use crate::attention::TokenKv;
+use crate::config::ModelConfig;
 use crate::kv::KvPool;
 use crate::ops::{self, MatmulPath, Rope};
 use crate::pool::ThreadPool;

@@ -1,7 +1,7 @@
 //! A loaded model: config, weights by recipe, and the forward pass.
 
-use crate::config::{Arch, ModelConfig};
 use crate::attention::TokenKv;
+use crate::config::{Arch, ModelConfig};
 use crate::kv::{row_of, KvCache, KvPool, KvType};
 use crate::layers::{Ctx, LayerWeights};
 use crate::ops::{self, MatmulPath, Rope};
@@ -163,12 +163,24 @@ impl Model {
     /// A block pool shared by many sequences (the serving engine's KV store).
     pub fn new_pool(&self, n_blocks: usize, block_size: usize, ty: KvType) -> KvPool {
         let c = &self.config;
-        KvPool::new(c.n_layers, c.n_kv_heads, c.head_dim, n_blocks, block_size, ty)
+        KvPool::new(
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim,
+            n_blocks,
+            block_size,
+            ty,
+        )
     }
 
     /// Runs `tokens` at positions `cache.len()..`, appends their K/V to the cache and returns
     /// the logits asked for. Long inputs are processed in steps of `max_batch` tokens.
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
         let needed = cache.len() + tokens.len();
         if needed > cache.capacity() {
             return Err(ModelError::ContextFull {
@@ -188,7 +200,12 @@ impl Model {
             };
             let start = cache.len();
             let (pool, blocks) = cache.parts();
-            let seq = SeqStep { tokens: chunk, start, blocks, want: want_here };
+            let seq = SeqStep {
+                tokens: chunk,
+                start,
+                blocks,
+                want: want_here,
+            };
             logits.extend(self.forward_batch(pool, &[seq])?);
             cache.advance(chunk.len());
         }
@@ -198,7 +215,11 @@ impl Model {
     /// One forward pass over the new tokens of several sequences at once: one pass over the
     /// weights serves every sequence (continuous batching). Returns the logits each `SeqStep`
     /// asked for, concatenated in order. This is the hot function of prefill and decode.
-    pub fn forward_batch(&self, pool: &mut KvPool, seqs: &[SeqStep]) -> Result<Vec<f32>, ModelError> {
+    pub fn forward_batch(
+        &self,
+        pool: &mut KvPool,
+        seqs: &[SeqStep],
+    ) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.config;
         let vocab = cfg.vocab_size;
         let bs = pool.block_size();
@@ -210,7 +231,10 @@ impl Model {
             let end = s.start + s.tokens.len();
             let covered = s.blocks.len() * bs;
             if end > covered || s.blocks.iter().any(|&b| b as usize >= pool.n_blocks()) {
-                return Err(ModelError::ContextFull { needed: end, capacity: covered });
+                return Err(ModelError::ContextFull {
+                    needed: end,
+                    capacity: covered,
+                });
             }
         }
         let dim = cfg.dim;
@@ -228,14 +252,23 @@ impl Model {
             for (i, &tok) in s.tokens.iter().enumerate() {
                 let pos = s.start + i;
                 let t = tokens.len();
-                self.embed.row_f32(tok as usize, &mut x[t * dim..(t + 1) * dim])?;
-                tokens.push(TokenKv { pos, blocks: s.blocks });
+                self.embed
+                    .row_f32(tok as usize, &mut x[t * dim..(t + 1) * dim])?;
+                tokens.push(TokenKv {
+                    pos,
+                    blocks: s.blocks,
+                });
                 rows.push(row_of(s.blocks, bs, pos));
                 positions.push(pos);
             }
         }
 
-        let rope = Rope::new(&positions, cfg.rope_dim, cfg.rope_base, cfg.rope_layout == crate::config::RopeLayout::NeoX);
+        let rope = Rope::new(
+            &positions,
+            cfg.rope_dim,
+            cfg.rope_base,
+            cfg.rope_layout == crate::config::RopeLayout::NeoX,
+        );
         let ctx = Ctx {
             cfg,
             pool: &self.pool,
@@ -261,7 +294,9 @@ impl Model {
             let n = s.tokens.len();
             match s.want {
                 WantLogits::None => {}
-                WantLogits::Last => picked.extend_from_slice(&x[(t0 + n - 1) * dim..(t0 + n) * dim]),
+                WantLogits::Last => {
+                    picked.extend_from_slice(&x[(t0 + n - 1) * dim..(t0 + n) * dim])
+                }
                 WantLogits::All => picked.extend_from_slice(&x[t0 * dim..(t0 + n) * dim]),
             }
             t0 += n;
@@ -272,7 +307,13 @@ impl Model {
         ops::rms_norm(&mut picked, &self.output_norm, cfg.rms_eps);
         let n = picked.len() / dim;
         let mut logits = vec![0f32; n * vocab];
-        ops::matmul(&self.pool, self.opts.matmul, &self.output, &picked, &mut logits)?;
+        ops::matmul(
+            &self.pool,
+            self.opts.matmul,
+            &self.output,
+            &picked,
+            &mut logits,
+        )?;
         Ok(logits)
     }
 }

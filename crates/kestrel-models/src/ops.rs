@@ -182,7 +182,9 @@ pub fn matmul(
                     let r1 = (r0 + ROWS_PER_CALL).min(end);
                     let w_rows: Vec<&[u8]> = (r0..r1).map(|r| w.row(r)).collect();
                     let out_rows = &mut dots[..(r1 - r0) * t_len];
-                    if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows, &act_rows, out_rows).is_err() {
+                    if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows, &act_rows, out_rows)
+                        .is_err()
+                    {
                         failed.store(true, std::sync::atomic::Ordering::Relaxed);
                         return;
                     }

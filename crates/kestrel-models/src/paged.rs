@@ -4,12 +4,15 @@
 use crate::kv::{KvPool, KvType};
 use crate::model::{Model, SeqStep, WantLogits};
 use crate::ModelError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub struct PagedModel {
     pub model: Model,
     pub pool: KvPool,
-    /// Prompt tokens computed by forward passes so far (what really ran, for tests and stats).
-    pub tokens_computed: u64,
+    /// Tokens that went through forward passes so far (prompt and decode: what really ran).
+    /// Shared, so a caller can watch it after handing the model to the engine.
+    pub tokens_computed: Arc<AtomicU64>,
 }
 
 impl PagedModel {
@@ -18,7 +21,7 @@ impl PagedModel {
         Self {
             model,
             pool,
-            tokens_computed: 0,
+            tokens_computed: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -40,11 +43,16 @@ impl PagedModel {
                 tokens,
                 start,
                 blocks,
-                want: if want { WantLogits::Last } else { WantLogits::None },
+                want: if want {
+                    WantLogits::Last
+                } else {
+                    WantLogits::None
+                },
             })
             .collect();
         let out = self.model.forward_batch(&mut self.pool, &steps)?;
-        self.tokens_computed += seqs.iter().map(|s| s.0.len() as u64).sum::<u64>();
+        let n: u64 = seqs.iter().map(|s| s.0.len() as u64).sum();
+        self.tokens_computed.fetch_add(n, Ordering::Relaxed);
         Ok(out)
     }
 

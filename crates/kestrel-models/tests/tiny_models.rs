@@ -133,7 +133,10 @@ fn tiny_models_match_transformers_from_gguf() {
 fn batched_paged_forward_equals_one_sequence_at_a_time() {
     use kestrel_models::{KvPool, SeqStep, WantLogits};
     let arch = "qwen2";
-    let model = load(&tiny_dir(arch).join("qwen2-f32.gguf"), MatmulPath::Quantized);
+    let model = load(
+        &tiny_dir(arch).join("qwen2-f32.gguf"),
+        MatmulPath::Quantized,
+    );
     let cases = reference(arch);
     let prompts: Vec<&[u32]> = vec![&cases[1].tokens, &cases[2].tokens[..40], &cases[0].tokens];
     // Alone, on private caches.
@@ -147,7 +150,9 @@ fn batched_paged_forward_equals_one_sequence_at_a_time() {
     // Together: block size 4, tables interleaved across sequences.
     let bs = 4;
     let mut pool: KvPool = model.new_pool(64, bs, KvType::F32);
-    let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (0..16u32).map(|i| i * 3 + s).collect()).collect();
+    let tables: Vec<Vec<u32>> = (0..3u32)
+        .map(|s| (0..16u32).map(|i| i * 3 + s).collect())
+        .collect();
     // First half of each prompt in one step, then the rest in a second step.
     let mut got: Vec<Vec<f32>> = vec![Vec::new(); 3];
     for half in 0..2 {
@@ -156,8 +161,17 @@ fn batched_paged_forward_equals_one_sequence_at_a_time() {
             .enumerate()
             .map(|(i, p)| {
                 let mid = p.len() / 2;
-                let (start, toks) = if half == 0 { (0, &p[..mid]) } else { (mid, &p[mid..]) };
-                SeqStep { tokens: toks, start, blocks: &tables[i], want: WantLogits::All }
+                let (start, toks) = if half == 0 {
+                    (0, &p[..mid])
+                } else {
+                    (mid, &p[mid..])
+                };
+                SeqStep {
+                    tokens: toks,
+                    start,
+                    blocks: &tables[i],
+                    want: WantLogits::All,
+                }
             })
             .collect();
         let out = model.forward_batch(&mut pool, &steps).unwrap();
@@ -169,7 +183,11 @@ fn batched_paged_forward_equals_one_sequence_at_a_time() {
         }
     }
     for (a, b) in alone.iter().zip(&got) {
-        let err = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let err = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
         assert!(err < 1e-5, "batched vs alone: max error {err}");
     }
 }

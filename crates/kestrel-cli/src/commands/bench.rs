@@ -55,13 +55,25 @@ struct Stat {
 impl Stat {
     fn of(v: &[f64]) -> Stat {
         if v.is_empty() {
-            return Stat { median: 0.0, min: 0.0, max: 0.0 };
+            return Stat {
+                median: 0.0,
+                min: 0.0,
+                max: 0.0,
+            };
         }
         let mut s = v.to_vec();
         s.sort_by(f64::total_cmp);
         let mid = s.len() / 2;
-        let median = if s.len() % 2 == 1 { s[mid] } else { (s[mid - 1] + s[mid]) / 2.0 };
-        Stat { median, min: s[0], max: s[s.len() - 1] }
+        let median = if s.len() % 2 == 1 {
+            s[mid]
+        } else {
+            (s[mid - 1] + s[mid]) / 2.0
+        };
+        Stat {
+            median,
+            min: s[0],
+            max: s[s.len() - 1],
+        }
     }
     fn json(&self) -> serde_json::Value {
         json!({"median": self.median, "min": self.min, "max": self.max})
@@ -82,7 +94,11 @@ struct Row {
 
 fn list(s: &str, what: &str) -> Result<Vec<usize>> {
     s.split(',')
-        .map(|x| x.trim().parse::<usize>().map_err(|_| anyhow::anyhow!("-{what}: '{x}' is not a number")))
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| anyhow::anyhow!("-{what}: '{x}' is not a number"))
+        })
         .collect()
 }
 
@@ -116,7 +132,13 @@ pub fn peak_rss() -> u64 {
         .ok()
         .and_then(|s| {
             s.lines().find_map(|l| {
-                let kb: u64 = l.strip_prefix("VmHWM:")?.trim().trim_end_matches("kB").trim().parse().ok()?;
+                let kb: u64 = l
+                    .strip_prefix("VmHWM:")?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .ok()?;
                 Some(kb * 1024)
             })
         })
@@ -151,7 +173,9 @@ pub fn read_bandwidth(threads: usize) -> f64 {
                 .chunks(chunk)
                 .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &b| a.wrapping_add(b))))
                 .collect();
-            hs.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, |a, b| a.wrapping_add(b))
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0u64, |a, b| a.wrapping_add(b))
         });
         std::hint::black_box(total);
         best = best.max(bytes as f64 / t0.elapsed().as_secs_f64());
@@ -160,7 +184,8 @@ pub fn read_bandwidth(threads: usize) -> f64 {
 }
 
 /// The prompt of the parity check: ordinary code, where greedy choices are clear.
-const PARITY_PROMPT: &str = "def quicksort(items):\n    \"\"\"Sort a list of numbers in ascending order.\"\"\"\n";
+const PARITY_PROMPT: &str =
+    "def quicksort(items):\n    \"\"\"Sort a list of numbers in ascending order.\"\"\"\n";
 
 /// Greedy tokens of the fast and the reference path from the same prompt; (equal, first
 /// divergence).
@@ -215,7 +240,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     for &d in &ds {
         for &p in &ps {
             for &n in &ns {
-                anyhow::ensure!(d + p + n <= max_ctx, "depth {d} + p {p} + n {n} exceeds the model's context {max_ctx}");
+                anyhow::ensure!(
+                    d + p + n <= max_ctx,
+                    "depth {d} + p {p} + n {n} exceeds the model's context {max_ctx}"
+                );
                 let mut pp = Vec::new();
                 let mut tg = Vec::new();
                 let mut e2e = Vec::new();
@@ -226,7 +254,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     let r0 = Instant::now();
                     let mut cache = model.new_cache(d + p + n + 1, KvType::F16);
                     if d > 0 {
-                        model.forward(&tokens(d, vocab, 1000 + rep as u64), &mut cache, Logits::Last)?;
+                        model.forward(
+                            &tokens(d, vocab, 1000 + rep as u64),
+                            &mut cache,
+                            Logits::Last,
+                        )?;
                     }
                     let mut next = tokens(1, vocab, 3)[0];
                     let mut pp_s = 0.0;
@@ -320,17 +352,28 @@ pub fn run(args: BenchArgs) -> Result<()> {
         limit_tok_s
     );
     match matches {
-        Some(true) => println!("parity    fast path greedy tokens equal the reference path's ({} tokens)", args.check_tokens),
+        Some(true) => println!(
+            "parity    fast path greedy tokens equal the reference path's ({} tokens)",
+            args.check_tokens
+        ),
         Some(false) => println!(
             "parity    fast path differs from the reference path at token {}",
             first_div.map_or("?".into(), |d| d.to_string())
         ),
         None => println!("parity    not checked"),
     }
-    println!("{:<34} {:>12} {:>12} {:>12}", "figure", "median", "min", "max");
+    println!(
+        "{:<34} {:>12} {:>12} {:>12}",
+        "figure", "median", "min", "max"
+    );
     for r in &rows {
         println!("-- pp{} tg{} depth {} ({} reps)", r.p, r.n, r.d, args.reps);
-        let line = |name: &str, s: &Stat| println!("{name:<34} {:>12.2} {:>12.2} {:>12.2}", s.median, s.min, s.max);
+        let line = |name: &str, s: &Stat| {
+            println!(
+                "{name:<34} {:>12.2} {:>12.2} {:>12.2}",
+                s.median, s.min, s.max
+            )
+        };
         if r.p > 0 {
             line("prompt-eval tok/s", &r.prompt_tok_s);
             line("time to first token ms", &r.ttft_ms);
@@ -389,15 +432,30 @@ fn chart_svg(rows: &[Row]) -> String {
     ] {
         let mut pts: Vec<(usize, f64)> = rows
             .iter()
-            .map(|r| (r.d, if pick == 0 { r.prompt_tok_s.median } else { r.decode_tok_s.median }))
+            .map(|r| {
+                (
+                    r.d,
+                    if pick == 0 {
+                        r.prompt_tok_s.median
+                    } else {
+                        r.decode_tok_s.median
+                    },
+                )
+            })
             .filter(|p| p.1 > 0.0)
             .collect();
         pts.sort_by_key(|p| p.0);
         if pts.is_empty() {
             continue;
         }
-        let path: Vec<String> = pts.iter().map(|(d, v)| format!("{:.1},{:.1}", x(*d), y(*v))).collect();
-        svg += &format!("<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n", path.join(" "));
+        let path: Vec<String> = pts
+            .iter()
+            .map(|(d, v)| format!("{:.1},{:.1}", x(*d), y(*v)))
+            .collect();
+        svg += &format!(
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
+            path.join(" ")
+        );
         for (d, v) in &pts {
             svg += &format!(
                 "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\">{v:.1}</text>\n",
@@ -408,11 +466,18 @@ fn chart_svg(rows: &[Row]) -> String {
             );
         }
         let ly = if pick == 0 { m - 20.0 } else { m - 6.0 };
-        svg += &format!("<text x=\"{}\" y=\"{ly}\" fill=\"{color}\">{name} tok/s</text>\n", w - 200.0);
+        svg += &format!(
+            "<text x=\"{}\" y=\"{ly}\" fill=\"{color}\">{name} tok/s</text>\n",
+            w - 200.0
+        );
     }
     for i in 0..=4 {
         let d = (max_d * i as f64 / 4.0) as usize;
-        svg += &format!("<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{d}</text>\n", x(d), h - m + 16.0);
+        svg += &format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{d}</text>\n",
+            x(d),
+            h - m + 16.0
+        );
     }
     svg += "</svg>\n";
     svg

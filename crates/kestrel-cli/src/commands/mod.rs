@@ -1,6 +1,6 @@
+pub mod bench;
 pub mod chat;
 pub mod info;
 pub mod logits;
 pub mod run;
 pub mod tokens;
-pub mod bench;
