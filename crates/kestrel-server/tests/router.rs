@@ -193,7 +193,7 @@ impl Reply {
 
     fn error(&self) -> Value {
         let v = self.json();
-        assert_eq!(v["error"]["type"].is_string(), true, "{v}");
+        assert!(v["error"]["type"].is_string(), "{v}");
         v["error"].clone()
     }
 }
