@@ -68,6 +68,8 @@ enum Command {
     /// Measure prompt-eval and decode speed (llama-bench's pp / tg / depth) beside the
     /// machine's read bandwidth, with a parity check against the reference path.
     Bench(commands::bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(commands::serve::ServeArgs),
     /// An interactive conversation that keeps the KV cache between turns.
     Chat(commands::chat::ChatArgs),
     /// Write the logits of every prompt position to a safetensors file.
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(args),
         Command::Chat(args) => commands::chat::run(args),
         Command::Bench(args) => commands::bench::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Logits {
             model,
             prompt_ids,

@@ -5,6 +5,7 @@ use kestrel_gguf::{GgufFile, Value};
 use kestrel_models::{LoadOptions, Model, ModelConfig};
 use kestrel_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub struct ModelSource {
     pub path: PathBuf,
@@ -12,7 +13,7 @@ pub struct ModelSource {
     pub file_bytes: u64,
     pub name: Option<String>,
     pub config: ModelConfig,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Option<String>,
     /// (type name, bytes) of every tensor.
     pub tensor_types: Vec<(String, u64)>,
@@ -29,7 +30,7 @@ impl ModelSource {
         let file = GgufFile::open(path)?;
         let h = &file.header;
         let config = ModelConfig::from_gguf(h)?;
-        let tokenizer = Tokenizer::from_gguf(h)?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf(h)?);
         let chat_template = h
             .get("tokenizer.chat_template")
             .and_then(Value::as_str)
@@ -63,7 +64,7 @@ impl ModelSource {
         let json: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("parsing {}", cfg_path.display()))?;
         let config = ModelConfig::from_hf_json(&json)?;
-        let tokenizer = Tokenizer::from_hf_dir(dir)?;
+        let tokenizer = Arc::new(Tokenizer::from_hf_dir(dir)?);
         let store = kestrel_models::weights::TensorStore::from_hf_dir(dir)?;
         let list = store.list();
         let weight_bytes = list.iter().map(|(_, _, b)| b).sum();

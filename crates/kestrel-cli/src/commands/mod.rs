@@ -4,3 +4,4 @@ pub mod info;
 pub mod logits;
 pub mod run;
 pub mod tokens;
+pub mod serve;

@@ -1,0 +1,97 @@
+//! `kestrel serve`: the OpenAI-compatible HTTP server over the serving engine.
+//! Prints the memory plan before loading; refuses a plan that cannot fit.
+
+use crate::commands::info::human;
+use crate::commands::run::EngineArgs;
+use crate::source::ModelSource;
+use anyhow::{Context, Result};
+use kestrel_engine::{plan_pool, Engine, EngineConfig};
+use kestrel_models::PagedModel;
+use kestrel_server::{AppState, ServerConfig};
+use std::sync::Arc;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to bind (loopback unless told otherwise).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Sequences served at once.
+    #[arg(long, default_value_t = 4)]
+    pub parallel: usize,
+    /// Memory budget in bytes for weights + KV + scratch (default: 75% of available memory).
+    #[arg(long)]
+    pub max_memory: Option<u64>,
+    /// Name clients use for the model (default: the file name without extension).
+    #[arg(long)]
+    pub model_name: Option<String>,
+}
+
+/// Positions per KV block of the engine's pool.
+const BLOCK_SIZE: usize = 16;
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    let src = ModelSource::open(&args.engine.model)?;
+    let ctx = args.engine.context(&src)?;
+    let kv_type = args.engine.kv_type()?;
+    let name = args.model_name.clone().unwrap_or_else(|| {
+        args.engine
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
+    });
+    let model = src.load_model(args.engine.load_options(), false)?;
+    let plan = plan_pool(&model, src.weight_bytes, ctx, args.parallel, BLOCK_SIZE, kv_type, args.max_memory)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    eprintln!(
+        "memory plan: weights {} + KV {} ({} blocks of {} tokens = {} tokens, {:?}) + scratch = {}{}",
+        human(src.weight_bytes),
+        human(plan.kv_bytes),
+        plan.n_blocks,
+        plan.block_size,
+        plan.tokens,
+        kv_type,
+        human(plan.total_bytes),
+        plan.limit_bytes.map_or(String::new(), |l| format!(" (limit {})", human(l)))
+    );
+    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type);
+    let cfg = EngineConfig {
+        block_size: plan.block_size,
+        max_running: args.parallel.max(1),
+        ctx_size: ctx,
+        step_token_budget: 512.max(args.parallel),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::try_start(Box::new(paged), src.tokenizer.clone(), cfg)
+        .map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
+    let config = ServerConfig {
+        api_key: args.api_key.clone(),
+        ..ServerConfig::new(name.clone(), ctx)
+    };
+    let tokenizer = src.tokenizer.clone();
+    let state = AppState::new(config, Arc::new(engine), tokenizer)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!("serving '{name}' on http://{addr}/v1 (ctx {ctx}, parallel {})", args.parallel);
+        kestrel_server::serve_with_shutdown(state, listener, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+        Ok(())
+    })
+}
