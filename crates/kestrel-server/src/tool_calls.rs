@@ -9,6 +9,11 @@
 //!
 //! The same parser serves non-streamed responses (push everything, then finish), so both paths
 //! give the same result for the same text.
+//!
+//! Bare calls: Qwen2.5-Coder often answers a tool request with the call's JSON and no tags,
+//! plain or in a ```json fence. When a reply *starts* like that, the parser holds it to the end;
+//! if the whole reply is one call (or an array of calls) naming offered tools, it becomes
+//! tool calls, otherwise it is released as content unchanged.
 
 use serde_json::Value;
 
@@ -49,11 +54,25 @@ pub struct ToolCallParser {
     /// back if it does not.
     held_ws: String,
     calls_seen: usize,
+    /// Names of the offered tools (a bare call must name one of them).
+    tool_names: Vec<String>,
+    /// Nothing emitted yet and the reply so far could still be a bare call.
+    bare_possible: bool,
 }
 
 impl ToolCallParser {
+    /// A parser for tagged calls only.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A parser that also recognises a bare JSON reply naming one of `tool_names`.
+    pub fn with_tools(tool_names: Vec<String>) -> Self {
+        Self {
+            bare_possible: !tool_names.is_empty(),
+            tool_names,
+            ..Self::default()
+        }
     }
 
     /// Number of well-formed tool calls emitted so far.
@@ -64,6 +83,12 @@ impl ToolCallParser {
     /// Feeds more model output; returns what can be emitted now.
     pub fn push(&mut self, text: &str) -> Vec<Segment> {
         self.pending.push_str(text);
+        if self.bare_possible {
+            if !self.pending.contains(OPEN) && could_be_bare(&self.pending) {
+                return Vec::new();
+            }
+            self.bare_possible = false;
+        }
         let mut out = Vec::new();
         loop {
             match self.state {
@@ -113,6 +138,13 @@ impl ToolCallParser {
     /// Ends the stream: held text is released; an unclosed call comes back verbatim.
     /// Whitespace left after the last well-formed call is dropped.
     pub fn finish(&mut self) -> Vec<Segment> {
+        if std::mem::take(&mut self.bare_possible) {
+            if let Some(calls) = parse_bare(&self.pending, &self.tool_names) {
+                self.pending.clear();
+                self.calls_seen += calls.len();
+                return calls.into_iter().map(Segment::ToolCall).collect();
+            }
+        }
         let rest = std::mem::take(&mut self.pending);
         let ws = std::mem::take(&mut self.held_ws);
         match std::mem::take(&mut self.state) {
@@ -127,7 +159,11 @@ impl ToolCallParser {
 
 /// Parses a whole output at once (non-streamed responses).
 pub fn parse_all(text: &str) -> Vec<Segment> {
-    let mut p = ToolCallParser::new();
+    parse_all_with(ToolCallParser::new(), text)
+}
+
+/// Parses a whole output with a configured parser.
+pub fn parse_all_with(mut p: ToolCallParser, text: &str) -> Vec<Segment> {
     let mut out = p.push(text);
     out.extend(p.finish());
     merge_content(out)
@@ -143,6 +179,44 @@ pub fn merge_content(segments: Vec<Segment>) -> Vec<Segment> {
         }
     }
     out
+}
+
+/// Whether a reply that begins with `text` may still be a bare JSON call.
+fn could_be_bare(text: &str) -> bool {
+    let t = text.trim_start();
+    if t.is_empty() || t.starts_with('{') || t.starts_with('[') || "```".starts_with(t) {
+        return true;
+    }
+    let Some(after) = t.strip_prefix("```") else { return false };
+    match after.split_once('\n') {
+        None => "json".starts_with(after.trim_end()),
+        Some((lang, rest)) => {
+            matches!(lang.trim(), "" | "json") && {
+                let r = rest.trim_start();
+                r.is_empty() || r.starts_with('{') || r.starts_with('[')
+            }
+        }
+    }
+}
+
+/// A whole reply that is one call, or an array of calls, naming offered tools (optionally in
+/// a ```json fence).
+fn parse_bare(text: &str, tool_names: &[String]) -> Option<Vec<ParsedToolCall>> {
+    let mut t = text.trim();
+    if let Some(after) = t.strip_prefix("```") {
+        let (_, body) = after.split_once('\n')?;
+        t = body.trim_end().strip_suffix("```")?.trim();
+    }
+    let bodies: Vec<String> = match serde_json::from_str::<Value>(t).ok()? {
+        Value::Array(items) if !items.is_empty() => items.iter().map(|v| v.to_string()).collect(),
+        v @ Value::Object(_) => vec![v.to_string()],
+        _ => return None,
+    };
+    let calls: Vec<ParsedToolCall> = bodies.iter().map(|b| parse_call(b)).collect::<Option<_>>()?;
+    calls
+        .iter()
+        .all(|c| tool_names.iter().any(|n| n == &c.name))
+        .then_some(calls)
 }
 
 /// Length of the longest suffix of `text` that is a proper prefix of `marker`.
@@ -222,6 +296,37 @@ mod tests {
         }
         out.extend(p.finish());
         assert_eq!(merge_content(out), expected, "char by char: {text:?}");
+    }
+
+    #[test]
+    fn bare_json_calls_naming_offered_tools_are_calls() {
+        let tools = || ToolCallParser::with_tools(vec!["get_weather".into()]);
+        let want = vec![call("get_weather", r#"{"city":"Paris"}"#)];
+        for text in [
+            r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#,
+            "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Paris\"}\n}\n```",
+            r#"  [{"name": "get_weather", "arguments": {"city": "Paris"}}]"#,
+        ] {
+            assert_eq!(parse_all_with(tools(), text), want, "{text}");
+            // Streamed byte by byte gives the same.
+            let mut p = tools();
+            let mut out = Vec::new();
+            for (i, _) in text.char_indices() {
+                let end = text[i..].chars().next().map_or(i, |c| i + c.len_utf8());
+                out.extend(p.push(&text[i..end]));
+            }
+            out.extend(p.finish());
+            assert_eq!(merge_content(out), want, "streamed {text}");
+        }
+        // Unknown tool names, other JSON, other fences and prose stay content.
+        for text in [
+            r#"{"name": "rm_rf", "arguments": {}}"#,
+            r#"{"answer": 42}"#,
+            "```python\nprint(1)\n```",
+            "Sure! {\"name\": \"get_weather\"}",
+        ] {
+            assert_eq!(parse_all_with(tools(), text), vec![content(text)], "{text}");
+        }
     }
 
     #[test]

@@ -46,6 +46,12 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
         )
     })?;
     let parse_tools = plan.tools.is_some();
+    let tool_names: Vec<String> = plan
+        .tools
+        .iter()
+        .flatten()
+        .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str).map(str::to_string))
+        .collect();
     let tokenizer = shared.tokenizer.clone();
     let (messages, tools) = (plan.messages, plan.tools);
     let prompt =
@@ -67,7 +73,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     if plan.options.stream {
         let assembler = ChatStream {
             base,
-            parser: parse_tools.then(ToolCallParser::new),
+            parser: parse_tools.then(|| ToolCallParser::with_tools(tool_names.clone())),
             tokenizer,
             want_logprobs,
             pending_logprobs: vec![],
@@ -82,7 +88,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     }
     let out = sse::collect(generation, shared.metrics.clone()).await?;
     let segments = if parse_tools {
-        tool_calls::parse_all(&out.text)
+        tool_calls::parse_all_with(ToolCallParser::with_tools(tool_names), &out.text)
     } else {
         vec![Segment::Content(out.text)]
     };
