@@ -86,7 +86,7 @@ enum Command {
         reference: bool,
         #[arg(short, long)]
         threads: Option<usize>,
-        /// KV cache element type: f32 (default here, for parity) or f16.
+        /// KV cache element type: f32 (default here, for parity), f16 or q8_0.
         #[arg(long, default_value = "f32")]
         kv_type: String,
     },

@@ -14,13 +14,36 @@ use half::f16;
 pub enum KvType {
     F32,
     F16,
+    /// 8-bit blocks of 32 with an f16 scale (34 bytes per 32 values): about half of f16.
+    /// Needs head_dim to be a multiple of 32 so every head is whole blocks.
+    Q8_0,
 }
 
 impl KvType {
-    pub fn bytes(self) -> usize {
+    /// Bytes per element (fractional for q8_0).
+    pub fn bytes_per_elem(self) -> f64 {
         match self {
-            KvType::F32 => 4,
-            KvType::F16 => 2,
+            KvType::F32 => 4.0,
+            KvType::F16 => 2.0,
+            KvType::Q8_0 => 34.0 / 32.0,
+        }
+    }
+
+    /// Bytes of `n` elements (`n` a multiple of 32 for q8_0).
+    pub fn bytes_for(self, n: usize) -> usize {
+        match self {
+            KvType::F32 => 4 * n,
+            KvType::F16 => 2 * n,
+            KvType::Q8_0 => n / 32 * 34,
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "f32" => Some(KvType::F32),
+            "f16" => Some(KvType::F16),
+            "q8_0" => Some(KvType::Q8_0),
+            _ => None,
         }
     }
 }
@@ -28,18 +51,34 @@ impl KvType {
 enum Store {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    /// Q8_0 blocks; element offsets are multiples of 32, so `at / 32 * 34` is the byte offset.
+    Q8_0(Vec<u8>),
 }
+
+const Q8_BLOCK: usize = 32;
+const Q8_BYTES: usize = 34;
 
 impl Store {
     fn new(ty: KvType, len: usize) -> Self {
         match ty {
             KvType::F32 => Store::F32(vec![0.0; len]),
             KvType::F16 => Store::F16(vec![f16::ZERO; len]),
+            KvType::Q8_0 => Store::Q8_0(vec![0; len / Q8_BLOCK * Q8_BYTES]),
         }
     }
 
     fn write(&mut self, at: usize, src: &[f32]) {
         match self {
+            Store::Q8_0(v) => {
+                let b = at / Q8_BLOCK * Q8_BYTES;
+                let n = src.len() / Q8_BLOCK * Q8_BYTES;
+                // Lengths are whole blocks by construction (checked when the pool is made).
+                let _ = kestrel_quant::quantize_row(
+                    kestrel_gguf::GgmlType::Q8_0,
+                    src,
+                    &mut v[b..b + n],
+                );
+            }
             Store::F32(v) => v[at..at + src.len()].copy_from_slice(src),
             Store::F16(v) => {
                 for (d, s) in v[at..at + src.len()].iter_mut().zip(src) {
@@ -52,6 +91,15 @@ impl Store {
     fn read(&self, at: usize, out: &mut [f32]) {
         let n = out.len();
         match self {
+            Store::Q8_0(v) => {
+                let b = at / Q8_BLOCK * Q8_BYTES;
+                let bytes = n / Q8_BLOCK * Q8_BYTES;
+                let _ = kestrel_quant::dequantize_row(
+                    kestrel_gguf::GgmlType::Q8_0,
+                    &v[b..b + bytes],
+                    out,
+                );
+            }
             Store::F32(v) => out.copy_from_slice(&v[at..at + n]),
             Store::F16(v) => {
                 for (d, s) in out.iter_mut().zip(&v[at..at + n]) {
@@ -63,6 +111,14 @@ impl Store {
 
     fn copy_within(&mut self, src: usize, dst: usize, len: usize) {
         match self {
+            Store::Q8_0(v) => {
+                let (s, d, n) = (
+                    src / Q8_BLOCK * Q8_BYTES,
+                    dst / Q8_BLOCK * Q8_BYTES,
+                    len / Q8_BLOCK * Q8_BYTES,
+                );
+                v.copy_within(s..s + n, d)
+            }
             Store::F32(v) => v.copy_within(src..src + len, dst),
             Store::F16(v) => v.copy_within(src..src + len, dst),
         }
@@ -108,7 +164,12 @@ impl KvPool {
 
     /// Bytes one block takes across all layers (K and V).
     pub fn block_bytes(n_layers: usize, kv_dim: usize, block_size: usize, ty: KvType) -> usize {
-        2 * n_layers * kv_dim * block_size * ty.bytes()
+        2 * n_layers * ty.bytes_for(kv_dim) * block_size
+    }
+
+    /// Whether a model with this head size can store its K/V as `ty`.
+    pub fn supports(ty: KvType, head_dim: usize) -> bool {
+        ty != KvType::Q8_0 || head_dim % Q8_BLOCK == 0
     }
 
     pub fn n_blocks(&self) -> usize {

@@ -173,13 +173,14 @@ pub fn matmul(
             let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
             // Groups of 4 weight rows x all activation rows: the tiled kernel reuses each
             // decoded weight block across tokens and each activation block across rows.
-            const ROWS_PER_CALL: usize = 4;
+            // Decode (one token) streams one row at a time through the single-row kernels.
+            let rows_per_call: usize = if t_len == 1 { 1 } else { 4 };
             pool.run(n_tasks, &|task| {
-                let mut dots = vec![0f32; ROWS_PER_CALL * t_len];
+                let mut dots = vec![0f32; rows_per_call * t_len];
                 let end = ((task + 1) * chunk).min(rows);
                 let mut r0 = task * chunk;
                 while r0 < end {
-                    let r1 = (r0 + ROWS_PER_CALL).min(end);
+                    let r1 = (r0 + rows_per_call).min(end);
                     let w_rows: Vec<&[u8]> = (r0..r1).map(|r| w.row(r)).collect();
                     let out_rows = &mut dots[..(r1 - r0) * t_len];
                     if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows, &act_rows, out_rows)

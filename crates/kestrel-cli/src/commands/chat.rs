@@ -30,7 +30,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let tok = &src.tokenizer;
     let ctx = args.engine.context(&src)?;
     let model = src.load_model(args.engine.load_options(), false)?;
-    let mut cache = model.new_cache(ctx, args.engine.kv_type()?);
+    let mut cache = model.new_cache(ctx, args.engine.kv_type(&src)?);
     let mut sampler = Sampler::new(args.sampling.params(), src.config.vocab_size)?;
     let mut messages = Vec::new();
     if let Some(s) = &args.system {

@@ -2,7 +2,7 @@
 
 use crate::source::ModelSource;
 use anyhow::{Context, Result};
-use kestrel_models::{KvType, LoadOptions, Logits, MatmulPath};
+use kestrel_models::{LoadOptions, Logits, MatmulPath};
 use std::path::Path;
 
 pub fn run(
@@ -24,11 +24,7 @@ pub fn run(
         opts.matmul = MatmulPath::Reference;
     }
     let m = src.load_model(opts, true)?;
-    let kv = match kv_type {
-        "f32" => KvType::F32,
-        "f16" => KvType::F16,
-        other => anyhow::bail!("unknown --kv-type '{other}' (f32 or f16)"),
-    };
+    let kv = crate::commands::run::parse_kv_type(kv_type, &src)?;
     let mut cache = m.new_cache(ids.len(), kv);
     let logits = m.forward(&ids, &mut cache, Logits::All)?;
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();

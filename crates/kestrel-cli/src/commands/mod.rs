@@ -3,5 +3,5 @@ pub mod chat;
 pub mod info;
 pub mod logits;
 pub mod run;
-pub mod tokens;
 pub mod serve;
+pub mod tokens;

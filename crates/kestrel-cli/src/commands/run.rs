@@ -60,7 +60,7 @@ pub struct EngineArgs {
     /// Context size in tokens (default: 4096, or the model's maximum if smaller).
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
-    /// KV cache element type: f16 or f32.
+    /// KV cache element type: f16, q8_0 (about half of f16) or f32.
     #[arg(long, default_value = "f16")]
     pub kv_type: String,
     /// Use the scalar f32 reference kernels (slow; the oracle for parity checks).
@@ -80,12 +80,8 @@ impl EngineArgs {
         o
     }
 
-    pub fn kv_type(&self) -> Result<KvType> {
-        match self.kv_type.as_str() {
-            "f16" => Ok(KvType::F16),
-            "f32" => Ok(KvType::F32),
-            other => anyhow::bail!("unknown --kv-type '{other}' (f16 or f32)"),
-        }
+    pub fn kv_type(&self, src: &ModelSource) -> Result<KvType> {
+        parse_kv_type(&self.kv_type, src)
     }
 
     pub fn context(&self, src: &ModelSource) -> Result<usize> {
@@ -154,7 +150,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let params = args.sampling.params();
     let mut sampler = Sampler::new(params, src.config.vocab_size)?;
     let ctx = args.engine.context(&src)?;
-    let kv_type = args.engine.kv_type()?;
+    let kv_type = args.engine.kv_type(&src)?;
     let model = src.load_model(args.engine.load_options(), args.json)?;
     let mut cache = model.new_cache(ctx, kv_type);
 
@@ -199,4 +195,16 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--kv-type`: f16, q8_0 or f32, checked against the model's head size.
+pub fn parse_kv_type(s: &str, src: &ModelSource) -> Result<KvType> {
+    let ty = KvType::parse(s)
+        .ok_or_else(|| anyhow::anyhow!("unknown --kv-type '{s}' (f16, q8_0 or f32)"))?;
+    anyhow::ensure!(
+        kestrel_models::KvPool::supports(ty, src.config.head_dim),
+        "--kv-type {s} needs a head size that is a multiple of 32; this model's is {}",
+        src.config.head_dim
+    );
+    Ok(ty)
 }

@@ -39,7 +39,7 @@ const BLOCK_SIZE: usize = 16;
 pub fn run(args: ServeArgs) -> Result<()> {
     let src = ModelSource::open(&args.engine.model)?;
     let ctx = args.engine.context(&src)?;
-    let kv_type = args.engine.kv_type()?;
+    let kv_type = args.engine.kv_type(&src)?;
     let name = args.model_name.clone().unwrap_or_else(|| {
         args.engine
             .model
@@ -48,8 +48,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .unwrap_or_else(|| "model".into())
     });
     let model = src.load_model(args.engine.load_options(), false)?;
-    let plan = plan_pool(&model, src.weight_bytes, ctx, args.parallel, BLOCK_SIZE, kv_type, args.max_memory)
-        .map_err(|e| anyhow::anyhow!(e))?;
+    let plan = plan_pool(
+        &model,
+        src.weight_bytes,
+        ctx,
+        args.parallel,
+        BLOCK_SIZE,
+        kv_type,
+        args.max_memory,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
     eprintln!(
         "memory plan: weights {} + KV {} ({} blocks of {} tokens = {} tokens, {:?}) + scratch = {}{}",
         human(src.weight_bytes),
@@ -87,7 +95,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         let addr = listener.local_addr()?;
-        eprintln!("serving '{name}' on http://{addr}/v1 (ctx {ctx}, parallel {})", args.parallel);
+        eprintln!(
+            "serving '{name}' on http://{addr}/v1 (ctx {ctx}, parallel {})",
+            args.parallel
+        );
         kestrel_server::serve_with_shutdown(state, listener, async {
             let _ = tokio::signal::ctrl_c().await;
         })
