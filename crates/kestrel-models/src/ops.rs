@@ -173,29 +173,22 @@ pub fn matmul(
             let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
             // Groups of 4 weight rows x all activation rows: the tiled kernel reuses each
             // decoded weight block across tokens and each activation block across rows.
-            // Decode (one token) streams one row at a time through the single-row kernels.
-            let rows_per_call: usize = if t_len == 1 { 1 } else { 4 };
             pool.run(n_tasks, &|task| {
-                let mut dots = vec![0f32; rows_per_call * t_len];
-                let end = ((task + 1) * chunk).min(rows);
-                let mut r0 = task * chunk;
-                while r0 < end {
-                    let r1 = (r0 + rows_per_call).min(end);
-                    let w_rows: Vec<&[u8]> = (r0..r1).map(|r| w.row(r)).collect();
-                    let out_rows = &mut dots[..(r1 - r0) * t_len];
-                    if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows, &act_rows, out_rows)
-                        .is_err()
-                    {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                        return;
-                    }
-                    for (i, r) in (r0..r1).enumerate() {
-                        for t in 0..t_len {
-                            // SAFETY: (t, r) is written by the task that owns row r only.
-                            unsafe { out_ptr.slice(t * rows + r, 1)[0] = out_rows[i * t_len + t] };
-                        }
-                    }
-                    r0 = r1;
+                let rows_here = task * chunk..((task + 1) * chunk).min(rows);
+                let ok = if t_len == 1 {
+                    // Decode: one row at a time through the single-row streaming kernels.
+                    let mut dot = [0f32; 1];
+                    rows_here.into_iter().all(|r| {
+                        let ok = kestrel_quant::vec_dot_multi(w.ty, cols, w.row(r), &act_rows, &mut dot).is_ok();
+                        // SAFETY: row r belongs to this task only.
+                        unsafe { out_ptr.slice(r, 1)[0] = dot[0] };
+                        ok
+                    })
+                } else {
+                    matmul_rows_tiled(w, cols, rows_here, &act_rows, rows, out_ptr)
+                };
+                if !ok {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             });
         }
@@ -212,4 +205,39 @@ pub fn matmul(
 fn quantize_activations(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), ModelError> {
     kestrel_quant::quantize_row(ty, x, out)?;
     Ok(())
+}
+
+/// Prefill: groups of 4 weight rows x all activation rows through the tiled kernel, which
+/// reuses each decoded weight block across tokens and each activation block across rows.
+fn matmul_rows_tiled(
+    w: &Weight,
+    cols: usize,
+    rows_here: std::ops::Range<usize>,
+    act_rows: &[&[u8]],
+    rows: usize,
+    out_ptr: SharedMut<f32>,
+) -> bool {
+    const ROWS_PER_CALL: usize = 4;
+    let t_len = act_rows.len();
+    let mut dots = vec![0f32; ROWS_PER_CALL * t_len];
+    let mut r0 = rows_here.start;
+    while r0 < rows_here.end {
+        let r1 = (r0 + ROWS_PER_CALL).min(rows_here.end);
+        let mut w_rows: [&[u8]; ROWS_PER_CALL] = [&[]; ROWS_PER_CALL];
+        for (slot, r) in w_rows.iter_mut().zip(r0..r1) {
+            *slot = w.row(r);
+        }
+        let out_rows = &mut dots[..(r1 - r0) * t_len];
+        if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows[..r1 - r0], act_rows, out_rows).is_err() {
+            return false;
+        }
+        for (i, r) in (r0..r1).enumerate() {
+            for t in 0..t_len {
+                // SAFETY: (t, r) is written by the task that owns row r only.
+                unsafe { out_ptr.slice(t * rows + r, 1)[0] = out_rows[i * t_len + t] };
+            }
+        }
+        r0 = r1;
+    }
+    true
 }
