@@ -92,7 +92,27 @@ enum Command {
     },
 }
 
+/// Keeps freed activation buffers in the heap: glibc would otherwise return every large
+/// buffer to the OS and the kernel would zero fresh pages for the next matmul (measured: 11% of
+/// prefill time in `clear_page_erms`).
+fn keep_freed_memory_in_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        const M_TRIM_THRESHOLD: i32 = -1;
+        const M_MMAP_THRESHOLD: i32 = -3;
+        extern "C" {
+            fn mallopt(param: i32, value: i32) -> i32;
+        }
+        // SAFETY: plain glibc tuning calls, made before any other thread exists.
+        unsafe {
+            mallopt(M_MMAP_THRESHOLD, 1 << 30);
+            mallopt(M_TRIM_THRESHOLD, i32::MAX);
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    keep_freed_memory_in_heap();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info { model, json } => {
