@@ -1,38 +1,67 @@
-//! The generation loop shared by `run` and `chat`: prefill what the cache lacks, then sample,
-//! stream and stop (end-of-generation token, stop string, or token budget).
+//! `run` and `chat` drive the same serving engine as the HTTP server: one request at a time,
+//! streamed, with the engine's prefix cache carrying a conversation from turn to turn.
 
+use crate::commands::info::human;
 use crate::source::ModelSource;
 use anyhow::{anyhow, Result};
-use kestrel_models::{KvCache, Logits, Model};
-use kestrel_sampler::Sampler;
-use kestrel_tokenizer::{ChatTemplate, StreamDecoder, Tokenizer};
-use std::time::Instant;
+use kestrel_engine::{
+    plan_pool, Engine, EngineConfig, Event, FinishReason, GenerateRequest, Usage,
+};
+use kestrel_models::{KvType, Model, PagedModel};
+use kestrel_tokenizer::ChatTemplate;
 
-pub struct Request<'a> {
-    pub prompt: &'a [u32],
-    pub max_tokens: usize,
-    pub stops: &'a [String],
-    pub ignore_eos: bool,
+/// Positions per KV block.
+const BLOCK_SIZE: usize = 16;
+
+/// Starts an engine over `model` with a pool of `ctx` tokens per sequence (plus the prefix
+/// reserve), printing the plan unless `quiet`.
+pub fn start_engine(
+    src: &ModelSource,
+    model: Model,
+    ctx: usize,
+    kv_type: KvType,
+    quiet: bool,
+) -> Result<Engine> {
+    let plan = plan_pool(&model, src.weight_bytes, ctx, 1, BLOCK_SIZE, kv_type, None)
+        .map_err(|e| anyhow!(e))?;
+    if !quiet {
+        eprintln!(
+            "memory plan: weights {} + KV {} ({} tokens, {:?}) + scratch = {}",
+            human(src.weight_bytes),
+            human(plan.kv_bytes),
+            plan.tokens,
+            kv_type,
+            human(plan.total_bytes)
+        );
+    }
+    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type);
+    let cfg = EngineConfig {
+        block_size: plan.block_size,
+        max_running: 1,
+        ctx_size: ctx,
+        ..EngineConfig::default()
+    };
+    Engine::try_start(Box::new(paged), src.tokenizer.clone(), cfg)
+        .map_err(|e| anyhow!("engine configuration: {e}"))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
-    EndOfGeneration,
-    StopString,
+    /// An end-of-generation token or a stop string.
+    Stop,
     MaxTokens,
-    ContextFull,
+    Cancelled,
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Timings {
     /// Prompt tokens actually computed (the rest came from the cache).
     pub prompt_n: usize,
-    pub prompt_ms: f64,
+    pub cached_n: usize,
     pub prompt_tok_s: f64,
-    /// Decode forward passes (one per generated token after the first).
+    /// Decode steps (one per generated token after the first).
     pub decode_n: usize,
-    pub decode_ms: f64,
     pub decode_tok_s: f64,
     pub ttft_ms: f64,
     /// Generated tokens per second including prefill.
@@ -46,122 +75,58 @@ pub struct Output {
     pub timings: Timings,
 }
 
-/// Generates after `req.prompt`. The cache may already hold a prefix of the prompt; only the
-/// rest is computed. `on_text` receives text as it becomes final (never a split character,
-/// never a piece of a stop string).
+/// Runs one request to its end, passing text to `on_text` as it becomes final.
 pub fn generate(
-    model: &Model,
-    tok: &Tokenizer,
-    cache: &mut KvCache,
-    sampler: &mut Sampler,
-    req: &Request,
+    engine: &Engine,
+    req: GenerateRequest,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Output> {
-    let t0 = Instant::now();
-    anyhow::ensure!(!req.prompt.is_empty(), "the prompt is empty");
-    // The last prompt token must run to give the first logits.
-    cache.truncate(req.prompt.len() - 1);
-    let todo = &req.prompt[cache.len()..];
-    if req.prompt.len() >= cache.capacity() {
-        return Err(anyhow!(
-            "the prompt has {} tokens; the context holds {} (raise --ctx-size up to the model's maximum)",
-            req.prompt.len(),
-            cache.capacity()
-        ));
-    }
-    let mut logits = model.forward(todo, cache, Logits::Last)?;
-    let prompt_ms = t0.elapsed().as_secs_f64() * 1e3;
-
-    let eog = tok.eog_ids();
-    let mut history: Vec<u32> = req.prompt.to_vec();
+    let mut handle = engine.submit(req).map_err(|e| anyhow!("{e}"))?;
     let mut tokens = Vec::new();
     let mut text = String::new();
-    let mut emitted = 0usize;
-    let max_stop = req.stops.iter().map(|s| s.len()).max().unwrap_or(0);
-    let mut decoder = StreamDecoder::new(tok, false);
-    let mut ttft_ms = 0.0;
-    let mut decode_n = 0usize;
-    let t_decode = Instant::now();
-    let mut stop = StopReason::MaxTokens;
-
-    while tokens.len() < req.max_tokens {
-        let next = sampler.sample(&logits, &history);
-        if tokens.is_empty() {
-            ttft_ms = t0.elapsed().as_secs_f64() * 1e3;
+    loop {
+        match handle.events.blocking_recv() {
+            Some(Event::Token {
+                id, text: piece, ..
+            }) => {
+                tokens.push(id);
+                if !piece.is_empty() {
+                    on_text(&piece);
+                    text.push_str(&piece);
+                }
+            }
+            Some(Event::Done { finish, usage }) => {
+                let stop = match finish {
+                    FinishReason::Stop => StopReason::Stop,
+                    FinishReason::Length => StopReason::MaxTokens,
+                    FinishReason::Cancelled => StopReason::Cancelled,
+                };
+                return Ok(Output {
+                    tokens,
+                    text,
+                    stop,
+                    timings: timings(&usage),
+                });
+            }
+            Some(Event::Error { message }) => return Err(anyhow!("generation failed: {message}")),
+            None => return Err(anyhow!("the engine stopped before the request finished")),
         }
-        if !req.ignore_eos && eog.contains(&next) {
-            stop = StopReason::EndOfGeneration;
-            break;
-        }
-        tokens.push(next);
-        history.push(next);
-        text.push_str(&decoder.push(next));
-
-        // Stop strings: cut at the first one; otherwise emit all but a possible stop prefix.
-        if let Some(at) = first_stop(&text, req.stops, emitted.saturating_sub(max_stop)) {
-            text.truncate(at);
-            stop = StopReason::StopString;
-            break;
-        }
-        let mut safe = text.len().saturating_sub(max_stop.saturating_sub(1));
-        while !text.is_char_boundary(safe) {
-            safe -= 1;
-        }
-        if safe > emitted {
-            on_text(&text[emitted..safe]);
-            emitted = safe;
-        }
-        if tokens.len() >= req.max_tokens {
-            break;
-        }
-        if cache.len() + 1 > cache.capacity() {
-            stop = StopReason::ContextFull;
-            break;
-        }
-        logits = model.forward(&[next], cache, Logits::Last)?;
-        decode_n += 1;
     }
-    if stop != StopReason::StopString {
-        text.push_str(&decoder.finish());
-    }
-    if text.len() > emitted {
-        on_text(&text[emitted..]);
-    }
-    let decode_ms = t_decode.elapsed().as_secs_f64() * 1e3;
-    let total_s = t0.elapsed().as_secs_f64();
-    let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 / (ms / 1e3) } else { 0.0 };
-    Ok(Output {
-        timings: Timings {
-            prompt_n: todo.len(),
-            prompt_ms,
-            prompt_tok_s: per_s(todo.len(), prompt_ms),
-            decode_n,
-            decode_ms,
-            decode_tok_s: per_s(decode_n, decode_ms),
-            ttft_ms,
-            e2e_tok_s: if total_s > 0.0 {
-                tokens.len() as f64 / total_s
-            } else {
-                0.0
-            },
-        },
-        tokens,
-        text,
-        stop,
-    })
 }
 
-/// Byte offset of the earliest stop string in `text`, searching from `from`.
-fn first_stop(text: &str, stops: &[String], from: usize) -> Option<usize> {
-    let mut from = from.min(text.len());
-    while !text.is_char_boundary(from) {
-        from -= 1;
+fn timings(u: &Usage) -> Timings {
+    let computed = u.prompt_tokens - u.cached_tokens;
+    let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    let decode_n = u.completion_tokens.saturating_sub(1);
+    Timings {
+        prompt_n: computed,
+        cached_n: u.cached_tokens,
+        prompt_tok_s: per_s(computed, u.ttft_ms),
+        decode_n,
+        decode_tok_s: per_s(decode_n, u.decode_ms),
+        ttft_ms: u.ttft_ms,
+        e2e_tok_s: per_s(u.completion_tokens, u.ttft_ms + u.decode_ms),
     }
-    stops
-        .iter()
-        .filter(|s| !s.is_empty())
-        .filter_map(|s| text[from..].find(s.as_str()).map(|i| i + from))
-        .min()
 }
 
 /// The model's chat template, or a clear error when it has none.
@@ -169,17 +134,4 @@ pub fn chat_template(src: &ModelSource) -> Result<ChatTemplate> {
     src.tokenizer
         .chat_template()?
         .ok_or_else(|| anyhow!("{} has no chat template", src.path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::first_stop;
-
-    #[test]
-    fn finds_the_earliest_stop_string() {
-        let stops = vec!["\n\n".to_string(), "END".to_string()];
-        assert_eq!(first_stop("abc END x\n\n", &stops, 0), Some(4));
-        assert_eq!(first_stop("abc", &stops, 0), None);
-        assert_eq!(first_stop("é\n\n", &stops, 1), Some(2));
-    }
 }

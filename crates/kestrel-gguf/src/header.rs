@@ -122,7 +122,7 @@ impl<'a> Cursor<'a> {
                 what: what.to_string(),
                 offset: at,
                 reason: format!(
-                    "count {n} cannot fit in the {} bytes left in the file",
+                    "count {n} cannot fit in the {} bytes left in the file (file truncated or count corrupt)",
                     self.remaining()
                 ),
             });

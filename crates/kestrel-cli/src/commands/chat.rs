@@ -3,10 +3,11 @@
 //! longest prefix already in the cache.
 
 use crate::commands::run::{EngineArgs, SamplingArgs};
-use crate::generate::{self, Request};
+use crate::generate;
 use crate::source::ModelSource;
 use anyhow::Result;
-use kestrel_sampler::Sampler;
+use kestrel_engine::GenerateRequest;
+use kestrel_sampler::SamplingParams;
 use serde_json::json;
 use std::io::{BufRead, Write};
 
@@ -27,21 +28,23 @@ pub struct ChatArgs {
 pub fn run(args: ChatArgs) -> Result<()> {
     let src = ModelSource::open(&args.engine.model)?;
     let template = generate::chat_template(&src)?;
-    let tok = &src.tokenizer;
+    let tok = src.tokenizer.clone();
     let ctx = args.engine.context(&src)?;
+    let kv_type = args.engine.kv_type(&src)?;
     let model = src.load_model(args.engine.load_options(), false)?;
-    let mut cache = model.new_cache(ctx, args.engine.kv_type(&src)?);
-    let mut sampler = Sampler::new(args.sampling.params(), src.config.vocab_size)?;
+    let engine = generate::start_engine(&src, model, ctx, kv_type, false)?;
+    let params = args.sampling.params();
+    let seed = params
+        .seed
+        .unwrap_or_else(kestrel_sampler::rng::entropy_seed);
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
         messages.push(json!({"role": "system", "content": s}));
     }
-    // Tokens whose K/V the cache holds, in order.
-    let mut cached: Vec<u32> = Vec::new();
     eprintln!("kestrel chat: type a message; an empty line or Ctrl-D ends.");
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
-    loop {
+    for turn in 0u64.. {
         eprint!("> ");
         let Some(line) = lines.next().transpose()? else {
             break;
@@ -50,22 +53,29 @@ pub fn run(args: ChatArgs) -> Result<()> {
             break;
         }
         messages.push(json!({"role": "user", "content": line}));
+        // The whole conversation each turn: the engine's prefix cache holds every earlier
+        // turn, so only the new tokens are computed.
         let rendered = template.apply(&messages, None, true)?;
         let prompt = tok.encode(&rendered, true, true)?;
-        let common = cached
-            .iter()
-            .zip(&prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        cache.truncate(common);
-        let req = Request {
-            prompt: &prompt,
-            max_tokens: args.max_tokens,
-            stops: &[],
+        let max_tokens = args.max_tokens.min(ctx.saturating_sub(prompt.len()));
+        if max_tokens == 0 {
+            eprintln!("error: the conversation ({} tokens) fills the {ctx}-token context; start a new chat or raise --ctx-size", prompt.len());
+            messages.pop();
+            continue;
+        }
+        let req = GenerateRequest {
+            prompt,
+            max_tokens,
+            sampling: SamplingParams {
+                seed: Some(seed.wrapping_add(turn)),
+                ..params.clone()
+            },
+            stop: Vec::new(),
             ignore_eos: false,
+            logprobs: None,
         };
         let mut stdout = std::io::stdout().lock();
-        let out = generate::generate(&model, tok, &mut cache, &mut sampler, &req, &mut |t| {
+        let out = generate::generate(&engine, req, &mut |t| {
             let _ = stdout.write_all(t.as_bytes());
             let _ = stdout.flush();
         });
@@ -82,14 +92,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
         eprintln!(
             "[{} new prompt tokens ({} reused), {:.1} tok/s | {} tokens, {:.1} tok/s]",
             t.prompt_n,
-            prompt.len() - t.prompt_n,
+            t.cached_n,
             t.prompt_tok_s,
             out.tokens.len(),
             t.decode_tok_s
         );
-        cached = prompt;
-        cached.extend(&out.tokens);
-        cached.truncate(cache.len());
         messages.push(json!({"role": "assistant", "content": out.text}));
     }
     Ok(())

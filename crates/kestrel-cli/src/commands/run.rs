@@ -1,10 +1,11 @@
 //! `kestrel run`: one completion, streamed to stdout (or one JSON object with `--json`).
 
-use crate::generate::{self, Request};
+use crate::generate;
 use crate::source::ModelSource;
 use anyhow::Result;
+use kestrel_engine::GenerateRequest;
 use kestrel_models::{KvType, LoadOptions, MatmulPath};
-use kestrel_sampler::{Sampler, SamplingParams};
+use kestrel_sampler::SamplingParams;
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -147,24 +148,37 @@ pub fn run(args: RunArgs) -> Result<()> {
         (None, None) => anyhow::bail!("give a prompt with -p TEXT or --prompt-ids 1,2,3"),
     };
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
-    let params = args.sampling.params();
-    let mut sampler = Sampler::new(params, src.config.vocab_size)?;
     let ctx = args.engine.context(&src)?;
     let kv_type = args.engine.kv_type(&src)?;
     let model = src.load_model(args.engine.load_options(), args.json)?;
-    let mut cache = model.new_cache(ctx, kv_type);
-
-    let req = Request {
-        prompt: &prompt,
-        max_tokens: args.max_tokens,
-        stops: &args.stops,
+    let engine = generate::start_engine(&src, model, ctx, kv_type, true)?;
+    let max_tokens = args.max_tokens.min(ctx.saturating_sub(prompt.len()));
+    anyhow::ensure!(
+        max_tokens > 0,
+        "the prompt has {} tokens; the context holds {ctx} (raise --ctx-size up to the model's maximum {})",
+        prompt.len(),
+        src.config.max_context
+    );
+    let params = args.sampling.params();
+    let seed = params
+        .seed
+        .unwrap_or_else(kestrel_sampler::rng::entropy_seed);
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens,
+        sampling: SamplingParams {
+            seed: Some(seed),
+            ..params
+        },
+        stop: args.stops.clone(),
         ignore_eos: args.ignore_eos,
+        logprobs: None,
     };
     let mut stdout = std::io::stdout().lock();
     let out = if args.json {
-        generate::generate(&model, tok, &mut cache, &mut sampler, &req, &mut |_| {})?
+        generate::generate(&engine, req, &mut |_| {})?
     } else {
-        generate::generate(&model, tok, &mut cache, &mut sampler, &req, &mut |t| {
+        generate::generate(&engine, req, &mut |t| {
             let _ = stdout.write_all(t.as_bytes());
             let _ = stdout.flush();
         })?
@@ -176,7 +190,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "tokens": out.tokens,
             "text": out.text,
             "stop_reason": out.stop,
-            "seed": sampler.seed(),
+            "seed": seed,
             "timings": {
                 "prompt_tok_s": t.prompt_tok_s,
                 "decode_tok_s": t.decode_tok_s,

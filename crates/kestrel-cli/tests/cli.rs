@@ -1,0 +1,240 @@
+//! The `kestrel` binary as a user meets it: bad files end with one line and exit code 1,
+//! `info` plans from tensor sizes, `run` reproduces the transformers greedy references.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kestrel(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(args)
+        .output()
+        .expect("kestrel runs")
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tiny(arch: &str) -> PathBuf {
+    root().join("testdata/tiny").join(format!("tiny-{arch}"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kestrel-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// A failure must be exit code 1 and exactly one line on stderr, without a panic.
+fn assert_clean_failure(out: &Output, must_mention: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains(must_mention), "'{must_mention}' not in: {err}");
+}
+
+#[test]
+fn non_gguf_file_is_refused_in_one_line() {
+    let p = tmp("not-a-model.gguf");
+    std::fs::write(&p, "just some text, not a model\n").unwrap();
+    assert_clean_failure(
+        &kestrel(&["info", "-m", p.to_str().unwrap()]),
+        "not a GGUF file",
+    );
+}
+
+#[test]
+fn truncated_gguf_is_refused_in_one_line() {
+    let bytes = std::fs::read(tiny("llama").join("llama-f32.gguf")).unwrap();
+    for cut in [10, 3000, bytes.len() / 2, bytes.len() - 1] {
+        let p = tmp(&format!("truncated-{cut}.gguf"));
+        std::fs::write(&p, &bytes[..cut]).unwrap();
+        let out = kestrel(&["info", "-m", p.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_clean_failure(&out, "");
+        assert!(
+            err.contains("truncated") || err.contains("past the end"),
+            "cut {cut}: {err}"
+        );
+    }
+}
+
+#[test]
+fn tensor_offset_past_the_end_is_refused_naming_the_tensor() {
+    let mut bytes = std::fs::read(tiny("llama").join("llama-f32.gguf")).unwrap();
+    // The tensor info of `output_norm.weight`: name, n_dims (u32), dims (u64 each), type (u32),
+    // offset (u64). Point its offset far past the end of the file.
+    let name = b"output_norm.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("tensor name in header");
+    let n_dims = u32::from_le_bytes(
+        bytes[at + name.len()..at + name.len() + 4]
+            .try_into()
+            .unwrap(),
+    ) as usize;
+    let off = at + name.len() + 4 + 8 * n_dims + 4;
+    bytes[off..off + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    let p = tmp("offset-past-end.gguf");
+    std::fs::write(&p, &bytes).unwrap();
+    let out = kestrel(&["info", "-m", p.to_str().unwrap()]);
+    assert_clean_failure(&out, "output_norm.weight");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("past the end"));
+}
+
+#[test]
+fn missing_file_and_bad_ids_are_clear_errors() {
+    assert_clean_failure(
+        &kestrel(&["info", "-m", "/no/such/model.gguf"]),
+        "/no/such/model.gguf",
+    );
+    let m = tiny("qwen2").join("qwen2-f32.gguf");
+    assert_clean_failure(
+        &kestrel(&["detokenize", "-m", m.to_str().unwrap(), "1,x,3"]),
+        "'x' is not a token id",
+    );
+    assert_clean_failure(
+        &kestrel(&["detokenize", "-m", m.to_str().unwrap(), "99999"]),
+        "outside the vocabulary",
+    );
+}
+
+/// `info --json` plans weight bytes as the sum of every tensor's type x shape.
+fn check_info(model: &Path) {
+    let out = kestrel(&["info", "-m", model.to_str().unwrap(), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let file = kestrel_gguf::GgufFile::open(model).unwrap();
+    let expected: u64 = file
+        .header
+        .tensors
+        .iter()
+        .map(|t| t.ggml_type.bytes_for(t.n_elements()).unwrap())
+        .sum();
+    assert_eq!(v["memory_plan"]["weight_bytes"].as_u64(), Some(expected));
+    assert!(expected < file.file_len());
+    assert_eq!(
+        v["tensor_count"].as_u64(),
+        Some(file.header.tensors.len() as u64)
+    );
+    let contexts = v["memory_plan"]["contexts"].as_array().unwrap();
+    let max = v["hyper_parameters"]["max_context"].as_u64().unwrap();
+    assert_eq!(
+        contexts.last().unwrap()["context"].as_u64(),
+        Some(max),
+        "the plan ends at the model's maximum"
+    );
+    assert!(v["tokenizer"]["vocab_size"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn info_plans_weights_from_tensor_sizes() {
+    for arch in ["llama", "qwen2", "qwen3"] {
+        check_info(&tiny(arch).join(format!("{arch}-f32.gguf")));
+    }
+    for m in [
+        "smollm2-135m-instruct-q4_1.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    ] {
+        let p = root().join("models").join(m);
+        if p.exists() {
+            check_info(&p);
+        } else if std::env::var("KESTREL_REQUIRE_MODELS").is_ok_and(|v| v == "1") {
+            panic!("{} missing", p.display());
+        }
+    }
+}
+
+#[test]
+fn run_reproduces_transformers_greedy_continuations() {
+    for arch in ["llama", "qwen2", "qwen3"] {
+        let bytes = std::fs::read(tiny(arch).join("reference.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let ints = |name: &str| -> Vec<u32> {
+            st.tensor(name)
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
+                .collect()
+        };
+        for model in [tiny(arch), tiny(arch).join(format!("{arch}-f32.gguf"))] {
+            for i in 0..3 {
+                let prompt: Vec<String> = ints(&format!("tokens_{i}"))
+                    .iter()
+                    .map(|t| t.to_string())
+                    .collect();
+                let out = kestrel(&[
+                    "run",
+                    "-m",
+                    model.to_str().unwrap(),
+                    "--prompt-ids",
+                    &prompt.join(","),
+                    "-n",
+                    "24",
+                    "--temp",
+                    "0",
+                    "--ignore-eos",
+                    "--kv-type",
+                    "f32",
+                    "--json",
+                ]);
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                let got: Vec<u32> = v["tokens"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect();
+                assert_eq!(
+                    got,
+                    ints(&format!("greedy_{i}")),
+                    "{arch} {} case {i}",
+                    model.display()
+                );
+                assert!(v["timings"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn tokenize_detokenize_and_template_round_trip() {
+    let m = tiny("qwen2").join("qwen2-f32.gguf");
+    let m = m.to_str().unwrap();
+    let out = kestrel(&["tokenize", "-m", m, "--pieces", "hello world <|im_start|>"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ids: Vec<u32> = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert!(
+        ids.contains(&1),
+        "<|im_start|> is id 1 when special tokens are parsed: {ids:?}"
+    );
+    let plain = kestrel(&["tokenize", "-m", m, "--no-parse-special", "<|im_start|>"]);
+    let plain_ids: Vec<u32> = serde_json::from_str(
+        String::from_utf8_lossy(&plain.stdout)
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(!plain_ids.contains(&1));
+    let joined: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    let back = kestrel(&["detokenize", "-m", m, &joined.join(",")]);
+    assert_eq!(
+        String::from_utf8_lossy(&back.stdout).trim_end_matches('\n'),
+        "hello world <|im_start|>"
+    );
+}
