@@ -7,3 +7,6 @@ cd "$(dirname "$0")/.."
 bash scripts/fetch-models.sh
 export KESTREL_REQUIRE_MODELS=1
 cargo test --release --workspace "$@"
+# End-to-end: the server on loopback ports with the real models (needs the release binary).
+cargo build --release -p kestrel-cli
+bash scripts/e2e.sh

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Drives a running kestrel server with the official `openai` Python SDK.
 
-Usage (the server must already be serving a chat model, e.g. Qwen2.5-Coder):
+Usage (the server must already be serving a chat model, e.g. Qwen2.5-Coder; scripts/e2e.sh
+runs it against the 0.5B model):
 
     pip install openai
     kestrel serve -m models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf --port 8080 --api-key KEY &
-    python3 crates/kestrel-server/tests/openai_client.py http://127.0.0.1:8080/v1 [--api-key KEY]
+    python3 tests/e2e/openai_client.py http://127.0.0.1:8080/v1 [--api-key KEY]
 
 Exits 0 when every check passes, 1 (with the failing check named) otherwise. Checks: chat
 non-streamed and streamed, a text completion, usage with cached tokens on a repeated prefix,

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# End-to-end tests of `kestrel serve` on loopback ports with the real models.
+#
+# Expects target/release/kestrel (build it first: cargo build --release -p kestrel-cli) and the
+# models in models/ (bash scripts/fetch-models.sh). Uses .venv (created if missing) with the
+# `openai` package pinned below. Starts two servers on free loopback ports:
+#   - Qwen2.5-Coder 0.5B with an API key: the official SDK checks (tests/e2e/openai_client.py),
+#     the API-key checks and a logprobs-vs-logits check;
+#   - SmolLM2 135M with --parallel 8: the load test (tests/e2e/load_test.py), then the API
+#     behaviour checks (tests/e2e/api_checks.py).
+# The servers are always killed on exit. Exits non-zero if any check fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+START=$(date +%s)
+
+BIN=$ROOT/target/release/kestrel
+QWEN=$ROOT/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+SMOL=$ROOT/models/smollm2-135m-instruct-q4_1.gguf
+OPENAI_VERSION=${OPENAI_VERSION:-3.57.0}
+SMOL_CTX=2048
+
+if [[ ! -x $BIN ]]; then
+    echo "e2e: $BIN is missing; build it first: cargo build --release -p kestrel-cli" >&2
+    exit 1
+fi
+for m in "$QWEN" "$SMOL"; do
+    if [[ ! -f $m ]]; then
+        echo "e2e: model $m is missing; fetch it first: bash scripts/fetch-models.sh" >&2
+        exit 1
+    fi
+done
+
+echo "== e2e: python environment (.venv, openai==$OPENAI_VERSION)"
+if [[ ! -x .venv/bin/python ]]; then
+    python3 -m venv .venv
+fi
+PY=$ROOT/.venv/bin/python
+if ! "$PY" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+    "$PY" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+fi
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/kestrel-e2e.XXXXXX")
+PIDS=()
+FAILED=()
+cleanup() {
+    local rc=$?
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ $rc -ne 0 ]]; then
+        for log in "$WORK"/*.log; do
+            [[ -f $log ]] || continue
+            echo "--- last lines of $(basename "$log")"
+            tail -n 20 "$log"
+        done
+    fi
+    rm -rf "$WORK"
+    echo "== e2e: total $(($(date +%s) - START))s"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Free loopback ports (bound, then released; the servers bind them right after).
+read -r QWEN_PORT SMOL_PORT < <("$PY" - <<'EOF'
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+EOF
+)
+API_KEY="e2e-$RANDOM$RANDOM"
+
+echo "== e2e: starting servers (qwen 0.5B on :$QWEN_PORT with a key, SmolLM2 on :$SMOL_PORT --parallel 8)"
+"$BIN" serve -m "$QWEN" --port "$QWEN_PORT" --api-key "$API_KEY" >"$WORK/qwen.log" 2>&1 &
+PIDS+=($!)
+QWEN_PID=$!
+"$BIN" serve -m "$SMOL" --port "$SMOL_PORT" --parallel 8 --ctx-size "$SMOL_CTX" >"$WORK/smol.log" 2>&1 &
+PIDS+=($!)
+SMOL_PID=$!
+
+wait_health() { # name pid port
+    local deadline=$(($(date +%s) + 180))
+    while :; do
+        if ! kill -0 "$2" 2>/dev/null; then
+            echo "e2e: the $1 server exited before it was ready" >&2
+            return 1
+        fi
+        if "$PY" -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$3/health', timeout=2)" 2>/dev/null; then
+            echo "   $1 server ready on :$3"
+            return 0
+        fi
+        if (($(date +%s) > deadline)); then
+            echo "e2e: the $1 server did not answer /health within 180s" >&2
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+wait_health qwen "$QWEN_PID" "$QWEN_PORT"
+wait_health smollm2 "$SMOL_PID" "$SMOL_PORT"
+
+step() { # name command...
+    local name=$1 t0
+    shift
+    t0=$(date +%s)
+    echo "== e2e: $name"
+    if "$@"; then
+        echo "== e2e: $name passed ($(($(date +%s) - t0))s)"
+    else
+        echo "== e2e: $name FAILED ($(($(date +%s) - t0))s)"
+        FAILED+=("$name")
+    fi
+}
+
+step "openai SDK checks (qwen 0.5B)" \
+    "$PY" tests/e2e/openai_client.py "http://127.0.0.1:$QWEN_PORT/v1" --api-key "$API_KEY"
+step "load test (SmolLM2, 32 clients x 10 requests, 30% disconnecting)" \
+    "$PY" tests/e2e/load_test.py "http://127.0.0.1:$SMOL_PORT"
+step "API checks (SmolLM2; key and logprobs on qwen 0.5B)" \
+    "$PY" tests/e2e/api_checks.py "http://127.0.0.1:$SMOL_PORT" --model "$SMOL" --kestrel "$BIN" \
+    --ctx-size "$SMOL_CTX" --keyed-url "http://127.0.0.1:$QWEN_PORT" --api-key "$API_KEY" --keyed-model "$QWEN"
+
+for pid in "$QWEN_PID" "$SMOL_PID"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+        FAILED+=("server (pid $pid) exited during the tests")
+    fi
+done
+
+if ((${#FAILED[@]})); then
+    echo "== e2e: FAILED: ${FAILED[*]}"
+    exit 1
+fi
+echo "== e2e: all passed"
