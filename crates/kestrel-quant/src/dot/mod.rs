@@ -151,7 +151,9 @@ pub fn vec_dot_multi(
 /// For batched prefill this is the faster form: on AVX-512 the Q4_0 / Q4_1 / Q5_0 / Q8_0 rows
 /// go through a 4 x 2 (weight x activation) micro-kernel that decodes each weight block once
 /// per two activation rows and each activation block once per four weight rows, about half
-/// the instructions of [`vec_dot_multi`] per product. Pass 4 (or a multiple of 4) weight rows
+/// the instructions of [`vec_dot_multi`] per product; Q4_K / Q6_K go through a 4 x 4 tile
+/// (`maddubs` + `vpdpwssd` with the sub-block scales, one 16-lane i32 sum per super-block) that
+/// is also their `vec_dot_multi` kernel (as 1 x N). Pass 4 (or a multiple of 4) weight rows
 /// per call for the full tile; any count works. Results are bit-identical to calling
 /// [`vec_dot_multi`] on each weight row, so the caller may mix the two freely. Other types and
 /// backends run [`vec_dot_multi`] per weight row.
@@ -191,12 +193,17 @@ pub fn vec_dot_rows_with(
             check_row(vec_dot_type(w), n, a.len())?;
         }
         let nb = n / w.block_len() as usize;
+        let kq = matches!(w, GgmlType::Q4_K | GgmlType::Q6_K);
         let mut r = 0;
         while r < w_rows.len() {
-            r += match w_rows.len() - r {
-                1 => tile_rows::<1>(w, nb, &w_rows[r..], acts, &mut out[r * t..]),
-                2 | 3 => tile_rows::<2>(w, nb, &w_rows[r..], acts, &mut out[r * t..]),
-                _ => tile_rows::<{ avx512::TILE_W }>(w, nb, &w_rows[r..], acts, &mut out[r * t..]),
+            let (x, o) = (&w_rows[r..], &mut out[r * t..]);
+            r += match (w_rows.len() - r, kq) {
+                (1, false) => tile_rows::<1, { avx512::TILE_A }>(w, nb, x, acts, o),
+                (2 | 3, false) => tile_rows::<2, { avx512::TILE_A }>(w, nb, x, acts, o),
+                (_, false) => tile_rows::<{ avx512::TILE_W }, { avx512::TILE_A }>(w, nb, x, acts, o),
+                (1, true) => tile_rows::<1, { avx512::KTILE_A }>(w, nb, x, acts, o),
+                (2 | 3, true) => tile_rows::<2, { avx512::KTILE_A }>(w, nb, x, acts, o),
+                (_, true) => tile_rows::<{ avx512::KTILE_W }, { avx512::KTILE_A }>(w, nb, x, acts, o),
             };
         }
         return Ok(());
@@ -209,38 +216,48 @@ pub fn vec_dot_rows_with(
 
 /// The first `MR` of `w_rows` against all of `acts` (lengths checked, AVX-512 available).
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-fn tile_rows<const MR: usize>(
+fn tile_rows<const MR: usize, const NR: usize>(
     w: GgmlType,
     nb: usize,
     w_rows: &[&[u8]],
     acts: &[&[u8]],
     out: &mut [f32],
 ) -> usize {
-    const NR: usize = avx512::TILE_A;
     let t = acts.len();
     let x: [*const u8; MR] = std::array::from_fn(|r| w_rows[r].as_ptr());
     let mut c = 0;
     while c < t {
-        let k = if t - c >= NR { NR } else { 1 };
         // SAFETY: AVX-512 VNNI is available (checked by the caller) and every row holds
         // exactly `nb` blocks of its type.
-        unsafe {
-            if k == NR {
-                let y: [*const u8; NR] = std::array::from_fn(|j| acts[c + j].as_ptr());
-                let v = avx512::tile::<MR, NR>(w, nb, x, y);
-                for r in 0..MR {
-                    out[r * t + c..r * t + c + NR].copy_from_slice(&v[r]);
-                }
-            } else {
-                let v = avx512::tile::<MR, 1>(w, nb, x, [acts[c].as_ptr()]);
-                for r in 0..MR {
-                    out[r * t + c] = v[r][0];
-                }
+        c += unsafe {
+            match t - c {
+                k if k >= NR => tile_cols::<MR, NR>(w, nb, x, acts, c, out),
+                k if k >= 2 && NR > 2 => tile_cols::<MR, 2>(w, nb, x, acts, c, out),
+                _ => tile_cols::<MR, 1>(w, nb, x, acts, c, out),
             }
-        }
-        c += k;
+        };
     }
     MR
+}
+
+/// Activation rows `c..c + NR` of a [`tile_rows`] call.
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+#[inline(always)]
+unsafe fn tile_cols<const MR: usize, const NR: usize>(
+    w: GgmlType,
+    nb: usize,
+    x: [*const u8; MR],
+    acts: &[&[u8]],
+    c: usize,
+    out: &mut [f32],
+) -> usize {
+    let t = acts.len();
+    let y: [*const u8; NR] = std::array::from_fn(|j| acts[c + j].as_ptr());
+    let v = avx512::tile::<MR, NR>(w, nb, x, y);
+    for r in 0..MR {
+        out[r * t + c..r * t + c + NR].copy_from_slice(&v[r]);
+    }
+    NR
 }
 
 /// [`vec_dot_multi`] on a chosen backend (tests and benches compare backends with this).
