@@ -36,6 +36,7 @@ if [[ ! -x .venv/bin/python ]]; then
     python3 -m venv .venv
 fi
 PY=$ROOT/.venv/bin/python
+export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ next to the test scripts
 if ! "$PY" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
     "$PY" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
 fi
