@@ -43,6 +43,12 @@ pub struct BenchArgs {
     /// Tokens compared between the fast and the reference path (0 skips the check).
     #[arg(long, default_value_t = 16)]
     pub check_tokens: usize,
+    /// Serving scenarios instead of pp/tg: `agent` (multi-turn prefix reuse) or `concurrent`.
+    #[arg(long)]
+    pub scenario: Option<String>,
+    /// Concurrency levels of `--scenario concurrent`.
+    #[arg(short = 'c', long, default_value = "1,2,4,8")]
+    pub concurrency: String,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -217,11 +223,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let ns = list(&args.gen, "n")?;
     let ds = list(&args.depth, "d")?;
     anyhow::ensure!(args.reps > 0, "-r must be at least 1");
-    let src = ModelSource::open(&args.model)?;
     let mut opts = LoadOptions::default();
     if let Some(t) = args.threads {
         opts.threads = t.max(1);
     }
+    match args.scenario.as_deref() {
+        None => {}
+        Some("agent") => return crate::commands::scenarios::agent(&args, opts),
+        Some("concurrent") => return crate::commands::scenarios::concurrent(&args, opts),
+        Some(other) => anyhow::bail!("unknown --scenario '{other}' (agent or concurrent)"),
+    }
+    let src = ModelSource::open(&args.model)?;
     let threads = opts.threads;
     let mut model = src.load_model(opts, true)?;
     let vocab = model.config.vocab_size;

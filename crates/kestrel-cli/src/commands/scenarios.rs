@@ -1,0 +1,239 @@
+//! `kestrel bench --scenario agent|concurrent`: the serving engine under the traffic kestrel is
+//! built for.
+//!
+//! - agent: a replayed coding-agent conversation (agent_conversation.json: a ~3k-token system +
+//!   tools prefix, then five user turns; earlier assistant replies are replayed, not generated).
+//!   Each turn's time to first token through the engine with its prefix cache (warm) and by a
+//!   forward pass over the whole prompt on an empty cache (cold: the cache disabled). Then a
+//!   4,000-token prefix + 100 new tokens, cold and warm (the peer's published case).
+//! - concurrent: for each concurrency c, c requests (128-token prompts, 64 new tokens each) at
+//!   once; aggregate decode tok/s = sum of decode tokens / the longest decode time.
+
+use crate::commands::bench::BenchArgs;
+use crate::source::ModelSource;
+use anyhow::{anyhow, Result};
+use kestrel_engine::{plan_pool, Engine, EngineConfig, Event, GenerateRequest, Usage};
+use kestrel_models::{KvType, LoadOptions, Logits, Model, PagedModel};
+use kestrel_sampler::SamplingParams;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+const CONVERSATION: &str = include_str!("agent_conversation.json");
+const BLOCK_SIZE: usize = 16;
+
+fn engine_for(
+    src: &ModelSource,
+    opts: &LoadOptions,
+    ctx: usize,
+    parallel: usize,
+) -> Result<Engine> {
+    let model = src.load_model(opts.clone(), true)?;
+    let plan = plan_pool(
+        &model,
+        src.weight_bytes,
+        ctx,
+        parallel,
+        BLOCK_SIZE,
+        KvType::F16,
+        None,
+    )
+    .map_err(|e| anyhow!(e))?;
+    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, KvType::F16);
+    let cfg = EngineConfig {
+        block_size: plan.block_size,
+        max_running: parallel,
+        ctx_size: ctx,
+        step_token_budget: 512.max(parallel),
+        ..EngineConfig::default()
+    };
+    Engine::try_start(Box::new(paged), src.tokenizer.clone(), cfg).map_err(|e| anyhow!("{e}"))
+}
+
+fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+    }
+}
+
+fn finish(mut h: kestrel_engine::RequestHandle) -> Result<Usage> {
+    loop {
+        match h.events.blocking_recv() {
+            Some(Event::Token { .. }) => {}
+            Some(Event::Done { usage, .. }) => return Ok(usage),
+            Some(Event::Error { message }) => return Err(anyhow!(message)),
+            None => return Err(anyhow!("engine stopped")),
+        }
+    }
+}
+
+/// Time to first token with the cache disabled: the whole prompt on an empty cache, then the
+/// first token's logits.
+fn cold_ttft_ms(model: &Model, prompt: &[u32]) -> Result<f64> {
+    let t0 = Instant::now();
+    let mut cache = model.new_cache(prompt.len() + 1, KvType::F16);
+    model.forward(prompt, &mut cache, Logits::Last)?;
+    Ok(t0.elapsed().as_secs_f64() * 1e3)
+}
+
+pub fn agent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
+    let src = ModelSource::open(&args.model)?;
+    let conv: Value = serde_json::from_str(CONVERSATION)?;
+    let template = crate::generate::chat_template(&src)?;
+    let tools = conv["tools"].as_array().cloned().unwrap_or_default();
+    let ctx = 8192.min(src.config.max_context);
+    let engine = engine_for(&src, &opts, ctx, 1)?;
+    let cold_model = src.load_model(opts, true)?;
+
+    let mut messages = vec![json!({"role": "system", "content": conv["system"]})];
+    let mut turns = Vec::new();
+    let mut prev_len = 0usize;
+    println!(
+        "{:<6} {:>8} {:>8} {:>8} {:>12} {:>12} {:>8}",
+        "turn", "prompt", "new", "cached", "TTFT warm ms", "TTFT cold ms", "speedup"
+    );
+    for (i, turn) in conv["turns"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        messages.push(json!({"role": "user", "content": turn["user"]}));
+        let rendered = template.apply(&messages, Some(&tools), true)?;
+        let prompt = src.tokenizer.encode(&rendered, true, true)?;
+        let usage = finish(
+            engine
+                .submit(request(prompt.clone(), 1))
+                .map_err(|e| anyhow!("{e}"))?,
+        )?;
+        let cold = cold_ttft_ms(&cold_model, &prompt)?;
+        println!(
+            "{:<6} {:>8} {:>8} {:>8} {:>12.0} {:>12.0} {:>7.1}x",
+            i + 1,
+            prompt.len(),
+            prompt.len() - prev_len.min(prompt.len()),
+            usage.cached_tokens,
+            usage.ttft_ms,
+            cold,
+            cold / usage.ttft_ms.max(1e-9)
+        );
+        turns.push(json!({
+            "turn": i + 1, "prompt_tokens": prompt.len(), "new_tokens": prompt.len() - prev_len.min(prompt.len()),
+            "cached_tokens": usage.cached_tokens, "ttft_warm_ms": usage.ttft_ms, "ttft_cold_ms": cold,
+        }));
+        prev_len = prompt.len();
+        if let Some(a) = turn["assistant"].as_str() {
+            messages.push(json!({"role": "assistant", "content": a}));
+        }
+    }
+
+    // The peer's case: a 4,000-token prefix, then the same prefix + 100 new tokens.
+    let mut long = src
+        .tokenizer
+        .encode(conv["system"].as_str().unwrap_or_default(), true, true)?;
+    while long.len() < 4100 {
+        let again = long.clone();
+        long.extend_from_slice(&again[..again.len().min(4100 - long.len())]);
+    }
+    let prefix = long[..4000].to_vec();
+    let full = long[..4100].to_vec();
+    finish(
+        engine
+            .submit(request(prefix, 1))
+            .map_err(|e| anyhow!("{e}"))?,
+    )?;
+    let warm = finish(
+        engine
+            .submit(request(full.clone(), 1))
+            .map_err(|e| anyhow!("{e}"))?,
+    )?;
+    let cold = cold_ttft_ms(&cold_model, &full)?;
+    let speedup = cold / warm.ttft_ms.max(1e-9);
+    println!(
+        "4,000-token prefix + 100 new: TTFT cold {:.0} ms, warm {:.0} ms ({} cached): {:.1}x",
+        cold, warm.ttft_ms, warm.cached_tokens, speedup
+    );
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "model": args.model.display().to_string(),
+                "turns": turns,
+                "ttft_cold_4k_100_ms": cold,
+                "ttft_warm_4k_100_ms": warm.ttft_ms,
+                "ttft_speedup_4k_100": speedup,
+            }))?
+        );
+    }
+    engine.check_idle_accounting().map_err(|e| anyhow!(e))?;
+    Ok(())
+}
+
+pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
+    let src = ModelSource::open(&args.model)?;
+    let levels: Vec<usize> = args
+        .concurrency
+        .split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .map_err(|_| anyhow!("-c: '{x}' is not a number"))
+        })
+        .collect::<Result<_>>()?;
+    let max_c = levels.iter().copied().max().unwrap_or(1).max(1);
+    let engine = engine_for(&src, &opts, 256, max_c)?;
+    let vocab = src.config.vocab_size as u64;
+    let mut rows = Vec::new();
+    println!(
+        "{:>4} {:>18} {:>14} {:>10}",
+        "c", "aggregate decode", "per sequence", "wall s"
+    );
+    for &c in &levels {
+        let t0 = Instant::now();
+        let handles: Vec<_> = (0..c)
+            .map(|i| {
+                // A distinct 128-token prompt per sequence (no prefix sharing).
+                let mut x = 0x9E3779B97F4A7C15u64 ^ ((c * 1000 + i) as u64);
+                let prompt: Vec<u32> = (0..128)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        (x % (vocab * 9 / 10)) as u32
+                    })
+                    .collect();
+                engine
+                    .submit(request(prompt, 64))
+                    .map_err(|e| anyhow!("{e}"))
+            })
+            .collect::<Result<_>>()?;
+        let usages: Vec<Usage> = handles.into_iter().map(finish).collect::<Result<_>>()?;
+        let wall = t0.elapsed().as_secs_f64();
+        let tokens: usize = usages
+            .iter()
+            .map(|u| u.completion_tokens.saturating_sub(1))
+            .sum();
+        let longest = usages.iter().map(|u| u.decode_ms).fold(0.0, f64::max);
+        let agg = tokens as f64 * 1e3 / longest.max(1e-9);
+        println!(
+            "{c:>4} {agg:>14.1} tok/s {:>10.1} tok/s {wall:>10.2}",
+            agg / c as f64
+        );
+        rows.push(json!({"concurrency": c, "aggregate_decode_tok_s": agg, "wall_s": wall}));
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({"model": args.model.display().to_string(), "levels": rows})
+            )?
+        );
+    }
+    engine.check_idle_accounting().map_err(|e| anyhow!(e))?;
+    Ok(())
+}
