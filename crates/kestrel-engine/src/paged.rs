@@ -18,8 +18,10 @@ impl StepModel for PagedModel {
     }
 
     fn forward(&mut self, seqs: &[SeqStep<'_>]) -> Result<Vec<f32>, String> {
-        let steps: Vec<(&[u32], usize, &[u32], bool)> =
-            seqs.iter().map(|s| (s.tokens, s.start, s.blocks, s.want_logits)).collect();
+        let steps: Vec<(&[u32], usize, &[u32], bool)> = seqs
+            .iter()
+            .map(|s| (s.tokens, s.start, s.blocks, s.want_logits))
+            .collect();
         self.step(&steps).map_err(|e| e.to_string())
     }
 
@@ -64,7 +66,8 @@ pub fn plan_pool(
     let wanted_tokens = ctx_size * (parallel.max(1) + 1);
     let mut n_blocks = wanted_tokens.div_ceil(block_size);
     let limit = max_memory.or_else(|| {
-        kestrel_models::plan::available_memory().map(|a| (a as f64 * DEFAULT_MEMORY_FRACTION) as u64)
+        kestrel_models::plan::available_memory()
+            .map(|a| (a as f64 * DEFAULT_MEMORY_FRACTION) as u64)
     });
     if let Some(limit) = limit {
         let fixed = weight_bytes + scratch;
