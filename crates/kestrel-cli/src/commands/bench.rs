@@ -29,7 +29,7 @@ pub struct BenchArgs {
     /// Depths: tokens already in the cache before the measurement (comma-separated).
     #[arg(short = 'd', long, default_value = "0")]
     pub depth: String,
-    /// Repetitions.
+    /// Repetitions (after one uncounted warm-up).
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
     #[arg(short, long)]
@@ -262,7 +262,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let mut ttft = Vec::new();
                 let mut wall = Vec::new();
                 let mut rss = Vec::new();
-                for rep in 0..args.reps {
+                // The first repetition warms caches and is not counted (as the peer's bench does).
+                for rep in 0..=args.reps {
+                    let counted = rep > 0;
                     let r0 = Instant::now();
                     let mut cache = model.new_cache(d + p + n + 1, KvType::F16);
                     if d > 0 {
@@ -280,8 +282,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         let logits = model.forward(&prompt, &mut cache, Logits::Last)?;
                         next = argmax(&logits);
                         pp_s = t0.elapsed().as_secs_f64();
-                        pp.push(p as f64 / pp_s);
-                        ttft.push(pp_s * 1e3);
+                        if counted {
+                            pp.push(p as f64 / pp_s);
+                            ttft.push(pp_s * 1e3);
+                        }
                     }
                     if n > 0 {
                         let t0 = Instant::now();
@@ -290,11 +294,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
                             next = argmax(&logits);
                         }
                         let tg_s = t0.elapsed().as_secs_f64();
-                        tg.push(n as f64 / tg_s);
-                        e2e.push(n as f64 / (pp_s + tg_s));
+                        if counted {
+                            tg.push(n as f64 / tg_s);
+                            e2e.push(n as f64 / (pp_s + tg_s));
+                        }
                     }
-                    wall.push(r0.elapsed().as_secs_f64());
-                    rss.push(peak_rss() as f64);
+                    if counted {
+                        wall.push(r0.elapsed().as_secs_f64());
+                        rss.push(peak_rss() as f64);
+                    }
                 }
                 rows.push(Row {
                     p,
