@@ -176,14 +176,11 @@ pub fn matmul(
             pool.run(n_tasks, &|task| {
                 let rows_here = task * chunk..((task + 1) * chunk).min(rows);
                 let ok = if t_len == 1 {
-                    // Decode: one row at a time through the single-row streaming kernels.
-                    let mut dot = [0f32; 1];
-                    rows_here.into_iter().all(|r| {
-                        let ok = kestrel_quant::vec_dot_multi(w.ty, cols, w.row(r), &act_rows, &mut dot).is_ok();
-                        // SAFETY: row r belongs to this task only.
-                        unsafe { out_ptr.slice(r, 1)[0] = dot[0] };
-                        ok
-                    })
+                    // Decode: the range streams through the single-row kernels in one call.
+                    let span = rows_here.start * w.row_bytes()..rows_here.end * w.row_bytes();
+                    // SAFETY: rows `rows_here` belong to this task only.
+                    let dst = unsafe { out_ptr.slice(rows_here.start, rows_here.len()) };
+                    kestrel_quant::matvec(w.ty, cols, &w.bytes()[span], act_rows[0], dst).is_ok()
                 } else {
                     matmul_rows_tiled(w, cols, rows_here, &act_rows, rows, out_ptr)
                 };
@@ -228,7 +225,8 @@ fn matmul_rows_tiled(
             *slot = w.row(r);
         }
         let out_rows = &mut dots[..(r1 - r0) * t_len];
-        if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows[..r1 - r0], act_rows, out_rows).is_err() {
+        if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows[..r1 - r0], act_rows, out_rows).is_err()
+        {
             return false;
         }
         for (i, r) in (r0..r1).enumerate() {

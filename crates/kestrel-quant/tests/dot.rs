@@ -285,3 +285,44 @@ fn k_quant_round_trip_error_is_llama_cpp_reference_level() {
     assert!(q6k <= 0.0170 * 1.02, "Q6_K {q6k}");
     assert!(q4k < q4_0 && q6k < q4k && q8_0 < q6k);
 }
+
+/// `matvec` (decode's whole-range call) equals `vec_dot_multi` row by row, bit for bit.
+#[test]
+fn matvec_equals_row_by_row() {
+    use kestrel_quant::{matvec, quantize_row, row_bytes, vec_dot_multi, vec_dot_type, GgmlType};
+    let mut seed = 12345u64;
+    let mut rnd = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    };
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let (n, rows) = (512, 7);
+        let rb = row_bytes(ty, n).unwrap();
+        let mut w = vec![0u8; rb * rows];
+        for r in 0..rows {
+            let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            quantize_row(ty, &x, &mut w[r * rb..(r + 1) * rb]).unwrap();
+        }
+        let at = vec_dot_type(ty);
+        let mut act = vec![0u8; row_bytes(at, n).unwrap()];
+        let x: Vec<f32> = (0..n).map(|_| rnd()).collect();
+        quantize_row(at, &x, &mut act).unwrap();
+        let mut got = vec![0f32; rows];
+        matvec(ty, n, &w, &act, &mut got).unwrap();
+        for r in 0..rows {
+            let mut one = [0f32];
+            vec_dot_multi(ty, n, &w[r * rb..(r + 1) * rb], &[&act], &mut one).unwrap();
+            assert_eq!(got[r].to_bits(), one[0].to_bits(), "{ty:?} row {r}");
+        }
+        assert!(matvec(ty, n, &w[1..], &act, &mut got).is_err());
+    }
+}
