@@ -188,7 +188,7 @@ pub fn mlp(ctx: &Ctx, m: &MlpWeights, x: &mut [f32]) -> Result<(), ModelError> {
     ops::rms_norm_into(x, &m.norm, ctx.cfg.rms_eps, &mut h);
     let mut gate = ctx.matmul(&m.gate, &h)?;
     let up = ctx.matmul(&m.up, &h)?;
-    ops::swiglu(&mut gate, &up);
+    ops::swiglu(ctx.pool, &mut gate, &up);
     let down = ctx.matmul(&m.down, &gate)?;
     ops::add_in_place(x, &down);
     Ok(())

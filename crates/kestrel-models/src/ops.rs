@@ -43,11 +43,20 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, elementwise (the SwiGLU of the MLP).
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
-    }
+/// `gate = silu(gate) * up`, elementwise (the SwiGLU of the MLP), spread over the pool.
+pub fn swiglu(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
+    const CHUNK: usize = 16 * 1024;
+    let n = gate.len();
+    let ptr = SharedMut::new(gate);
+    pool.run(n.div_ceil(CHUNK), &|task| {
+        let start = task * CHUNK;
+        let len = CHUNK.min(n - start);
+        // SAFETY: each chunk belongs to one task.
+        let g = unsafe { ptr.slice(start, len) };
+        for (g, u) in g.iter_mut().zip(&up[start..start + len]) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    });
 }
 
 /// `x += y`
@@ -163,13 +172,7 @@ pub fn matmul(
             let act_ty = kestrel_quant::vec_dot_type(w.ty);
             let act_row = act_ty.bytes_for(cols as u64).unwrap_or(0) as usize;
             let mut acts = vec![0u8; t_len * act_row];
-            for t in 0..t_len {
-                quantize_activations(
-                    act_ty,
-                    &x[t * cols..(t + 1) * cols],
-                    &mut acts[t * act_row..(t + 1) * act_row],
-                )?;
-            }
+            quantize_activations(pool, act_ty, x, cols, &mut acts, act_row)?;
             let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
             // Groups of 4 weight rows x all activation rows: the tiled kernel reuses each
             // decoded weight block across tokens and each activation block across rows.
@@ -199,8 +202,38 @@ pub fn matmul(
     Ok(())
 }
 
-fn quantize_activations(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), ModelError> {
-    kestrel_quant::quantize_row(ty, x, out)?;
+/// Quantizes every activation row (`x: [T, cols]`) once, rows spread over the pool.
+fn quantize_activations(
+    pool: &ThreadPool,
+    ty: GgmlType,
+    x: &[f32],
+    cols: usize,
+    out: &mut [u8],
+    act_row: usize,
+) -> Result<(), ModelError> {
+    let t_len = x.len() / cols;
+    if t_len == 1 {
+        kestrel_quant::quantize_row(ty, x, out)?;
+        return Ok(());
+    }
+    let per_task = t_len.div_ceil(pool.n_threads() * 4).max(1);
+    let out_ptr = SharedMut::new(out);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    pool.run(t_len.div_ceil(per_task), &|task| {
+        for t in task * per_task..((task + 1) * per_task).min(t_len) {
+            // SAFETY: row t belongs to this task only.
+            let dst = unsafe { out_ptr.slice(t * act_row, act_row) };
+            if kestrel_quant::quantize_row(ty, &x[t * cols..(t + 1) * cols], dst).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(ModelError::BadType {
+            name: "activations".into(),
+            ty: ty.to_string(),
+        });
+    }
     Ok(())
 }
 
@@ -229,10 +262,13 @@ fn matmul_rows_tiled(
         {
             return false;
         }
-        for (i, r) in (r0..r1).enumerate() {
-            for t in 0..t_len {
-                // SAFETY: (t, r) is written by the task that owns row r only.
-                unsafe { out_ptr.slice(t * rows + r, 1)[0] = out_rows[i * t_len + t] };
+        // Token-major so the (up to 4) consecutive outputs of a token land in one cache line.
+        let n = r1 - r0;
+        for t in 0..t_len {
+            // SAFETY: (t, r0..r1) is written by the task that owns rows r0..r1 only.
+            let dst = unsafe { out_ptr.slice(t * rows + r0, n) };
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = out_rows[i * t_len + t];
             }
         }
         r0 = r1;
