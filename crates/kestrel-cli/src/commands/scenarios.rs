@@ -7,7 +7,8 @@
 //!   forward pass over the whole prompt on an empty cache (cold: the cache disabled). Then a
 //!   4,000-token prefix + 100 new tokens, cold and warm (the peer's published case).
 //! - concurrent: for each concurrency c, c requests (128-token prompts, 64 new tokens each) at
-//!   once; aggregate decode tok/s = sum of decode tokens / the longest decode time.
+//!   once, their prompts prefilled (cached) beforehand as llama-batched-bench does; aggregate
+//!   decode tok/s = sum of decode tokens / the longest decode time.
 
 use crate::commands::bench::BenchArgs;
 use crate::source::ModelSource;
@@ -194,23 +195,35 @@ pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
         "c", "aggregate decode", "per sequence", "wall s"
     );
     for &c in &levels {
-        let t0 = Instant::now();
-        let handles: Vec<_> = (0..c)
+        // A distinct 128-token prompt per sequence (no prefix sharing between sequences).
+        let prompts: Vec<Vec<u32>> = (0..c)
             .map(|i| {
-                // A distinct 128-token prompt per sequence (no prefix sharing).
                 let mut x = 0x9E3779B97F4A7C15u64 ^ ((c * 1000 + i) as u64);
-                let prompt: Vec<u32> = (0..128)
+                (0..128)
                     .map(|_| {
                         x ^= x << 13;
                         x ^= x >> 7;
                         x ^= x << 17;
                         (x % (vocab * 9 / 10)) as u32
                     })
-                    .collect();
+                    .collect()
+            })
+            .collect();
+        // As llama-batched-bench: prompts first (here: one token each, which caches them),
+        // then the measured generation phase.
+        let warm: Vec<_> = prompts
+            .iter()
+            .map(|p| {
                 engine
-                    .submit(request(prompt, 64))
+                    .submit(request(p.clone(), 1))
                     .map_err(|e| anyhow!("{e}"))
             })
+            .collect::<Result<_>>()?;
+        warm.into_iter().map(finish).collect::<Result<Vec<_>>>()?;
+        let t0 = Instant::now();
+        let handles: Vec<_> = prompts
+            .into_iter()
+            .map(|p| engine.submit(request(p, 64)).map_err(|e| anyhow!("{e}")))
             .collect::<Result<_>>()?;
         let usages: Vec<Usage> = handles.into_iter().map(finish).collect::<Result<_>>()?;
         let wall = t0.elapsed().as_secs_f64();
