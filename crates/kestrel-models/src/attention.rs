@@ -2,10 +2,11 @@
 //! (FlashAttention's recurrence): scratch per (token, kv head) is O(group x head_dim), never
 //! O(context²), whatever the prompt length.
 //!
-//! With an f16 cache the arithmetic follows ggml's CPU flash attention (q rounded to f16, f32
-//! dot products, V accumulated at f16 precision), so greedy tokens stay equal to llama.cpp's on
-//! models whose logits sit near ties. Each task takes one token and one kv head and serves all
-//! query heads of its group, so every K/V row is read and converted once per group.
+//! With an f16 cache, q is rounded to f16 as ggml's CPU flash attention does, dot products and
+//! the V accumulation run in f32. Each task takes one token and one kv head and serves all query
+//! heads of its group, so every K/V row is read and converted once per group; the SIMD kernel
+//! goes through the cache in blocks of 16 positions (scores, one rescale and vectorized exps
+//! per block, then the weighted V sum), FlashAttention-2's order.
 
 use crate::kv::KvPool;
 use crate::pool::{SharedMut, ThreadPool};
@@ -75,6 +76,20 @@ struct Span<'a> {
 }
 
 impl Span<'_> {
+    /// Calls `f(first_row, n)` for each run of contiguous pool rows (one per block), in order.
+    #[inline]
+    fn for_each_run(&self, mut f: impl FnMut(usize, usize)) {
+        let mut left = self.n_pos;
+        for &b in self.blocks {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(self.block_size);
+            f(b as usize * self.block_size, n);
+            left -= n;
+        }
+    }
+
     /// Calls `f(row)` for every position in order, without a division per position.
     #[inline]
     fn for_each_row(&self, mut f: impl FnMut(usize)) {
@@ -141,7 +156,7 @@ fn round_f16(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
-/// The plain version of the f16-cache attention: the oracle of the SIMD one.
+/// The plain version of the f16-cache attention, one position at a time: the SIMD one's oracle.
 fn attend_group_f16_scalar(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
     let d = rows.head_dim;
     for (qh, dst) in qg.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
@@ -159,12 +174,12 @@ fn attend_group_f16_scalar(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out
             if s > max {
                 ms = (max - s).exp();
                 max = s;
-                acc.iter_mut().for_each(|a| *a = round_f16(*a * ms));
+                acc.iter_mut().for_each(|a| *a *= ms);
             } else {
                 vs = (s - max).exp();
             }
             for (a, b) in acc.iter_mut().zip(rows.v(row)) {
-                *a = round_f16(*a + b.to_f32() * vs);
+                *a += b.to_f32() * vs;
             }
             sum = sum * ms + vs;
         });
@@ -230,12 +245,6 @@ mod x86 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn round_f16x8(x: __m256) -> __m256 {
-        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn hsum(x: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -243,7 +252,47 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
-    /// SIMD twin of `attend_group_f16_scalar` (same roundings; sums in a different order).
+    /// exp of 8 lanes (Cephes' single-precision polynomial, ~1 ulp; inputs clamped to +-88.38).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(-88.376_26)),
+            _mm256_set1_ps(88.376_26),
+        );
+        let n = _mm256_floor_ps(_mm256_fmadd_ps(
+            x,
+            _mm256_set1_ps(std::f32::consts::LOG2_E),
+            _mm256_set1_ps(0.5),
+        ));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut y = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            5.000_000_1e-1,
+        ] {
+            y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
+        }
+        y = _mm256_fmadd_ps(
+            y,
+            _mm256_mul_ps(r, r),
+            _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+        );
+        let pow2n = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n))
+    }
+
+    /// Positions per block of the blocked kernel.
+    const BLOCK: usize = 16;
+
+    /// SIMD twin of `attend_group_f16_scalar`: the same math, taken 16 positions at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn attend_group_f16(
         qg: &[f32],
@@ -254,61 +303,88 @@ mod x86 {
     ) {
         let d = rows.head_dim;
         let g = qg.len() / d;
-        if qg.len() > MAX_GROUP_DIM {
+        if qg.len() > MAX_GROUP_DIM || g > 64 || d > 256 {
             return super::attend_group_f16_scalar(qg, rows, span, scale, out);
         }
+        let vecs = d / 8;
         let mut q16 = [0f32; MAX_GROUP_DIM];
-        let mut acc = [0f32; MAX_GROUP_DIM];
         for (dst, src) in q16.iter_mut().zip(qg) {
             *dst = super::round_f16(*src);
         }
+        let mut acc = [0f32; MAX_GROUP_DIM];
         let mut max = [f32::NEG_INFINITY; 64];
         let mut sum = [0f32; 64];
-        let mut vrow = [0f32; 256];
-        let vecs = d / 8;
-        if g > 64 || d > 256 {
-            return super::attend_group_f16_scalar(qg, rows, span, scale, out);
-        }
-        span.for_each_row(|row| {
-            let kp = rows.k(row).as_ptr();
-            let vp = rows.v(row).as_ptr();
-            for j in 0..vecs {
-                _mm256_storeu_ps(vrow.as_mut_ptr().add(8 * j), load_f16x8(vp.add(8 * j)));
-            }
-            for h in 0..g {
-                let qh = q16.as_ptr().add(h * d);
-                let mut dot = _mm256_setzero_ps();
-                for j in 0..vecs {
-                    dot = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(qh.add(8 * j)),
-                        load_f16x8(kp.add(8 * j)),
-                        dot,
-                    );
-                }
-                let s = hsum(dot) * scale;
-                let (mut ms, mut vs) = (1f32, 1f32);
-                let a = acc.as_mut_ptr().add(h * d);
-                if s > max[h] {
-                    ms = (max[h] - s).exp();
-                    max[h] = s;
-                    let m = _mm256_set1_ps(ms);
+        // scores, then probabilities: [head][position in block]
+        let mut p = [0f32; 64 * BLOCK];
+        let mut row = [0f32; 256];
+        span.for_each_run(|base, n| {
+            let mut j0 = 0;
+            while j0 < n {
+                let nb = BLOCK.min(n - j0);
+                // scores q·k for every head of the group and every position of the block
+                for jj in 0..nb {
+                    let kp = rows.k(base + j0 + jj).as_ptr();
                     for j in 0..vecs {
-                        let x = _mm256_mul_ps(_mm256_loadu_ps(a.add(8 * j)), m);
-                        _mm256_storeu_ps(a.add(8 * j), round_f16x8(x));
+                        _mm256_storeu_ps(row.as_mut_ptr().add(8 * j), load_f16x8(kp.add(8 * j)));
                     }
-                } else {
-                    vs = (s - max[h]).exp();
+                    for h in 0..g {
+                        let qh = q16.as_ptr().add(h * d);
+                        let mut dot = _mm256_setzero_ps();
+                        for j in 0..vecs {
+                            dot = _mm256_fmadd_ps(
+                                _mm256_loadu_ps(qh.add(8 * j)),
+                                _mm256_loadu_ps(row.as_ptr().add(8 * j)),
+                                dot,
+                            );
+                        }
+                        p[h * BLOCK + jj] = hsum(dot) * scale;
+                    }
                 }
-                let w = _mm256_set1_ps(vs);
-                for j in 0..vecs {
-                    let x = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(vrow.as_ptr().add(8 * j)),
-                        w,
-                        _mm256_loadu_ps(a.add(8 * j)),
-                    );
-                    _mm256_storeu_ps(a.add(8 * j), round_f16x8(x));
+                // one rescale per head per block, then the block's probabilities
+                for h in 0..g {
+                    let ps = &mut p[h * BLOCK..h * BLOCK + BLOCK];
+                    let block_max = ps[..nb].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let m = max[h].max(block_max);
+                    if m > max[h] {
+                        let c = (max[h] - m).exp();
+                        let cv = _mm256_set1_ps(c);
+                        let a = acc.as_mut_ptr().add(h * d);
+                        for j in 0..vecs {
+                            _mm256_storeu_ps(
+                                a.add(8 * j),
+                                _mm256_mul_ps(_mm256_loadu_ps(a.add(8 * j)), cv),
+                            );
+                        }
+                        sum[h] *= c;
+                        max[h] = m;
+                    }
+                    let mv = _mm256_set1_ps(m);
+                    for half in 0..BLOCK / 8 {
+                        let x = _mm256_sub_ps(_mm256_loadu_ps(ps.as_ptr().add(8 * half)), mv);
+                        _mm256_storeu_ps(ps.as_mut_ptr().add(8 * half), exp8(x));
+                    }
+                    sum[h] += ps[..nb].iter().sum::<f32>();
                 }
-                sum[h] = sum[h] * ms + vs;
+                // acc += p · V, each V row converted once for the group
+                for jj in 0..nb {
+                    let vp = rows.v(base + j0 + jj).as_ptr();
+                    for j in 0..vecs {
+                        _mm256_storeu_ps(row.as_mut_ptr().add(8 * j), load_f16x8(vp.add(8 * j)));
+                    }
+                    for h in 0..g {
+                        let w = _mm256_set1_ps(p[h * BLOCK + jj]);
+                        let a = acc.as_mut_ptr().add(h * d);
+                        for j in 0..vecs {
+                            let x = _mm256_fmadd_ps(
+                                _mm256_loadu_ps(row.as_ptr().add(8 * j)),
+                                w,
+                                _mm256_loadu_ps(a.add(8 * j)),
+                            );
+                            _mm256_storeu_ps(a.add(8 * j), x);
+                        }
+                    }
+                }
+                j0 += nb;
             }
         });
         for h in 0..g {
