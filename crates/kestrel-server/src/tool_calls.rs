@@ -187,7 +187,9 @@ fn could_be_bare(text: &str) -> bool {
     if t.is_empty() || t.starts_with('{') || t.starts_with('[') || "```".starts_with(t) {
         return true;
     }
-    let Some(after) = t.strip_prefix("```") else { return false };
+    let Some(after) = t.strip_prefix("```") else {
+        return false;
+    };
     match after.split_once('\n') {
         None => "json".starts_with(after.trim_end()),
         Some((lang, rest)) => {
@@ -212,7 +214,10 @@ fn parse_bare(text: &str, tool_names: &[String]) -> Option<Vec<ParsedToolCall>> 
         v @ Value::Object(_) => vec![v.to_string()],
         _ => return None,
     };
-    let calls: Vec<ParsedToolCall> = bodies.iter().map(|b| parse_call(b)).collect::<Option<_>>()?;
+    let calls: Vec<ParsedToolCall> = bodies
+        .iter()
+        .map(|b| parse_call(b))
+        .collect::<Option<_>>()?;
     calls
         .iter()
         .all(|c| tool_names.iter().any(|n| n == &c.name))

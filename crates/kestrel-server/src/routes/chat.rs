@@ -50,7 +50,11 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
         .tools
         .iter()
         .flatten()
-        .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str).map(str::to_string))
+        .filter_map(|t| {
+            t.pointer("/function/name")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
         .collect();
     let tokenizer = shared.tokenizer.clone();
     let (messages, tools) = (plan.messages, plan.tools);
