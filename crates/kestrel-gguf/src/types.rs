@@ -111,7 +111,7 @@ impl GgmlType {
 
     /// Bytes needed for `n` elements, or None when `n` is not a whole number of blocks.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
-        if n % self.block_len() != 0 {
+        if !n.is_multiple_of(self.block_len()) {
             return None;
         }
         (n / self.block_len()).checked_mul(self.block_bytes())

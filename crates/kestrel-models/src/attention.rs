@@ -131,7 +131,7 @@ impl Rows<'_> {
 fn attend_group_f16(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if rows.head_dim % 8 == 0 && has_f16c() {
+        if rows.head_dim.is_multiple_of(8) && has_f16c() {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
             unsafe { x86::attend_group_f16(qg, rows, span, scale, out) };
             return;
@@ -273,7 +273,7 @@ mod x86 {
             8.333_452e-3,
             4.166_579_6e-2,
             1.666_666_5e-1,
-            5.000_000_1e-1,
+            5e-1,
         ] {
             y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(c));
         }

@@ -187,7 +187,7 @@ impl ModelConfig {
                 reason,
             })
         };
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(
                 "head_count_kv",
                 format!(
@@ -197,9 +197,9 @@ impl ModelConfig {
             );
         }
         if self.head_dim == 0
-            || self.head_dim % 2 != 0
+            || !self.head_dim.is_multiple_of(2)
             || self.rope_dim > self.head_dim
-            || self.rope_dim % 2 != 0
+            || !self.rope_dim.is_multiple_of(2)
         {
             return bad(
                 "head_dim",

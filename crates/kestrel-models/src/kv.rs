@@ -169,7 +169,7 @@ impl KvPool {
 
     /// Whether a model with this head size can store its K/V as `ty`.
     pub fn supports(ty: KvType, head_dim: usize) -> bool {
-        ty != KvType::Q8_0 || head_dim % Q8_BLOCK == 0
+        ty != KvType::Q8_0 || head_dim.is_multiple_of(Q8_BLOCK)
     }
 
     pub fn n_blocks(&self) -> usize {
