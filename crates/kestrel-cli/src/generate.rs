@@ -5,7 +5,7 @@ use crate::commands::info::human;
 use crate::source::ModelSource;
 use anyhow::{anyhow, Result};
 use kestrel_engine::{
-    plan_pool, Engine, EngineConfig, Event, FinishReason, GenerateRequest, Usage,
+    plan_pool, Engine, EngineConfig, Event, FinishReason, GenerateRequest, PoolPlan, Usage,
 };
 use kestrel_models::{KvType, Model, PagedModel};
 use kestrel_tokenizer::ChatTemplate;
@@ -13,27 +13,50 @@ use kestrel_tokenizer::ChatTemplate;
 /// Positions per KV block.
 const BLOCK_SIZE: usize = 16;
 
-/// Starts an engine over `model` with a pool of `ctx` tokens per sequence (plus the prefix
-/// reserve), printing the plan unless `quiet`.
+/// The KV pool for `ctx` tokens per sequence (plus the prefix reserve), from the config alone:
+/// printed (unless `quiet`) or refused before any weight is loaded.
+pub fn plan(
+    src: &ModelSource,
+    ctx: usize,
+    parallel: usize,
+    kv_type: KvType,
+    max_memory: Option<u64>,
+    quiet: bool,
+) -> Result<PoolPlan> {
+    let plan = plan_pool(
+        &src.config,
+        src.weight_bytes,
+        ctx,
+        parallel,
+        BLOCK_SIZE,
+        kv_type,
+        max_memory,
+    )
+    .map_err(|e| anyhow!(e))?;
+    if !quiet {
+        eprintln!(
+            "memory plan: weights {} + KV {} ({} blocks of {} tokens = {} tokens, {:?}) + scratch = {}{}",
+            human(src.weight_bytes),
+            human(plan.kv_bytes),
+            plan.n_blocks,
+            plan.block_size,
+            plan.tokens,
+            kv_type,
+            human(plan.total_bytes),
+            plan.limit_bytes.map_or(String::new(), |l| format!(" (limit {})", human(l)))
+        );
+    }
+    Ok(plan)
+}
+
+/// Starts an engine over `model` with the planned pool, one sequence at a time.
 pub fn start_engine(
     src: &ModelSource,
     model: Model,
+    plan: &PoolPlan,
     ctx: usize,
     kv_type: KvType,
-    quiet: bool,
 ) -> Result<Engine> {
-    let plan = plan_pool(&model, src.weight_bytes, ctx, 1, BLOCK_SIZE, kv_type, None)
-        .map_err(|e| anyhow!(e))?;
-    if !quiet {
-        eprintln!(
-            "memory plan: weights {} + KV {} ({} tokens, {:?}) + scratch = {}",
-            human(src.weight_bytes),
-            human(plan.kv_bytes),
-            plan.tokens,
-            kv_type,
-            human(plan.total_bytes)
-        );
-    }
     let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type);
     let cfg = EngineConfig {
         block_size: plan.block_size,

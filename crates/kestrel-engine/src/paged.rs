@@ -2,7 +2,7 @@
 //! pool) as a [`StepModel`], and the byte budget that sizes the pool.
 
 use crate::model::{SeqStep, StepModel};
-use kestrel_models::{KvType, Model, PagedModel};
+use kestrel_models::{KvPool, KvType, ModelConfig, PagedModel};
 
 impl StepModel for PagedModel {
     fn vocab_size(&self) -> usize {
@@ -50,9 +50,10 @@ pub const DEFAULT_MEMORY_FRACTION: f64 = 0.75;
 
 /// Sizes the pool: `ctx_size` tokens for each of `parallel` sequences plus one more context's
 /// worth as the prefix-cache reserve, capped so weights + KV + scratch stay under `max_memory`
-/// (default: 75% of the available memory). Refuses when not even one context fits.
+/// (default: 75% of the available memory). Refuses when not even one context fits. Needs only
+/// the config, so the plan is known (and printed, or refused) before any weight is loaded.
 pub fn plan_pool(
-    model: &Model,
+    cfg: &ModelConfig,
     weight_bytes: u64,
     ctx_size: usize,
     parallel: usize,
@@ -60,9 +61,9 @@ pub fn plan_pool(
     kv_type: KvType,
     max_memory: Option<u64>,
 ) -> Result<PoolPlan, String> {
-    let cfg = &model.config;
-    let block_bytes = PagedModel::block_bytes(model, block_size, kv_type);
-    let scratch = kestrel_models::plan::scratch_bytes(cfg, model.options().max_batch);
+    let block_bytes = KvPool::block_bytes(cfg.n_layers, cfg.kv_dim(), block_size, kv_type);
+    let scratch =
+        kestrel_models::plan::scratch_bytes(cfg, kestrel_models::model::DEFAULT_MAX_BATCH);
     let wanted_tokens = ctx_size * (parallel.max(1) + 1);
     let mut n_blocks = wanted_tokens.div_ceil(block_size);
     let limit = max_memory.or_else(|| {
@@ -74,6 +75,14 @@ pub fn plan_pool(
         let room = limit.saturating_sub(fixed) / block_bytes.max(1) as u64;
         n_blocks = n_blocks.min(room as usize);
         let need = ctx_size.div_ceil(block_size);
+        if fixed > limit {
+            return Err(format!(
+                "the memory budget of {} MiB cannot even hold the weights ({} MiB) and scratch ({} MiB); raise --max-memory or use a smaller model",
+                limit >> 20,
+                weight_bytes >> 20,
+                scratch >> 20
+            ));
+        }
         if n_blocks < need {
             let fits = n_blocks * block_size;
             return Err(format!(

@@ -150,8 +150,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     let ctx = args.engine.context(&src)?;
     let kv_type = args.engine.kv_type(&src)?;
+    let plan = generate::plan(&src, ctx, 1, kv_type, None, true)?;
     let model = src.load_model(args.engine.load_options(), args.json)?;
-    let engine = generate::start_engine(&src, model, ctx, kv_type, true)?;
+    let engine = generate::start_engine(&src, model, &plan, ctx, kv_type)?;
     let max_tokens = args.max_tokens.min(ctx.saturating_sub(prompt.len()));
     anyhow::ensure!(
         max_tokens > 0,

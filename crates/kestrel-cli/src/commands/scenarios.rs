@@ -28,9 +28,8 @@ fn engine_for(
     ctx: usize,
     parallel: usize,
 ) -> Result<Engine> {
-    let model = src.load_model(opts.clone(), true)?;
     let plan = plan_pool(
-        &model,
+        &src.config,
         src.weight_bytes,
         ctx,
         parallel,
@@ -39,6 +38,7 @@ fn engine_for(
         None,
     )
     .map_err(|e| anyhow!(e))?;
+    let model = src.load_model(opts.clone(), true)?;
     let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, KvType::F16);
     let cfg = EngineConfig {
         block_size: plan.block_size,

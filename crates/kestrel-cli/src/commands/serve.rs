@@ -1,11 +1,10 @@
 //! `kestrel serve`: the OpenAI-compatible HTTP server over the serving engine.
 //! Prints the memory plan before loading; refuses a plan that cannot fit.
 
-use crate::commands::info::human;
 use crate::commands::run::EngineArgs;
 use crate::source::ModelSource;
 use anyhow::{Context, Result};
-use kestrel_engine::{plan_pool, Engine, EngineConfig};
+use kestrel_engine::{Engine, EngineConfig};
 use kestrel_models::PagedModel;
 use kestrel_server::{AppState, ServerConfig};
 use std::sync::Arc;
@@ -33,9 +32,6 @@ pub struct ServeArgs {
     pub model_name: Option<String>,
 }
 
-/// Positions per KV block of the engine's pool.
-const BLOCK_SIZE: usize = 16;
-
 pub fn run(args: ServeArgs) -> Result<()> {
     let src = ModelSource::open(&args.engine.model)?;
     let ctx = args.engine.context(&src)?;
@@ -47,28 +43,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     });
+    // The plan comes from the config alone: printed, or refused, before any weight is loaded.
+    let plan = crate::generate::plan(&src, ctx, args.parallel, kv_type, args.max_memory, false)?;
     let model = src.load_model(args.engine.load_options(), false)?;
-    let plan = plan_pool(
-        &model,
-        src.weight_bytes,
-        ctx,
-        args.parallel,
-        BLOCK_SIZE,
-        kv_type,
-        args.max_memory,
-    )
-    .map_err(|e| anyhow::anyhow!(e))?;
-    eprintln!(
-        "memory plan: weights {} + KV {} ({} blocks of {} tokens = {} tokens, {:?}) + scratch = {}{}",
-        human(src.weight_bytes),
-        human(plan.kv_bytes),
-        plan.n_blocks,
-        plan.block_size,
-        plan.tokens,
-        kv_type,
-        human(plan.total_bytes),
-        plan.limit_bytes.map_or(String::new(), |l| format!(" (limit {})", human(l)))
-    );
     let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type);
     let cfg = EngineConfig {
         block_size: plan.block_size,
