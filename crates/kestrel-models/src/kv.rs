@@ -73,7 +73,7 @@ impl Store {
                 let b = at / Q8_BLOCK * Q8_BYTES;
                 let n = src.len() / Q8_BLOCK * Q8_BYTES;
                 // Lengths are whole blocks by construction (checked when the pool is made).
-                let _ = kestrel_quant::quantize_row(
+                let _ = kestrel_quant::quantize_activation_row(
                     kestrel_gguf::GgmlType::Q8_0,
                     src,
                     &mut v[b..b + n],

@@ -8,6 +8,7 @@ use crate::config::ModelConfig;
 use crate::kv::KvPool;
 use crate::ops::{self, MatmulPath, Rope};
 use crate::pool::ThreadPool;
+use crate::tap::tap;
 use crate::weights::{TensorStore, Weight};
 use crate::ModelError;
 
@@ -127,14 +128,19 @@ pub struct Qkv {
 }
 
 /// The attention block's input norm and projections.
-pub fn project_qkv(ctx: &Ctx, a: &AttnWeights, x: &[f32]) -> Result<Qkv, ModelError> {
+pub fn project_qkv(ctx: &Ctx, a: &AttnWeights, layer: usize, x: &[f32]) -> Result<Qkv, ModelError> {
     let mut h = vec![0f32; x.len()];
     ops::rms_norm_into(x, &a.norm, ctx.cfg.rms_eps, &mut h);
-    Ok(Qkv {
+    tap("attn_norm", layer, &h);
+    let qkv = Qkv {
         q: ctx.matmul(&a.wq, &h)?,
         k: ctx.matmul(&a.wk, &h)?,
         v: ctx.matmul(&a.wv, &h)?,
-    })
+    };
+    tap("Qcur", layer, &qkv.q);
+    tap("Kcur", layer, &qkv.k);
+    tap("Vcur", layer, &qkv.v);
+    Ok(qkv)
 }
 
 pub fn add_qkv_bias(qkv: &mut Qkv, b: &QkvBias) {
@@ -160,6 +166,8 @@ pub fn attend(
     let cfg = ctx.cfg;
     ctx.rope.apply(&mut qkv.q, cfg.head_dim);
     ctx.rope.apply(&mut qkv.k, cfg.head_dim);
+    tap("Qcur_rope", layer, &qkv.q);
+    tap("Kcur_rope", layer, &qkv.k);
     let kv_dim = cfg.kv_dim();
     for (t, &row) in ctx.rows.iter().enumerate() {
         let span = t * kv_dim..(t + 1) * kv_dim;
@@ -177,19 +185,28 @@ pub fn attend(
         cfg.head_dim,
         &mut att,
     );
+    tap("kqv_out", layer, &att);
     let o = ctx.matmul(&a.wo, &att)?;
+    tap("attn_out", layer, &o);
     ops::add_in_place(x, &o);
+    tap("ffn_inp", layer, x);
     Ok(())
 }
 
 /// `x += down(silu(gate(norm(x))) * up(norm(x)))`
-pub fn mlp(ctx: &Ctx, m: &MlpWeights, x: &mut [f32]) -> Result<(), ModelError> {
+pub fn mlp(ctx: &Ctx, m: &MlpWeights, layer: usize, x: &mut [f32]) -> Result<(), ModelError> {
     let mut h = vec![0f32; x.len()];
     ops::rms_norm_into(x, &m.norm, ctx.cfg.rms_eps, &mut h);
+    tap("ffn_norm", layer, &h);
     let mut gate = ctx.matmul(&m.gate, &h)?;
     let up = ctx.matmul(&m.up, &h)?;
+    tap("ffn_gate", layer, &gate);
+    tap("ffn_up", layer, &up);
     ops::swiglu(ctx.pool, &mut gate, &up);
+    tap("ffn_swiglu", layer, &gate);
     let down = ctx.matmul(&m.down, &gate)?;
+    tap("ffn_out", layer, &down);
     ops::add_in_place(x, &down);
+    tap("l_out", layer, x);
     Ok(())
 }

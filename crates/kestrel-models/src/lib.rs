@@ -19,6 +19,7 @@ pub mod paged;
 pub mod plan;
 pub mod pool;
 pub mod recipes;
+pub mod tap;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeLayout};

@@ -18,10 +18,12 @@ pub enum MatmulPath {
 }
 
 /// RMSNorm of each row of `x` (rows of `w.len()`), in place: x * w / sqrt(mean(x²) + eps).
+/// As ggml: the squares (rounded to f32) are summed in f64, the mean rounded back to f32.
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     for row in x.chunks_exact_mut(w.len()) {
-        let ss: f32 = row.iter().map(|v| v * v).sum::<f32>() / w.len() as f32;
-        let scale = 1.0 / (ss + eps).sqrt();
+        let sum: f64 = row.iter().map(|v| (v * v) as f64).sum();
+        let mean = (sum / w.len() as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
         for (v, g) in row.iter_mut().zip(w) {
             *v = *v * scale * g;
         }
@@ -103,20 +105,43 @@ impl Rope {
 
     /// Rotates every head of every row of `x` (`[T, n_heads * head_dim]`) in place.
     pub fn apply(&self, x: &mut [f32], head_dim: usize) {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has FMA.
+            unsafe { self.apply_fma(x, head_dim) };
+            return;
+        }
+        self.rotate(x, head_dim);
+    }
+
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    #[target_feature(enable = "fma")]
+    unsafe fn apply_fma(&self, x: &mut [f32], head_dim: usize) {
+        self.rotate(x, head_dim);
+    }
+
+    /// The rotation with ggml's roundings (its compiled `rotate_pairs` contracts one product of
+    /// each output into a fused multiply-add): normal layout `x0' = fma(x0, c, -(x1 s))`,
+    /// `x1' = fma(x1, c, x0 s)`; NeoX `x0' = fma(x0, c, -(x1 s))`, `x1' = fma(x0, s, x1 c)`.
+    /// `mul_add` is exact everywhere (a hardware FMA where [`Self::apply_fma`] enables one).
+    #[inline(always)]
+    fn rotate(&self, x: &mut [f32], head_dim: usize) {
         let row_len = x.len() / self.n_pos.max(1);
         for (t, row) in x.chunks_exact_mut(row_len).enumerate() {
             let cos = &self.cos[t * self.half..(t + 1) * self.half];
             let sin = &self.sin[t * self.half..(t + 1) * self.half];
             for head in row.chunks_exact_mut(head_dim) {
                 for i in 0..self.half {
-                    let (a, b) = if self.neox {
-                        (i, i + self.half)
+                    let (c, s) = (cos[i], sin[i]);
+                    if self.neox {
+                        let (x0, x1) = (head[i], head[i + self.half]);
+                        head[i] = x0.mul_add(c, -(x1 * s));
+                        head[i + self.half] = x0.mul_add(s, x1 * c);
                     } else {
-                        (2 * i, 2 * i + 1)
-                    };
-                    let (x0, x1) = (head[a], head[b]);
-                    head[a] = x0 * cos[i] - x1 * sin[i];
-                    head[b] = x0 * sin[i] + x1 * cos[i];
+                        let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+                        head[2 * i] = x0.mul_add(c, -(x1 * s));
+                        head[2 * i + 1] = x0.mul_add(s, x1 * c);
+                    }
                 }
             }
         }
@@ -232,7 +257,7 @@ fn quantize_activations(
 ) -> Result<(), ModelError> {
     let t_len = x.len() / cols;
     if t_len == 1 {
-        kestrel_quant::quantize_row(ty, x, out)?;
+        kestrel_quant::quantize_activation_row(ty, x, out)?;
         return Ok(());
     }
     let per_task = t_len.div_ceil(pool.n_threads() * 4).max(1);
@@ -242,7 +267,9 @@ fn quantize_activations(
         for t in task * per_task..((task + 1) * per_task).min(t_len) {
             // SAFETY: row t belongs to this task only.
             let dst = unsafe { out_ptr.slice(t * act_row, act_row) };
-            if kestrel_quant::quantize_row(ty, &x[t * cols..(t + 1) * cols], dst).is_err() {
+            if kestrel_quant::quantize_activation_row(ty, &x[t * cols..(t + 1) * cols], dst)
+                .is_err()
+            {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }

@@ -29,4 +29,4 @@ pub use dot::{
 };
 pub use error::QuantError;
 pub use kestrel_gguf::GgmlType;
-pub use quantize::quantize_row;
+pub use quantize::{quantize_activation_row, quantize_row};

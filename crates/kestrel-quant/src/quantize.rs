@@ -53,6 +53,59 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
     Ok(())
 }
 
+/// Quantize one activation row as llama.cpp's x86 CPU backend does before a matmul (and before
+/// writing a q8_0 KV cache): its AVX `quantize_row_q8_0` / `quantize_row_q8_1` take the inverse
+/// scale as `127 / amax` (not `1 / d`) and round half to even (not away from zero), so they differ
+/// from the `_ref` quantizers in the last bit of some quants. Q8_K has no SIMD variant there and
+/// every other type is quantized as [`quantize_row`] does.
+pub fn quantize_activation_row(
+    ty: GgmlType,
+    src: &[f32],
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    match ty {
+        GgmlType::Q8_0 => {
+            check_row(ty, src.len(), dst.len())?;
+            blocks(src, dst, |x| {
+                let (d, qs, _) = q8_x86(x);
+                BlockQ8_0 {
+                    d: F16::from_f32(d),
+                    qs,
+                }
+            });
+            Ok(())
+        }
+        GgmlType::Q8_1 => {
+            check_row(ty, src.len(), dst.len())?;
+            blocks(src, dst, |x| {
+                let (d, qs, sum) = q8_x86(x);
+                BlockQ8_1 {
+                    d: F16::from_f32(d),
+                    s: F16::from_f32(d * sum as f32),
+                    qs,
+                }
+            });
+            Ok(())
+        }
+        _ => quantize_row(ty, src, dst),
+    }
+}
+
+/// The shared core of the x86 Q8_0/Q8_1 quantizers: `(d, quants, sum of quants)`.
+#[inline(always)]
+fn q8_x86(x: &[f32]) -> (f32, [i8; 32], i32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; 32];
+    let mut sum = 0i32;
+    for (o, &v) in qs.iter_mut().zip(x) {
+        *o = (v * id).round_ties_even() as i8;
+        sum += *o as i32;
+    }
+    (d, qs, sum)
+}
+
 #[inline(always)]
 fn blocks<B: Block>(src: &[f32], dst: &mut [u8], f: fn(&[f32]) -> B) {
     for (x, y) in src.chunks_exact(B::LEN).zip(dst.chunks_exact_mut(B::BYTES)) {
@@ -528,5 +581,32 @@ mod tests {
                 assert!(back.iter().all(|&v| v == 0.0), "{ty}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod x86_activation_tests {
+    use super::*;
+
+    #[test]
+    fn activation_quantizer_rounds_half_to_even_with_127_over_amax() {
+        // amax 127 gives id = 1 exactly: every x.5 is a tie.
+        let mut x = [0f32; 32];
+        x[..6].copy_from_slice(&[127.0, 0.5, 1.5, 2.5, -0.5, -2.5]);
+        let mut act = [0u8; 34];
+        quantize_activation_row(GgmlType::Q8_0, &x, &mut act).unwrap();
+        let q: Vec<i8> = act[2..8].iter().map(|&b| b as i8).collect();
+        assert_eq!(q, [127, 0, 2, 2, 0, -2]);
+        // The `_ref` quantizer rounds the same ties away from zero.
+        let mut reference = [0u8; 34];
+        quantize_row(GgmlType::Q8_0, &x, &mut reference).unwrap();
+        let q: Vec<i8> = reference[2..8].iter().map(|&b| b as i8).collect();
+        assert_eq!(q, [127, 1, 2, 3, -1, -3]);
+        // Q8_1 carries s = d * sum(q) with the same quants.
+        let mut act1 = [0u8; 36];
+        quantize_activation_row(GgmlType::Q8_1, &x, &mut act1).unwrap();
+        assert_eq!(&act1[4..], &act[2..]);
+        let s = crate::float16::f16_to_f32(u16::from_le_bytes([act1[2], act1[3]]));
+        assert_eq!(s, 129.0);
     }
 }

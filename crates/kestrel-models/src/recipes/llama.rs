@@ -25,7 +25,7 @@ pub fn forward_layer(
     kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
-    let qkv = layers::project_qkv(ctx, &l.attn, x)?;
+    let qkv = layers::project_qkv(ctx, &l.attn, i, x)?;
     layers::attend(ctx, &l.attn, i, qkv, kv, x)?;
-    layers::mlp(ctx, &l.mlp, x)
+    layers::mlp(ctx, &l.mlp, i, x)
 }

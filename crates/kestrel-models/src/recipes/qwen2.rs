@@ -25,10 +25,10 @@ pub fn forward_layer(
     kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
-    let mut qkv = layers::project_qkv(ctx, &l.attn, x)?;
+    let mut qkv = layers::project_qkv(ctx, &l.attn, i, x)?;
     if let Some(b) = &l.attn.bias {
         layers::add_qkv_bias(&mut qkv, b); // what makes it Qwen2
     }
     layers::attend(ctx, &l.attn, i, qkv, kv, x)?;
-    layers::mlp(ctx, &l.mlp, x)
+    layers::mlp(ctx, &l.mlp, i, x)
 }

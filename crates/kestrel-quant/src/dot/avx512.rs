@@ -2,8 +2,9 @@
 //! with `vpdpbusd` on 256-bit vectors via AVX512VL and 32 vector registers, which keep the
 //! accumulators of 8-row groups in registers. The 32-element block types (Q4_0, Q4_1, Q5_0,
 //! Q8_0) have their own 512-bit kernels below: two blocks per zmm, the 5th bits and the signs
-//! as k-masks, each block's scale pair broadcast into its half of a zmm, and two accumulators
-//! per activation row (even and odd block pairs) so the FMA latency never chains the loop.
+//! as k-masks, each block's scale pair broadcast into its half of a zmm. Their f32 sums follow
+//! llama.cpp's x86 kernels exactly (one 8-lane accumulator, blocks in order, its horizontal
+//! sum, Q4_1's mins fused-multiply-added in order), so a dot is llama.cpp's bit for bit.
 //!
 //! Every row of a multi-row call goes through exactly the operations a single-row call does,
 //! so `vec_dot_multi` results do not depend on the batch size (bit for bit).
@@ -93,7 +94,7 @@ unsafe fn nibbles2(p0: *const u8, p1: *const u8) -> __m512i {
 /// accumulator set `acc`.
 #[inline(always)]
 unsafe fn step<const N: usize, const T: u8>(
-    acc: &mut [__m512; N],
+    acc: &mut [__m256; N],
     summ: &mut [f32; N],
     xb: *const u8,
     y: &[*const u8; N],
@@ -138,12 +139,14 @@ unsafe fn step<const N: usize, const T: u8>(
         for c in 0..N {
             let yb = y[c].add(yoff);
             let y1 = if second { yb.add(by) } else { std::ptr::null() };
-            let s1 = if second { fp16(yb.add(by + 2)) } else { 0.0 };
-            summ[c] += m0 * fp16(yb.add(2)) + m1 * s1;
+            summ[c] = m0.mul_add(fp16(yb.add(2)), summ[c]);
+            if second {
+                summ[c] = m1.mul_add(fp16(yb.add(by + 2)), summ[c]);
+            }
             let qy = load2x32(yb.add(4), off(y1, 4));
             let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy);
             let d = _mm512_mul_ps(dx, halves2(yb, y1));
-            acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[c]);
+            acc[c] = fma_halves(d, _mm512_cvtepi32_ps(s), acc[c], second);
         }
         return;
     }
@@ -157,8 +160,21 @@ unsafe fn step<const N: usize, const T: u8>(
         let sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
         let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy);
         let d = _mm512_mul_ps(dx, halves2(yb, y1));
-        acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[c]);
+        acc[c] = fma_halves(d, _mm512_cvtepi32_ps(s), acc[c], second);
     }
+}
+
+/// `acc = fma(d.lo, f.lo, acc)`, then (with `second`) `acc = fma(d.hi, f.hi, acc)`: the two
+/// blocks of a zmm enter one 8-lane accumulator in block order, as llama.cpp's AVX2 kernels
+/// accumulate (`acc = _mm256_fmadd_ps(d, q, acc)` per block), so the sums are its bit for bit.
+#[inline(always)]
+unsafe fn fma_halves(d: __m512, f: __m512, acc: __m256, second: bool) -> __m256 {
+    let a = _mm256_fmadd_ps(_mm512_castps512_ps256(d), _mm512_castps512_ps256(f), acc);
+    if !second {
+        return a;
+    }
+    let hi = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    _mm256_fmadd_ps(hi(d), hi(f), a)
 }
 
 /// The 32-element block types (`T`: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1 against Q8_1).
@@ -175,31 +191,17 @@ unsafe fn blocks32<const N: usize, const T: u8>(
         _ => 20,
     };
     let by: usize = if T == Q4_1 { 36 } else { 34 };
-    let mut acc0 = [_mm512_setzero_ps(); N];
-    let mut acc1 = [_mm512_setzero_ps(); N];
-    let mut summ0 = [0f32; N];
-    let mut summ1 = [0f32; N];
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut summ = [0f32; N];
     let mut i = 0;
-    while i + 4 <= nb {
-        step::<N, T>(&mut acc0, &mut summ0, x.add(i * bx), &y, i * by, true);
-        step::<N, T>(
-            &mut acc1,
-            &mut summ1,
-            x.add((i + 2) * bx),
-            &y,
-            (i + 2) * by,
-            true,
-        );
-        i += 4;
-    }
     while i < nb {
         let two = i + 2 <= nb;
-        step::<N, T>(&mut acc0, &mut summ0, x.add(i * bx), &y, i * by, two);
+        step::<N, T>(&mut acc, &mut summ, x.add(i * bx), &y, i * by, two);
         i += if two { 2 } else { 1 };
     }
     let mut out = [0f32; N];
     for c in 0..N {
-        out[c] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[c], acc1[c])) + (summ0[c] + summ1[c]);
+        out[c] = hsum8(acc[c]) + summ[c];
     }
     out
 }
@@ -252,7 +254,7 @@ pub(crate) unsafe fn tile<const MR: usize, const NR: usize>(
 
 #[inline(always)]
 unsafe fn tile_step<const MR: usize, const NR: usize, const T: u8>(
-    acc: &mut [[__m512; NR]; MR],
+    acc: &mut [[__m256; NR]; MR],
     summ: &mut [[f32; NR]; MR],
     x: &[*const u8; MR],
     y: &[*const u8; NR],
@@ -323,11 +325,14 @@ unsafe fn tile_step<const MR: usize, const NR: usize, const T: u8>(
         };
         for c in 0..NR {
             if T == Q4_1 {
-                summ[r][c] += m[0] * sy[c][0] + m[1] * sy[c][1];
+                summ[r][c] = m[0].mul_add(sy[c][0], summ[r][c]);
+                if second {
+                    summ[r][c] = m[1].mul_add(sy[c][1], summ[r][c]);
+                }
             }
             let s = _mm512_dpbusd_epi32(seed[c], u, qy[c]);
             let d = _mm512_mul_ps(dx, dy[c]);
-            acc[r][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[r][c]);
+            acc[r][c] = fma_halves(d, _mm512_cvtepi32_ps(s), acc[r][c], second);
         }
     }
 }
@@ -338,26 +343,18 @@ unsafe fn tile_t<const MR: usize, const NR: usize, const T: u8>(
     x: [*const u8; MR],
     y: [*const u8; NR],
 ) -> [[f32; NR]; MR] {
-    let mut acc0 = [[_mm512_setzero_ps(); NR]; MR];
-    let mut acc1 = [[_mm512_setzero_ps(); NR]; MR];
-    let mut summ0 = [[0f32; NR]; MR];
-    let mut summ1 = [[0f32; NR]; MR];
+    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+    let mut summ = [[0f32; NR]; MR];
     let mut i = 0;
-    while i + 4 <= nb {
-        tile_step::<MR, NR, T>(&mut acc0, &mut summ0, &x, &y, i, true);
-        tile_step::<MR, NR, T>(&mut acc1, &mut summ1, &x, &y, i + 2, true);
-        i += 4;
-    }
     while i < nb {
         let two = i + 2 <= nb;
-        tile_step::<MR, NR, T>(&mut acc0, &mut summ0, &x, &y, i, two);
+        tile_step::<MR, NR, T>(&mut acc, &mut summ, &x, &y, i, two);
         i += if two { 2 } else { 1 };
     }
     let mut out = [[0f32; NR]; MR];
     for r in 0..MR {
         for c in 0..NR {
-            out[r][c] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[r][c], acc1[r][c]))
-                + (summ0[r][c] + summ1[r][c]);
+            out[r][c] = hsum8(acc[r][c]) + summ[r][c];
         }
     }
     out

@@ -6,7 +6,10 @@
 //! than once per token. `N = 1` is the decode matvec. The two backends differ only in the
 //! feature set and in the u8 x i8 -> i32 step: `maddubs + madd` on AVX2, `vpdpbusd` with VNNI.
 //!
-//! Integer sums are exactly the scalar oracle's; only the f32 accumulation order differs.
+//! Integer sums are exactly the scalar oracle's. The f32 order of the 32-element block types is
+//! llama.cpp's AVX2 one (8 lanes of i32 sums of four, `acc = fma(dx * dy, lanes, acc)` per
+//! block, `hsum8`, then Q4_1's `summs = fma(m, s, summs)`), so those dots equal its bit for bit;
+//! the K-quant kernels keep their own order.
 
 #[cfg(target_arch = "x86")]
 pub(crate) use std::arch::x86::*;
@@ -202,7 +205,7 @@ macro_rules! x86_kernels {
                 let qx = bytes_from_nibbles_32(xb.add(4));
                 for c in 0..N {
                     let yb = y[c].add(i * 36);
-                    summs[c] += mx * fp16(yb.add(2));
+                    summs[c] = mx.mul_add(fp16(yb.add(2)), summs[c]);
                     let d = _mm256_set1_ps(dx * fp16(yb));
                     let qy = _mm256_loadu_si256(yb.add(4) as *const __m256i);
                     let s = $dot(qx, qy);
