@@ -42,6 +42,16 @@ pub fn causal_attention(
     let out_ptr = SharedMut::new(out);
     let kv_dim = kv.kv_dim();
     let block_size = kv.block_size();
+    // Per token: whether its sequence brings fewer than `GGML_TILE_Q` queries to this step
+    // (decode, short prompts), where llama.cpp runs its one-query-at-a-time kernel.
+    let mut few_queries = vec![false; tokens.len()];
+    let mut start = 0;
+    while start < tokens.len() {
+        let same = |t: &TokenKv| std::ptr::eq(t.blocks.as_ptr(), tokens[start].blocks.as_ptr());
+        let n = tokens[start..].iter().take_while(|t| same(t)).count();
+        few_queries[start..start + n].fill(n < GGML_TILE_Q);
+        start += n;
+    }
     pool.run(tokens.len() * n_kv_heads, &|task| {
         let (t, kvh) = (task / n_kv_heads, task % n_kv_heads);
         let q_off = t * q_dim + kvh * group * head_dim;
@@ -63,7 +73,11 @@ pub fn causal_attention(
                     head_off: kvh * head_dim,
                     head_dim,
                 };
-                attend_group_f16(qg, &rows, &span, scale, dst)
+                if few_queries[t] {
+                    attend_group_f16_ggml(qg, &rows, &span, scale, dst)
+                } else {
+                    attend_group_f16(qg, &rows, &span, scale, dst)
+                }
             }
             None => attend_group_f32(kv, layer, kvh, qg, head_dim, &span, scale, dst),
         }
@@ -150,6 +164,104 @@ fn has_f16c() -> bool {
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
     })
+}
+
+/// Query rows from which llama.cpp's CPU flash attention switches to its tiled kernel.
+const GGML_TILE_Q: usize = 64;
+
+/// llama.cpp's one-query flash attention over an f16 cache
+/// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`), operation for operation: q rounded to
+/// f16; each score a 4 x 16-lane f32 FMA dot reduced in GCC's `_mm512_reduce_add_ps` order;
+/// the online softmax one position at a time with libm's `expf`; the V accumulator in f16,
+/// rescaled and fused-multiply-added (then rounded) per position; the sum `S = fma(S, ms, vs)`.
+/// Decode and short prompts go through this, so their tokens are llama.cpp's bit for bit.
+fn attend_group_f16_ggml(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::vexp::has_avx512() && has_f16c() {
+        // SAFETY: AVX-512 F, FMA and F16C are available.
+        unsafe { attend_ggml_avx512(qg, rows, span, scale, out) };
+        return;
+    }
+    attend_ggml_body(qg, rows, span, scale, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
+    attend_ggml_body(qg, rows, span, scale, out);
+}
+
+/// `ggml_vec_dot_f16` as compiled for AVX-512 (F32 lanes): the result before rounding to f32.
+#[inline(always)]
+fn dot_f16_ggml(k: &[f32], q: &[f32]) -> f32 {
+    let n = k.len();
+    let np = n - n % 64;
+    let mut acc = [[0f32; 16]; 4];
+    for base in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                let i = base + 16 * j + l;
+                *a = k[i].mul_add(q[i], *a);
+            }
+        }
+    }
+    let mut x = [0f32; 16];
+    for l in 0..16 {
+        x[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    let mut t3 = [0f32; 8];
+    for i in 0..8 {
+        t3[i] = x[8 + i] + x[i];
+    }
+    let t6 = [t3[4] + t3[0], t3[5] + t3[1], t3[6] + t3[2], t3[7] + t3[3]];
+    let mut sum = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
+    for i in np..n {
+        sum += (k[i] * q[i]) as f64;
+    }
+    sum as f32
+}
+
+#[inline(always)]
+fn attend_ggml_body(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
+    let d = rows.head_dim;
+    let n_q = qg.len() / d;
+    let q16: Vec<f32> = qg.iter().map(|x| round_f16(*x)).collect();
+    // Per query head: running max, sum, and the f16-valued accumulator.
+    let mut max = vec![f32::NEG_INFINITY; n_q];
+    let mut sum = vec![0f32; n_q];
+    let mut acc = vec![0f32; n_q * d];
+    let mut k = vec![0f32; d];
+    let mut v = vec![0f32; d];
+    span.for_each_row(|row| {
+        for (o, x) in k.iter_mut().zip(rows.k(row)) {
+            *o = x.to_f32();
+        }
+        for (o, x) in v.iter_mut().zip(rows.v(row)) {
+            *o = x.to_f32();
+        }
+        for h in 0..n_q {
+            let s = dot_f16_ggml(&k, &q16[h * d..(h + 1) * d]) * scale + 0.0;
+            let a = &mut acc[h * d..(h + 1) * d];
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > max[h] {
+                ms = (max[h] - s).exp();
+                max[h] = s;
+                a.iter_mut().for_each(|x| *x = round_f16(*x * ms));
+            } else {
+                vs = (s - max[h]).exp();
+            }
+            for (x, &vv) in a.iter_mut().zip(&v) {
+                *x = round_f16(vv.mul_add(vs, *x));
+            }
+            sum[h] = sum[h].mul_add(ms, vs);
+        }
+    });
+    for h in 0..n_q {
+        let inv = if sum[h] == 0.0 { 0.0 } else { 1.0 / sum[h] };
+        for (o, x) in out[h * d..(h + 1) * d].iter_mut().zip(&acc[h * d..(h + 1) * d]) {
+            *o = x * inv;
+        }
+    }
 }
 
 /// Rounds to the nearest f16 and back: what storing into an f16 accumulator does.

@@ -202,7 +202,7 @@ pub fn mlp(ctx: &Ctx, m: &MlpWeights, layer: usize, x: &mut [f32]) -> Result<(),
     let up = ctx.matmul(&m.up, &h)?;
     tap("ffn_gate", layer, &gate);
     tap("ffn_up", layer, &up);
-    ops::swiglu(ctx.pool, &mut gate, &up);
+    ops::swiglu(ctx.pool, &mut gate, &up, m.gate.rows);
     tap("ffn_swiglu", layer, &gate);
     let down = ctx.matmul(&m.down, &gate)?;
     tap("ffn_out", layer, &down);

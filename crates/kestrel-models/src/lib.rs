@@ -20,6 +20,7 @@ pub mod plan;
 pub mod pool;
 pub mod recipes;
 pub mod tap;
+pub mod vexp;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig, RopeLayout};

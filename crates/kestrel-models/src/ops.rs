@@ -45,18 +45,20 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`, elementwise (the SwiGLU of the MLP), spread over the pool.
-pub fn swiglu(pool: &ThreadPool, gate: &mut [f32], up: &[f32]) {
-    const CHUNK: usize = 16 * 1024;
-    let n = gate.len();
+/// `gate = silu(gate) * up`, elementwise over rows of `width` (the SwiGLU of the MLP), rows
+/// spread over the pool; each row as ggml computes it ([`crate::vexp::swiglu_row`]).
+pub fn swiglu(pool: &ThreadPool, gate: &mut [f32], up: &[f32], width: usize) {
+    let width = width.max(1);
+    let rows = gate.len() / width;
+    let rows_per_task = (16 * 1024 / width).max(1);
     let ptr = SharedMut::new(gate);
-    pool.run(n.div_ceil(CHUNK), &|task| {
-        let start = task * CHUNK;
-        let len = CHUNK.min(n - start);
-        // SAFETY: each chunk belongs to one task.
-        let g = unsafe { ptr.slice(start, len) };
-        for (g, u) in g.iter_mut().zip(&up[start..start + len]) {
-            *g = *g / (1.0 + (-*g).exp()) * u;
+    pool.run(rows.div_ceil(rows_per_task), &|task| {
+        let r0 = task * rows_per_task;
+        let r1 = (r0 + rows_per_task).min(rows);
+        for r in r0..r1 {
+            // SAFETY: each row belongs to one task.
+            let g = unsafe { ptr.slice(r * width, width) };
+            crate::vexp::swiglu_row(g, &up[r * width..(r + 1) * width]);
         }
     });
 }
