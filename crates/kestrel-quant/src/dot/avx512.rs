@@ -567,6 +567,22 @@ unsafe fn ktile<const MR: usize, const NR: usize, const K: u8>(
         }
         for r in 0..MR {
             for c in 0..NR {
+                if K == K6 {
+                    // llama.cpp's 8 lanes: lane i gathers elements 4i..4i+3 of every 32, which
+                    // are lanes i and i + 8 here (the -32 offset seeded lanes 0..8 as it does).
+                    let s = sumi[r][c];
+                    let s8 = _mm256_add_epi32(
+                        _mm512_castsi512_si256(s),
+                        _mm512_extracti64x4_epi64::<1>(s),
+                    );
+                    let a = _mm256_fmadd_ps(
+                        _mm256_set1_ps(d[r] * yd[c]),
+                        _mm256_cvtepi32_ps(s8),
+                        _mm512_castps512_ps256(acc[r][c]),
+                    );
+                    acc[r][c] = _mm512_zextps256_ps512(a);
+                    continue;
+                }
                 acc[r][c] = _mm512_fmadd_ps(
                     _mm512_cvtepi32_ps(sumi[r][c]),
                     _mm512_set1_ps(d[r] * yd[c]),
@@ -586,7 +602,11 @@ unsafe fn ktile<const MR: usize, const NR: usize, const K: u8>(
     let mut out = [[0f32; NR]; MR];
     for r in 0..MR {
         for c in 0..NR {
-            out[r][c] = _mm512_reduce_add_ps(acc[r][c]);
+            out[r][c] = if K == K6 {
+                hsum8(_mm512_castps512_ps256(acc[r][c]))
+            } else {
+                _mm512_reduce_add_ps(acc[r][c])
+            };
         }
     }
     out
