@@ -185,10 +185,81 @@ fn attend_group_f16_ggml(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: 
     attend_ggml_body(qg, rows, span, scale, out);
 }
 
+/// The AVX-512 form of [`attend_ggml_body`]: the same operations with F16C conversions and
+/// 16-lane FMAs (head_dim a multiple of 16; others take the portable body).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
-    attend_ggml_body(qg, rows, span, scale, out);
+    use std::arch::x86_64::*;
+    let d = rows.head_dim;
+    if d % 64 != 0 || d > 256 {
+        attend_ggml_body(qg, rows, span, scale, out);
+        return;
+    }
+    let nv = d / 16;
+    let n_q = qg.len() / d;
+    let round = |x: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+    let mut q16 = [[_mm512_setzero_ps(); 16]; 16];
+    for h in 0..n_q.min(16) {
+        for j in 0..nv {
+            q16[h][j] = round(_mm512_loadu_ps(qg.as_ptr().add(h * d + 16 * j)));
+        }
+    }
+    if n_q > 16 {
+        attend_ggml_body(qg, rows, span, scale, out);
+        return;
+    }
+    let mut max = [f32::NEG_INFINITY; 16];
+    let mut sum = [0f32; 16];
+    let mut acc = [[_mm512_setzero_ps(); 16]; 16];
+    let mut k = [_mm512_setzero_ps(); 16];
+    let mut v = [_mm512_setzero_ps(); 16];
+    span.for_each_row(|row| {
+        let kp = rows.k(row).as_ptr() as *const __m256i;
+        let vp = rows.v(row).as_ptr() as *const __m256i;
+        for j in 0..nv {
+            k[j] = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(j)));
+            v[j] = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j)));
+        }
+        for h in 0..n_q {
+            // ggml_vec_dot_f16: 4 accumulators over 64-element steps, then its reduction.
+            let mut a = [_mm512_setzero_ps(); 4];
+            for j in 0..nv {
+                a[j % 4] = _mm512_fmadd_ps(k[j], q16[h][j], a[j % 4]);
+            }
+            let x = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+            let t3 = _mm256_add_ps(
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))),
+                _mm512_castps512_ps256(x),
+            );
+            let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+            let t8 = _mm_add_ps(t6, _mm_shuffle_ps::<0b01_00_11_10>(t6, t6));
+            let dot = _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(t8, t8));
+            let s = dot * scale + 0.0;
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > max[h] {
+                ms = (max[h] - s).exp();
+                max[h] = s;
+                let m = _mm512_set1_ps(ms);
+                for j in 0..nv {
+                    acc[h][j] = round(_mm512_mul_ps(acc[h][j], m));
+                }
+            } else {
+                vs = (s - max[h]).exp();
+            }
+            let w = _mm512_set1_ps(vs);
+            for j in 0..nv {
+                acc[h][j] = round(_mm512_fmadd_ps(v[j], w, acc[h][j]));
+            }
+            sum[h] = sum[h].mul_add(ms, vs);
+        }
+    });
+    for h in 0..n_q {
+        let inv = _mm512_set1_ps(if sum[h] == 0.0 { 0.0 } else { 1.0 / sum[h] });
+        for j in 0..nv {
+            _mm512_storeu_ps(out.as_mut_ptr().add(h * d + 16 * j), _mm512_mul_ps(acc[h][j], inv));
+        }
+    }
 }
 
 /// `ggml_vec_dot_f16` as compiled for AVX-512 (F32 lanes): the result before rounding to f32.
