@@ -116,6 +116,24 @@ impl Model {
         let output = store.matrix(output_name, cfg.vocab_size, cfg.dim)?;
         let output_norm = store.vector("output_norm.weight", cfg.dim)?;
         store.prefault(progress);
+        let mut layers = layers;
+        let mut output = output;
+        if opts.matmul == MatmulPath::Quantized {
+            for l in layers.iter_mut() {
+                for w in [
+                    &mut l.attn.wq,
+                    &mut l.attn.wk,
+                    &mut l.attn.wv,
+                    &mut l.attn.wo,
+                    &mut l.mlp.gate,
+                    &mut l.mlp.up,
+                    &mut l.mlp.down,
+                ] {
+                    w.repack()?;
+                }
+            }
+            output.repack()?;
+        }
         Ok(Self {
             embed,
             layers,

@@ -195,6 +195,9 @@ pub fn matmul(
                 }
             });
         }
+        MatmulPath::Quantized if w.packed().is_some() => {
+            return matmul_repacked(pool, w, x, out);
+        }
         MatmulPath::Quantized => {
             let act_ty = kestrel_quant::vec_dot_type(w.ty);
             let act_row = act_ty.bytes_for(cols as u64).unwrap_or(0) as usize;
@@ -239,6 +242,57 @@ pub fn matmul(
             });
         }
     }
+    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(ModelError::BadType {
+            name: w.name.clone(),
+            ty: w.ty.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// A repacked Q4_K matmul: activations to Q8_K once, then groups of 16 weight rows against
+/// every token, spread over the pool. Tokens in whole groups of four take llama.cpp's GEMM
+/// order, the rest its GEMV order (see `kestrel_quant::repack`).
+fn matmul_repacked(
+    pool: &ThreadPool,
+    w: &Weight,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<(), ModelError> {
+    let Some(packed) = w.packed() else {
+        return Err(ModelError::BadType {
+            name: w.name.clone(),
+            ty: w.ty.to_string(),
+        });
+    };
+    let (rows, cols) = (w.rows, w.cols);
+    let t_len = x.len() / cols;
+    let act_ty = GgmlType::Q8_K;
+    let act_row = act_ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+    let mut acts = vec![0u8; t_len * act_row];
+    quantize_activations(pool, act_ty, x, cols, &mut acts, act_row)?;
+    let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
+    let gemm_upto = t_len - t_len % 4;
+    let r = kestrel_quant::repack::R;
+    let groups = rows / r;
+    let per_task = (groups / (pool.n_threads() * 4)).clamp(1, 64);
+    let out_ptr = SharedMut::new(out);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    pool.run(groups.div_ceil(per_task), &|task| {
+        let mut tmp = vec![0f32; t_len * r];
+        for g in task * per_task..((task + 1) * per_task).min(groups) {
+            if packed.dot_group(g, &act_rows, gemm_upto, &mut tmp).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+            for t in 0..t_len {
+                // SAFETY: rows 16g..16g+16 of every token belong to this task only.
+                let dst = unsafe { out_ptr.slice(t * rows + g * r, r) };
+                dst.copy_from_slice(&tmp[t * r..(t + 1) * r]);
+            }
+        }
+    });
     if failed.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(ModelError::BadType {
             name: w.name.clone(),

@@ -18,9 +18,60 @@ pub struct Weight {
     row_bytes: usize,
     map: Arc<memmap2::Mmap>,
     start: usize,
+    /// Q4_K rows repacked for the AVX-512 kernels ([`Weight::repack`]); the mapped bytes stay
+    /// the source of truth for every other reader (reference path, row dequantization).
+    packed: Option<kestrel_quant::repack::Q4KRepacked>,
+}
+
+/// Whether [`Weight::repack`] would repack a matrix of this type and shape here.
+pub fn repacks(name: &str, ty: GgmlType, rows: usize) -> bool {
+    ty == GgmlType::Q4_K
+        && rows.is_multiple_of(kestrel_quant::repack::R)
+        && name != "token_embd.weight"
+        && kestrel_quant::repack::avx512_available()
+}
+
+/// Extra resident bytes of the load-time repacking, for the memory plan: a repacked Q4_K
+/// group of 16 rows holds 2,432 bytes per super-block instead of 2,304 (the mapped pages are
+/// released). `tensors`: (name, type, rows, bytes) of every matrix.
+pub fn repack_extra_bytes<'a>(tensors: impl Iterator<Item = (&'a str, GgmlType, usize, u64)>) -> u64 {
+    tensors
+        .filter(|(name, ty, rows, _)| repacks(name, *ty, *rows))
+        .map(|(_, _, _, bytes)| {
+            bytes / 2304 * (kestrel_quant::repack::GROUP_BLOCK_BYTES as u64 - 2304)
+        })
+        .sum()
 }
 
 impl Weight {
+    /// Repacks a Q4_K matrix for the AVX-512 kernels when [`repacks`] says so and releases its
+    /// mapped pages (they fault back in from the page cache if the reference path reads them).
+    pub fn repack(&mut self) -> Result<bool, ModelError> {
+        if self.packed.is_some() || !repacks(&self.name, self.ty, self.rows) {
+            return Ok(false);
+        }
+        let packed = kestrel_quant::repack::Q4KRepacked::new(self.bytes(), self.rows, self.cols)?;
+        self.packed = Some(packed);
+        // Whole pages inside this tensor only: neighbours may still be in use.
+        let page = 4096;
+        let (lo, hi) = (self.start, self.start + self.rows * self.row_bytes);
+        let (lo, hi) = (lo.next_multiple_of(page), hi / page * page);
+        if hi > lo {
+            // SAFETY: a read-only private file mapping: dropped pages are re-read from the
+            // file on the next access, so no reader can observe a change.
+            let _ = unsafe {
+                self.map
+                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
+            };
+        }
+        Ok(true)
+    }
+
+    /// The repacked form, if [`Weight::repack`] made one.
+    pub fn packed(&self) -> Option<&kestrel_quant::repack::Q4KRepacked> {
+        self.packed.as_ref()
+    }
+
     /// All rows, contiguous.
     pub fn bytes(&self) -> &[u8] {
         &self.map[self.start..self.start + self.rows * self.row_bytes]
@@ -208,6 +259,7 @@ impl TensorStore {
             row_bytes,
             map: e.map.clone(),
             start: e.start,
+            packed: None,
         })
     }
 

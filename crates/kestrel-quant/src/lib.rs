@@ -20,6 +20,7 @@ pub mod dot;
 mod error;
 pub mod float16;
 mod quantize;
+pub mod repack;
 
 pub use blocks::row_bytes;
 pub use dequant::dequantize_row;

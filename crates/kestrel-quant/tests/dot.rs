@@ -167,8 +167,40 @@ fn multi_row_batches_of_odd_sizes_match_the_oracle() {
     }
 }
 
+/// llama.cpp's tiled Q6_K x Q8_K order, written out: per super-block the exact integer
+/// `sum_j sc_j sum_l (q - 32) y`, then `acc = fma(float(isum) * d, yd, acc)`.
+fn q6k_tiled_order(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for i in 0..n / 256 {
+        let xb = &x[i * 210..(i + 1) * 210];
+        let yb = &y[i * 292..(i + 1) * 292];
+        let (ql, qh, sc) = (&xb[..128], &xb[128..192], &xb[192..208]);
+        let d = kestrel_quant::float16::f16_to_f32(u16::from_le_bytes([xb[208], xb[209]]));
+        let yd = f32::from_le_bytes([yb[0], yb[1], yb[2], yb[3]]);
+        let mut q = [0i32; 256];
+        for half in 0..2 {
+            let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
+            for l in 0..32 {
+                let o = 128 * half;
+                q[o + l] = ((ql[l] & 0xf) | ((qh[l] & 3) << 4)) as i32 - 32;
+                q[o + l + 32] = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                q[o + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                q[o + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            }
+        }
+        let mut isum = 0i32;
+        for j in 0..16 {
+            let s: i32 = (16 * j..16 * j + 16).map(|e| q[e] * yb[4 + e] as i8 as i32).sum();
+            isum += sc[j] as i8 as i32 * s;
+        }
+        acc = ((isum as f32) * d).mul_add(yd, acc);
+    }
+    acc
+}
+
 /// `vec_dot_rows` (the tiled kernel and its fallback) equals `vec_dot_multi` per weight row, bit
-/// for bit, for 1..=9 weight rows and odd batch sizes, on every backend and type.
+/// for bit, for 1..=9 weight rows and odd batch sizes, on every backend and type — except Q6_K
+/// on AVX-512 from 8 activation rows on, which follows llama.cpp's tiled order instead.
 #[test]
 fn tiled_rows_equal_multi_per_row() {
     let mut rng = Rng(0x711e);
@@ -186,6 +218,15 @@ fn tiled_rows_equal_multi_per_row() {
                         for r in 0..m {
                             let mut want = vec![0f32; t];
                             vec_dot_multi_with(b, w, n, rows[r], &refs, &mut want).unwrap();
+                            if w == GgmlType::Q6_K
+                                && b == Backend::Avx512Vnni
+                                && t >= kestrel_quant::dot::BATCHED_MIN_TOKENS
+                            {
+                                // llama.cpp's tiled K-quant order (see `dot::BATCHED_MIN_TOKENS`).
+                                for c in 0..t {
+                                    want[c] = q6k_tiled_order(n, rows[r], refs[c]);
+                                }
+                            }
                             let mut oracle = vec![0f32; t];
                             vec_dot_multi_with(Backend::Generic, w, n, rows[r], &refs, &mut oracle)
                                 .unwrap();

@@ -37,7 +37,7 @@ pub(crate) unsafe fn dot512<const N: usize>(
         GgmlType::Q8_0 => blocks32::<N, 2>(nb, x, y),
         GgmlType::Q4_1 => blocks32::<N, 3>(nb, x, y),
         GgmlType::Q4_K => ktile_q4k::<1, N>(nb, [x], y)[0],
-        GgmlType::Q6_K => ktile_q6k::<1, N>(nb, [x], y)[0],
+        GgmlType::Q6_K => ktile_q6k::<1, N>(nb, [x], y, false)[0],
         _ => return dot::<N>(w, nb, x, y),
     })
 }
@@ -241,13 +241,14 @@ pub(crate) unsafe fn tile<const MR: usize, const NR: usize>(
     nb: usize,
     x: [*const u8; MR],
     y: [*const u8; NR],
+    batched: bool,
 ) -> [[f32; NR]; MR] {
     match w {
         GgmlType::Q4_0 => tile_t::<MR, NR, Q4_0>(nb, x, y),
         GgmlType::Q5_0 => tile_t::<MR, NR, Q5_0>(nb, x, y),
         GgmlType::Q8_0 => tile_t::<MR, NR, Q8_0>(nb, x, y),
         GgmlType::Q4_K => ktile_q4k::<MR, NR>(nb, x, y),
-        GgmlType::Q6_K => ktile_q6k::<MR, NR>(nb, x, y),
+        GgmlType::Q6_K => ktile_q6k::<MR, NR>(nb, x, y, batched),
         _ => tile_t::<MR, NR, Q4_1>(nb, x, y),
     }
 }
@@ -411,6 +412,7 @@ unsafe fn ktile<const MR: usize, const NR: usize, const K: u8>(
     nb: usize,
     x: [*const u8; MR],
     y: [*const u8; NR],
+    batched: bool,
 ) -> [[f32; NR]; MR] {
     const KMASK1: u32 = 0x3f3f3f3f;
     const KMASK2: u32 = 0x0f0f0f0f;
@@ -419,6 +421,9 @@ unsafe fn ktile<const MR: usize, const NR: usize, const K: u8>(
     let m4 = _mm512_set1_epi8(0x0f);
     let m30 = _mm512_set1_epi8(0x30);
     let mut acc = [[_mm512_setzero_ps(); NR]; MR];
+    // Q6_K in a matmul of 8 or more tokens: llama.cpp's tiled K-quant kernel, one f32 chain per
+    // output: `acc = fma(float(isum) * d, yd, acc)` per super-block.
+    let mut chain = [[0f32; NR]; MR];
     for i in 0..nb {
         // Activation side.
         let mut yd = [0f32; NR];
@@ -567,6 +572,11 @@ unsafe fn ktile<const MR: usize, const NR: usize, const K: u8>(
         }
         for r in 0..MR {
             for c in 0..NR {
+                if K == K6 && batched {
+                    let isum = _mm512_reduce_add_epi32(sumi[r][c]);
+                    chain[r][c] = ((isum as f32) * d[r]).mul_add(yd[c], chain[r][c]);
+                    continue;
+                }
                 if K == K6 {
                     // llama.cpp's 8 lanes: lane i gathers elements 4i..4i+3 of every 32, which
                     // are lanes i and i + 8 here (the -32 offset seeded lanes 0..8 as it does).
@@ -602,7 +612,9 @@ unsafe fn ktile<const MR: usize, const NR: usize, const K: u8>(
     let mut out = [[0f32; NR]; MR];
     for r in 0..MR {
         for c in 0..NR {
-            out[r][c] = if K == K6 {
+            out[r][c] = if K == K6 && batched {
+                chain[r][c]
+            } else if K == K6 {
                 hsum8(_mm512_castps512_ps256(acc[r][c]))
             } else {
                 _mm512_reduce_add_ps(acc[r][c])
@@ -618,7 +630,7 @@ unsafe fn ktile_q4k<const MR: usize, const NR: usize>(
     x: [*const u8; MR],
     y: [*const u8; NR],
 ) -> [[f32; NR]; MR] {
-    ktile::<MR, NR, K4>(nb, x, y)
+    ktile::<MR, NR, K4>(nb, x, y, false)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -626,6 +638,7 @@ unsafe fn ktile_q6k<const MR: usize, const NR: usize>(
     nb: usize,
     x: [*const u8; MR],
     y: [*const u8; NR],
+    batched: bool,
 ) -> [[f32; NR]; MR] {
-    ktile::<MR, NR, K6>(nb, x, y)
+    ktile::<MR, NR, K6>(nb, x, y, batched)
 }

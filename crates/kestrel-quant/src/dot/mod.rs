@@ -218,6 +218,10 @@ pub fn vec_dot_rows_with(
     Ok(())
 }
 
+/// From this many activation rows on, llama.cpp runs Q6_K (and the other non-repacked K-quants)
+/// through its tiled matmul, whose f32 order [`vec_dot_rows`] then follows; below, its `vec_dot`.
+pub const BATCHED_MIN_TOKENS: usize = 8;
+
 /// The first `MR` of `w_rows` against all of `acts` (lengths checked, AVX-512 available).
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 fn tile_rows<const MR: usize, const NR: usize>(
@@ -257,7 +261,7 @@ unsafe fn tile_cols<const MR: usize, const NR: usize>(
 ) -> usize {
     let t = acts.len();
     let y: [*const u8; NR] = std::array::from_fn(|j| acts[c + j].as_ptr());
-    let v = avx512::tile::<MR, NR>(w, nb, x, y);
+    let v = avx512::tile::<MR, NR>(w, nb, x, y, t >= BATCHED_MIN_TOKENS);
     for r in 0..MR {
         out[r * t + c..r * t + c + NR].copy_from_slice(&v[r]);
     }

@@ -1,0 +1,358 @@
+//! Q4_K weights repacked at load into groups of 16 rows, so one 512-bit vector holds four
+//! consecutive quants of each of 16 rows and every `vpdpbusd` lane is one output row: the
+//! integer dot products need no horizontal sums, and the f32 arithmetic can follow llama.cpp's
+//! repacked Q4_K kernels (`ggml_gemv/gemm_q4_K_8x8_q8_K`) exactly:
+//!
+//! - GEMV order (decode, and the last `T % 4` tokens of a matmul): per super-block, the whole
+//!   integer sum `sum_j sc_j (q . y)_j` and the mins term `sum_j m_j bsum32_j` each go through
+//!   one fused multiply-add, `A = fma(isum, d * yd, A)`, `M = fma(imin, dmin * yd, M)`;
+//! - GEMM order (tokens in whole groups of four): the same per 64-element pair of sub-blocks;
+//! - the result is `A - M`.
+//!
+//! Layout of one group (16 rows) and super-block, 2,432 bytes (16 native blocks are 2,304):
+//! `d[16] f32, dmin[16] f32, sc[8][16] u8, m[8][16] u8, qs[4][8][16][4] u8`, where
+//! `qs[sb][k][r]` holds bytes `32 sb + 4k .. 32 sb + 4k + 4` of row r's native `qs`: low nibbles
+//! are sub-block `2 sb`, high nibbles sub-block `2 sb + 1`, elements `4k .. 4k + 4`.
+
+use crate::blocks::{scale_min_k4, BlockQ4K, QK_K};
+use crate::float16::f16_to_f32;
+use crate::QuantError;
+use kestrel_gguf::GgmlType;
+
+/// Rows per group.
+pub const R: usize = 16;
+const Q8K_BYTES: usize = 292;
+const Q4K_BYTES: usize = 144;
+const D_OFF: usize = 0;
+const DMIN_OFF: usize = 4 * R;
+const SC_OFF: usize = 8 * R;
+const M_OFF: usize = SC_OFF + 8 * R;
+const QS_OFF: usize = M_OFF + 8 * R;
+/// Bytes of one group's super-block.
+pub const GROUP_BLOCK_BYTES: usize = QS_OFF + 4 * 8 * R * 4;
+
+/// A Q4_K matrix (`rows` a multiple of 16) in the repacked layout.
+pub struct Q4KRepacked {
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+impl Q4KRepacked {
+    /// Repack `rows` rows of `cols` Q4_K elements (`bytes` row-major, as in a GGUF file).
+    pub fn new(bytes: &[u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        let row_bytes = crate::blocks::row_bytes(GgmlType::Q4_K, cols)?;
+        if !rows.is_multiple_of(R) || bytes.len() != rows * row_bytes {
+            return Err(QuantError::Len {
+                what: "Q4_K repack (rows must be a multiple of 16)",
+                expected: rows.next_multiple_of(R) * row_bytes,
+                got: bytes.len(),
+            });
+        }
+        let nb = cols / QK_K;
+        let mut data = vec![0u8; rows / R * nb * GROUP_BLOCK_BYTES];
+        for g in 0..rows / R {
+            for i in 0..nb {
+                let dst = &mut data[(g * nb + i) * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
+                for r in 0..R {
+                    let src = &bytes[(g * R + r) * row_bytes + i * Q4K_BYTES..][..Q4K_BYTES];
+                    let blk: BlockQ4K = crate::blocks::read_block(src);
+                    let d = f16_to_f32(blk.d.0);
+                    let dmin = f16_to_f32(blk.dmin.0);
+                    dst[D_OFF + 4 * r..][..4].copy_from_slice(&d.to_le_bytes());
+                    dst[DMIN_OFF + 4 * r..][..4].copy_from_slice(&dmin.to_le_bytes());
+                    for j in 0..8 {
+                        let (sc, m) = scale_min_k4(j, &blk.scales);
+                        dst[SC_OFF + j * R + r] = sc;
+                        dst[M_OFF + j * R + r] = m;
+                    }
+                    for sb in 0..4 {
+                        for k in 0..8 {
+                            let at = QS_OFF + ((sb * 8 + k) * R + r) * 4;
+                            dst[at..at + 4].copy_from_slice(&blk.qs[32 * sb + 4 * k..][..4]);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Self { rows, cols, data })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held (for the memory plan).
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn group(&self, g: usize) -> &[u8] {
+        let nb = self.cols / QK_K;
+        &self.data[g * nb * GROUP_BLOCK_BYTES..(g + 1) * nb * GROUP_BLOCK_BYTES]
+    }
+
+    /// Rows `16 g .. 16 g + 16` against every activation row (Q8_K rows of `cols`):
+    /// `out[t * 16 + r]`. Tokens `t < gemm_upto` take llama.cpp's GEMM order, the rest its GEMV
+    /// order (pass `T - T % 4` for a matmul over `T` tokens).
+    pub fn dot_group(
+        &self,
+        g: usize,
+        acts: &[&[u8]],
+        gemm_upto: usize,
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        let nb = self.cols / QK_K;
+        if g >= self.rows / R || out.len() != acts.len() * R {
+            return Err(QuantError::Len {
+                what: "Q4_K repacked group output",
+                expected: acts.len() * R,
+                got: out.len(),
+            });
+        }
+        for a in acts {
+            if a.len() != nb * Q8K_BYTES {
+                return Err(QuantError::Len {
+                    what: "Q8_K activation row",
+                    expected: nb * Q8K_BYTES,
+                    got: a.len(),
+                });
+            }
+        }
+        let w = self.group(g);
+        #[cfg(target_arch = "x86_64")]
+        if avx512_available() {
+            let mut c = 0;
+            while c < acts.len() {
+                let n = (acts.len() - c).min(4);
+                let o = &mut out[c * R..(c + n) * R];
+                // SAFETY: AVX-512 VNNI is available; every row was length-checked above.
+                unsafe {
+                    match n {
+                        4 => avx512::tile::<4>(nb, w, &acts[c..], c, gemm_upto, o),
+                        3 => avx512::tile::<3>(nb, w, &acts[c..], c, gemm_upto, o),
+                        2 => avx512::tile::<2>(nb, w, &acts[c..], c, gemm_upto, o),
+                        _ => avx512::tile::<1>(nb, w, &acts[c..], c, gemm_upto, o),
+                    }
+                }
+                c += n;
+            }
+            return Ok(());
+        }
+        for (t, a) in acts.iter().enumerate() {
+            dot_scalar(nb, w, a, t < gemm_upto, &mut out[t * R..(t + 1) * R]);
+        }
+        Ok(())
+    }
+}
+
+/// Whether the SIMD kernel runs here (repacking pays only where it does).
+pub fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::dot::Backend::detect() == crate::dot::Backend::Avx512Vnni
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+fn f32_at(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn i16_at(b: &[u8], at: usize) -> i32 {
+    i16::from_le_bytes([b[at], b[at + 1]]) as i32
+}
+
+/// The arithmetic of the repacked kernels, one lane at a time: the oracle for the SIMD form
+/// (integer sums are exact, the f32 operations the same, so results agree bit for bit).
+fn dot_scalar(nb: usize, w: &[u8], a: &[u8], gemm: bool, out: &mut [f32]) {
+    for (r, o) in out.iter_mut().enumerate() {
+        let (mut acc, mut acc_min) = (0f32, 0f32);
+        for i in 0..nb {
+            let wb = &w[i * GROUP_BLOCK_BYTES..];
+            let ab = &a[i * Q8K_BYTES..];
+            let yd = f32_at(ab, 0);
+            let dyd = f32_at(wb, D_OFF + 4 * r) * yd;
+            let dmyd = f32_at(wb, DMIN_OFF + 4 * r) * yd;
+            let (mut isum, mut imin) = (0i32, 0i32);
+            for sb in 0..4 {
+                let mut lo = 0i32;
+                let mut hi = 0i32;
+                for k in 0..8 {
+                    for b in 0..4 {
+                        let q = wb[QS_OFF + ((sb * 8 + k) * R + r) * 4 + b];
+                        let e = 4 * k + b;
+                        lo += (q & 0xf) as i32 * ab[4 + 64 * sb + e] as i8 as i32;
+                        hi += (q >> 4) as i32 * ab[4 + 64 * sb + 32 + e] as i8 as i32;
+                    }
+                }
+                let (j0, j1) = (2 * sb, 2 * sb + 1);
+                let isb = lo * wb[SC_OFF + j0 * R + r] as i32 + hi * wb[SC_OFF + j1 * R + r] as i32;
+                let bsum = |j: usize| i16_at(ab, 260 + 4 * j) + i16_at(ab, 260 + 4 * j + 2);
+                let imb = wb[M_OFF + j0 * R + r] as i32 * bsum(j0)
+                    + wb[M_OFF + j1 * R + r] as i32 * bsum(j1);
+                if gemm {
+                    acc = (isb as f32).mul_add(dyd, acc);
+                    acc_min = (imb as f32).mul_add(dmyd, acc_min);
+                } else {
+                    isum += isb;
+                    imin += imb;
+                }
+            }
+            if !gemm {
+                acc = (isum as f32).mul_add(dyd, acc);
+                acc_min = (imin as f32).mul_add(dmyd, acc_min);
+            }
+        }
+        *o = acc - acc_min;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// 16 rows x `N` activation rows (`acts[0..N]`, the matmul's tokens `t0..t0 + N`).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    pub(super) unsafe fn tile<const N: usize>(
+        nb: usize,
+        w: &[u8],
+        acts: &[&[u8]],
+        t0: usize,
+        gemm_upto: usize,
+        out: &mut [f32],
+    ) {
+        let gemm: [bool; N] = std::array::from_fn(|c| t0 + c < gemm_upto);
+        let m4 = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut acc_min = [_mm512_setzero_ps(); N];
+        for i in 0..nb {
+            let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
+            let d = _mm512_loadu_ps(wb.add(D_OFF) as *const f32);
+            let dmin = _mm512_loadu_ps(wb.add(DMIN_OFF) as *const f32);
+            let mut dyd = [_mm512_setzero_ps(); N];
+            let mut dmyd = [_mm512_setzero_ps(); N];
+            let mut a = [std::ptr::null::<u8>(); N];
+            for c in 0..N {
+                a[c] = acts[c].as_ptr().add(i * Q8K_BYTES);
+                let yd = _mm512_set1_ps((a[c] as *const f32).read_unaligned());
+                dyd[c] = _mm512_mul_ps(d, yd);
+                dmyd[c] = _mm512_mul_ps(dmin, yd);
+            }
+            let mut isum = [_mm512_setzero_si512(); N];
+            let mut imin = [_mm512_setzero_si512(); N];
+            for sb in 0..4 {
+                let ld8 = |off: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(wb.add(off) as *const __m128i));
+                let (sc0, sc1) = (ld8(SC_OFF + 2 * sb * R), ld8(SC_OFF + (2 * sb + 1) * R));
+                let (mn0, mn1) = (ld8(M_OFF + 2 * sb * R), ld8(M_OFF + (2 * sb + 1) * R));
+                let mut lo = [_mm512_setzero_si512(); N];
+                let mut hi = [_mm512_setzero_si512(); N];
+                for k in 0..8 {
+                    let q = _mm512_loadu_si512(wb.add(QS_OFF + (sb * 8 + k) * R * 4) as *const _);
+                    let ql = _mm512_and_si512(q, m4);
+                    let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                    for c in 0..N {
+                        let y = a[c].add(4 + 64 * sb + 4 * k);
+                        let yl = _mm512_set1_epi32((y as *const i32).read_unaligned());
+                        let yh = _mm512_set1_epi32((y.add(32) as *const i32).read_unaligned());
+                        lo[c] = _mm512_dpbusd_epi32(lo[c], ql, yl);
+                        hi[c] = _mm512_dpbusd_epi32(hi[c], qh, yh);
+                    }
+                }
+                for c in 0..N {
+                    let isb = _mm512_add_epi32(
+                        _mm512_mullo_epi32(lo[c], sc0),
+                        _mm512_mullo_epi32(hi[c], sc1),
+                    );
+                    let bs = a[c].add(260 + 8 * sb) as *const i16;
+                    let b0 = bs.read_unaligned() as i32 + bs.add(1).read_unaligned() as i32;
+                    let b1 = bs.add(2).read_unaligned() as i32 + bs.add(3).read_unaligned() as i32;
+                    let imb = _mm512_add_epi32(
+                        _mm512_mullo_epi32(mn0, _mm512_set1_epi32(b0)),
+                        _mm512_mullo_epi32(mn1, _mm512_set1_epi32(b1)),
+                    );
+                    if gemm[c] {
+                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isb), dyd[c], acc[c]);
+                        acc_min[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imb), dmyd[c], acc_min[c]);
+                    } else {
+                        isum[c] = _mm512_add_epi32(isum[c], isb);
+                        imin[c] = _mm512_add_epi32(imin[c], imb);
+                    }
+                }
+            }
+            for c in 0..N {
+                if !gemm[c] {
+                    acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), dyd[c], acc[c]);
+                    acc_min[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[c]), dmyd[c], acc_min[c]);
+                }
+            }
+        }
+        for c in 0..N {
+            _mm512_storeu_ps(out.as_mut_ptr().add(c * R), _mm512_sub_ps(acc[c], acc_min[c]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    #[test]
+    fn simd_equals_the_scalar_form_and_the_oracle_dot() {
+        let (rows, cols) = (32, 512);
+        let mut seed = 0x1234_5678_9abc_def0u64;
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|_| (rng(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let rb = crate::row_bytes(GgmlType::Q4_K, cols).unwrap();
+        let mut w = vec![0u8; rows * rb];
+        for r in 0..rows {
+            crate::quantize_row(GgmlType::Q4_K, &x[r * cols..(r + 1) * cols], &mut w[r * rb..(r + 1) * rb])
+                .unwrap();
+        }
+        let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
+        let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
+        let t = 7;
+        let mut acts = vec![0u8; t * ab];
+        for c in 0..t {
+            let y: Vec<f32> = (0..cols).map(|_| (rng(&mut seed) % 2001) as f32 / 700.0 - 1.4).collect();
+            crate::quantize_row(GgmlType::Q8_K, &y, &mut acts[c * ab..(c + 1) * ab]).unwrap();
+        }
+        let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+        let gemm_upto = t - t % 4;
+        for g in 0..rows / R {
+            let mut got = vec![0f32; t * R];
+            packed.dot_group(g, &act_rows, gemm_upto, &mut got).unwrap();
+            let mut want = vec![0f32; t * R];
+            for (c, a) in act_rows.iter().enumerate() {
+                dot_scalar(cols / QK_K, packed.group(g), a, c < gemm_upto, &mut want[c * R..(c + 1) * R]);
+            }
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "group {g} token {} row {}", i / R, i % R);
+            }
+            // Same value as the row-major oracle, up to f32 rounding order.
+            for c in 0..t {
+                for r in 0..R {
+                    let row = &w[(g * R + r) * rb..(g * R + r + 1) * rb];
+                    let o = crate::dot::generic::vec_dot(GgmlType::Q4_K, cols, row, act_rows[c]);
+                    let v = got[c * R + r];
+                    assert!((o - v).abs() <= 1e-3 * (1.0 + o.abs()), "{o} vs {v}");
+                }
+            }
+        }
+        assert!(Q4KRepacked::new(&w[..rb * 8], 8, cols).is_err());
+    }
+}
