@@ -136,6 +136,13 @@ fn check(model_key: &str, file: &str, matmul: MatmulPath, only: Option<&[&str]>)
         "{model_key} {matmul:?}: {equal}/{n} prompts match every token; {strict}/{n} pass the 0.02 near-tie rule",
         n = cases.len()
     );
+    // Where the kernels reproduce llama.cpp's AVX-512 numerics (docs/parity.md), the issue's
+    // strict rule holds for every prompt; elsewhere only the wider rule asserted above.
+    if matmul == MatmulPath::Quantized
+        && kestrel_quant::Backend::detect() == kestrel_quant::Backend::Avx512Vnni
+    {
+        assert_eq!(strict, cases.len(), "{model_key}: prompts outside the 0.02 near-tie rule");
+    }
 }
 
 #[test]
