@@ -240,14 +240,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let max_ctx = model.config.max_context;
     let bytes_per_token = model.weight_bytes_per_token();
 
-    let (matches, first_div) = if args.check_tokens > 0 {
-        let prompt = src.tokenizer.encode(PARITY_PROMPT, true, true)?;
-        let (m, f) = check_reference(&mut model, &prompt, args.check_tokens)?;
-        (Some(m), f)
-    } else {
-        (None, None)
-    };
-
     let mut rows = Vec::new();
     for &d in &ds {
         for &p in &ps {
@@ -319,6 +311,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     let process_wall = wall0.elapsed().as_secs_f64();
+    // After the rows: the reference path reads the raw weights (also of repacked matrices),
+    // which must not count in the rows' peak RSS.
+    let (matches, first_div) = if args.check_tokens > 0 {
+        let prompt = src.tokenizer.encode(PARITY_PROMPT, true, true)?;
+        let (m, f) = check_reference(&mut model, &prompt, args.check_tokens)?;
+        (Some(m), f)
+    } else {
+        (None, None)
+    };
     // After the rows, so its buffer does not count in their peak RSS.
     let bandwidth = read_bandwidth(threads);
     let limit_tok_s = bandwidth / bytes_per_token as f64;
