@@ -257,7 +257,10 @@ unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, o
     for h in 0..n_q {
         let inv = _mm512_set1_ps(if sum[h] == 0.0 { 0.0 } else { 1.0 / sum[h] });
         for j in 0..nv {
-            _mm512_storeu_ps(out.as_mut_ptr().add(h * d + 16 * j), _mm512_mul_ps(acc[h][j], inv));
+            _mm512_storeu_ps(
+                out.as_mut_ptr().add(h * d + 16 * j),
+                _mm512_mul_ps(acc[h][j], inv),
+            );
         }
     }
 }
@@ -329,7 +332,10 @@ fn attend_ggml_body(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut 
     });
     for h in 0..n_q {
         let inv = if sum[h] == 0.0 { 0.0 } else { 1.0 / sum[h] };
-        for (o, x) in out[h * d..(h + 1) * d].iter_mut().zip(&acc[h * d..(h + 1) * d]) {
+        for (o, x) in out[h * d..(h + 1) * d]
+            .iter_mut()
+            .zip(&acc[h * d..(h + 1) * d])
+        {
             *o = x * inv;
         }
     }

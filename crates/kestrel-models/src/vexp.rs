@@ -78,9 +78,7 @@ pub fn has_avx512() -> bool {
     {
         use std::sync::OnceLock;
         static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")
-        })
+        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -118,7 +116,10 @@ unsafe fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
         let x = _mm512_loadu_ps(g.as_ptr());
         let e = expf16(_mm512_sub_ps(_mm512_setzero_ps(), x));
         let silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e));
-        _mm512_storeu_ps(g.as_mut_ptr(), _mm512_mul_ps(silu, _mm512_loadu_ps(u.as_ptr())));
+        _mm512_storeu_ps(
+            g.as_mut_ptr(),
+            _mm512_mul_ps(silu, _mm512_loadu_ps(u.as_ptr())),
+        );
     }
 }
 
@@ -136,7 +137,10 @@ mod tests {
             let e = expf_lane(x);
             let want = (x as f64).exp();
             if want > 1e-30 && want < 1e30 {
-                assert!(((e as f64 - want) / want).abs() < 1e-6, "exp({x}) = {e}, want {want}");
+                assert!(
+                    ((e as f64 - want) / want).abs() < 1e-6,
+                    "exp({x}) = {e}, want {want}"
+                );
             }
         }
         #[cfg(target_arch = "x86_64")]

@@ -141,7 +141,11 @@ fn check(model_key: &str, file: &str, matmul: MatmulPath, only: Option<&[&str]>)
     if matmul == MatmulPath::Quantized
         && kestrel_quant::Backend::detect() == kestrel_quant::Backend::Avx512Vnni
     {
-        assert_eq!(strict, cases.len(), "{model_key}: prompts outside the 0.02 near-tie rule");
+        assert_eq!(
+            strict,
+            cases.len(),
+            "{model_key}: prompts outside the 0.02 near-tie rule"
+        );
     }
 }
 

@@ -248,7 +248,9 @@ mod avx512 {
             let mut isum = [_mm512_setzero_si512(); N];
             let mut imin = [_mm512_setzero_si512(); N];
             for sb in 0..4 {
-                let ld8 = |off: usize| _mm512_cvtepu8_epi32(_mm_loadu_si128(wb.add(off) as *const __m128i));
+                let ld8 = |off: usize| {
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(wb.add(off) as *const __m128i))
+                };
                 let (sc0, sc1) = (ld8(SC_OFF + 2 * sb * R), ld8(SC_OFF + (2 * sb + 1) * R));
                 let (mn0, mn1) = (ld8(M_OFF + 2 * sb * R), ld8(M_OFF + (2 * sb + 1) * R));
                 let mut lo = [_mm512_setzero_si512(); N];
@@ -294,7 +296,10 @@ mod avx512 {
             }
         }
         for c in 0..N {
-            _mm512_storeu_ps(out.as_mut_ptr().add(c * R), _mm512_sub_ps(acc[c], acc_min[c]));
+            _mm512_storeu_ps(
+                out.as_mut_ptr().add(c * R),
+                _mm512_sub_ps(acc[c], acc_min[c]),
+            );
         }
     }
 }
@@ -320,15 +325,21 @@ mod tests {
         let rb = crate::row_bytes(GgmlType::Q4_K, cols).unwrap();
         let mut w = vec![0u8; rows * rb];
         for r in 0..rows {
-            crate::quantize_row(GgmlType::Q4_K, &x[r * cols..(r + 1) * cols], &mut w[r * rb..(r + 1) * rb])
-                .unwrap();
+            crate::quantize_row(
+                GgmlType::Q4_K,
+                &x[r * cols..(r + 1) * cols],
+                &mut w[r * rb..(r + 1) * rb],
+            )
+            .unwrap();
         }
         let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
         let t = 7;
         let mut acts = vec![0u8; t * ab];
         for c in 0..t {
-            let y: Vec<f32> = (0..cols).map(|_| (rng(&mut seed) % 2001) as f32 / 700.0 - 1.4).collect();
+            let y: Vec<f32> = (0..cols)
+                .map(|_| (rng(&mut seed) % 2001) as f32 / 700.0 - 1.4)
+                .collect();
             crate::quantize_row(GgmlType::Q8_K, &y, &mut acts[c * ab..(c + 1) * ab]).unwrap();
         }
         let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
@@ -338,10 +349,22 @@ mod tests {
             packed.dot_group(g, &act_rows, gemm_upto, &mut got).unwrap();
             let mut want = vec![0f32; t * R];
             for (c, a) in act_rows.iter().enumerate() {
-                dot_scalar(cols / QK_K, packed.group(g), a, c < gemm_upto, &mut want[c * R..(c + 1) * R]);
+                dot_scalar(
+                    cols / QK_K,
+                    packed.group(g),
+                    a,
+                    c < gemm_upto,
+                    &mut want[c * R..(c + 1) * R],
+                );
             }
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "group {g} token {} row {}", i / R, i % R);
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "group {g} token {} row {}",
+                    i / R,
+                    i % R
+                );
             }
             // Same value as the row-major oracle, up to f32 rounding order.
             for c in 0..t {

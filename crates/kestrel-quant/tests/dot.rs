@@ -190,7 +190,9 @@ fn q6k_tiled_order(n: usize, x: &[u8], y: &[u8]) -> f32 {
         }
         let mut isum = 0i32;
         for j in 0..16 {
-            let s: i32 = (16 * j..16 * j + 16).map(|e| q[e] * yb[4 + e] as i8 as i32).sum();
+            let s: i32 = (16 * j..16 * j + 16)
+                .map(|e| q[e] * yb[4 + e] as i8 as i32)
+                .sum();
             isum += sc[j] as i8 as i32 * s;
         }
         acc = ((isum as f32) * d).mul_add(yd, acc);

@@ -218,6 +218,20 @@ pub fn vec_dot_rows_with(
     Ok(())
 }
 
+/// Whether [`vec_dot_rows`] is the faster form even for two to seven activation rows (the
+/// row-paired AVX-512 kernels), so matmuls should not fall back to [`vec_dot_multi`] per row.
+pub fn tiles_few_tokens(w: GgmlType) -> bool {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        Backend::detect() == Backend::Avx512Vnni && avx512::has_pair_tile(w)
+    }
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+    {
+        let _ = w;
+        false
+    }
+}
+
 /// From this many activation rows on, llama.cpp runs Q6_K (and the other non-repacked K-quants)
 /// through its tiled matmul, whose f32 order [`vec_dot_rows`] then follows; below, its `vec_dot`.
 pub const BATCHED_MIN_TOKENS: usize = 8;
