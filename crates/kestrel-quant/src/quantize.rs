@@ -100,7 +100,8 @@ fn q8_x86(x: &[f32]) -> (f32, [i8; 32], i32) {
     let mut qs = [0i8; 32];
     let mut sum = 0i32;
     for (o, &v) in qs.iter_mut().zip(x) {
-        *o = (v * id).round_ties_even() as i8;
+        // Round half to even (as `_mm256_round_ps(_MM_ROUND_NEAREST)`), without a libm call.
+        *o = nearest_int(v * id) as i8;
         sum += *o as i32;
     }
     (d, qs, sum)

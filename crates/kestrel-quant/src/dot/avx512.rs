@@ -382,6 +382,158 @@ unsafe fn pairs_t<const MP: usize, const NR: usize, const T: u8, const FULL: boo
     out
 }
 
+/// Up to four weight rows of a 32-element block type decoded once for a whole batch of
+/// activation rows: per pair of rows and block, the unsigned quants (64 bytes), the two rows'
+/// scales in their halves, and (Q4_1) the mins. The prefill inner loop then only loads them.
+pub(crate) struct Panel {
+    u: Vec<__m512i>,
+    dx: Vec<__m512>,
+    m: Vec<[f32; 2]>,
+}
+
+impl Panel {
+    pub(crate) fn new() -> Self {
+        Self {
+            u: Vec::new(),
+            dx: Vec::new(),
+            m: Vec::new(),
+        }
+    }
+}
+
+/// Decodes rows `x` (1..=4, pairs of two) into `panel`.
+///
+/// # Safety
+/// AVX-512 VNNI is available; each row holds `nb` blocks of `w` (a [`has_pair_tile`] type).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn panel_fill(w: GgmlType, nb: usize, x: &[*const u8], panel: &mut Panel) {
+    match w {
+        GgmlType::Q4_0 => panel_fill_t::<Q4_0>(nb, x, panel),
+        GgmlType::Q5_0 => panel_fill_t::<Q5_0>(nb, x, panel),
+        GgmlType::Q8_0 => panel_fill_t::<Q8_0>(nb, x, panel),
+        _ => panel_fill_t::<Q4_1>(nb, x, panel),
+    }
+}
+
+#[inline(always)]
+unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Panel) {
+    let (bx, _) = block_bytes(T);
+    let pairs = x.len().div_ceil(2);
+    panel.u.clear();
+    panel.dx.clear();
+    panel.m.clear();
+    for p in 0..pairs {
+        let (ra, rb) = (x[2 * p], x.get(2 * p + 1).copied().unwrap_or(std::ptr::null()));
+        for i in 0..nb {
+            let xa = ra.add(i * bx);
+            let xb = if rb.is_null() { rb } else { rb.add(i * bx) };
+            let off = |q: *const u8, k: usize| if q.is_null() { q } else { q.add(k) };
+            let u = match T {
+                Q4_0 => nibbles2::<false>(xa.add(2), off(xb, 2)),
+                Q5_0 => {
+                    let nib = nibbles2::<false>(xa.add(6), off(xb, 6));
+                    let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
+                    let h1 = if xb.is_null() {
+                        0
+                    } else {
+                        (xb.add(2) as *const u32).read_unaligned() as u64
+                    };
+                    let set = _cvtu64_mask64(h0 | (h1 << 32));
+                    _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
+                }
+                Q8_0 => _mm512_xor_si512(
+                    load2x32::<false>(xa.add(2), off(xb, 2)),
+                    _mm512_set1_epi8(0x80u8 as i8),
+                ),
+                _ => nibbles2::<false>(xa.add(4), off(xb, 4)),
+            };
+            panel.u.push(u);
+            panel.dx.push(halves2::<false>(xa, xb));
+            if T == Q4_1 {
+                panel.m.push([fp16(xa.add(2)), if xb.is_null() { 0.0 } else { fp16(xb.add(2)) }]);
+            }
+        }
+    }
+}
+
+/// `NR` activation rows against a filled [`Panel`] of `MP` pairs: `[pair][half][token]`, the
+/// same arithmetic as [`pairs_t`] (bit for bit).
+///
+/// # Safety
+/// As [`panel_fill`]; the panel holds `MP` pairs of `nb` blocks of `w`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn panel_tile<const MP: usize, const NR: usize>(
+    w: GgmlType,
+    nb: usize,
+    panel: &Panel,
+    y: [*const u8; NR],
+) -> [[[f32; NR]; 2]; MP] {
+    match w {
+        GgmlType::Q4_0 => panel_tile_t::<MP, NR, Q4_0>(nb, panel, y),
+        GgmlType::Q5_0 => panel_tile_t::<MP, NR, Q5_0>(nb, panel, y),
+        GgmlType::Q8_0 => panel_tile_t::<MP, NR, Q8_0>(nb, panel, y),
+        _ => panel_tile_t::<MP, NR, Q4_1>(nb, panel, y),
+    }
+}
+
+#[inline(always)]
+unsafe fn panel_tile_t<const MP: usize, const NR: usize, const T: u8>(
+    nb: usize,
+    panel: &Panel,
+    y: [*const u8; NR],
+) -> [[[f32; NR]; 2]; MP] {
+    let (_, by) = block_bytes(T);
+    let mut acc = [[_mm512_setzero_ps(); NR]; MP];
+    let mut summ = [[[0f32; NR]; 2]; MP];
+    for i in 0..nb {
+        let mut qy = [_mm512_setzero_si512(); NR];
+        let mut seed = [_mm512_setzero_si512(); NR];
+        let mut dy = [_mm512_setzero_ps(); NR];
+        let mut sy = [0f32; NR];
+        for c in 0..NR {
+            let yb = y[c].add(i * by);
+            let q = if T == Q4_1 { yb.add(4) } else { yb.add(2) };
+            qy[c] = _mm512_broadcast_i64x4(_mm256_loadu_si256(q as *const __m256i));
+            if T == Q4_1 {
+                sy[c] = fp16(yb.add(2));
+            } else {
+                let o: i8 = match T {
+                    Q4_0 => 8,
+                    Q5_0 => 16,
+                    _ => -128,
+                };
+                let corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(o), qy[c]);
+                seed[c] = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
+            }
+            dy[c] = _mm512_set1_ps(fp16(yb));
+        }
+        for p in 0..MP {
+            let u = *panel.u.get_unchecked(p * nb + i);
+            let dx = *panel.dx.get_unchecked(p * nb + i);
+            for c in 0..NR {
+                if T == Q4_1 {
+                    let m = *panel.m.get_unchecked(p * nb + i);
+                    summ[p][0][c] = m[0].mul_add(sy[c], summ[p][0][c]);
+                    summ[p][1][c] = m[1].mul_add(sy[c], summ[p][1][c]);
+                }
+                let s = _mm512_dpbusd_epi32(seed[c], u, qy[c]);
+                let d = _mm512_mul_ps(dx, dy[c]);
+                acc[p][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[p][c]);
+            }
+        }
+    }
+    let mut out = [[[0f32; NR]; 2]; MP];
+    for p in 0..MP {
+        for c in 0..NR {
+            let lo = _mm512_castps512_ps256(acc[p][c]);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[p][c])));
+            out[p][0][c] = hsum8(lo) + summ[p][0][c];
+            out[p][1][c] = hsum8(hi) + summ[p][1][c];
+        }
+    }
+    out
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tile_t<const MR: usize, const NR: usize, const T: u8>(
     nb: usize,

@@ -193,6 +193,10 @@ pub fn vec_dot_rows_with(
             check_row(vec_dot_type(w), n, a.len())?;
         }
         let nb = n / w.block_len() as usize;
+        if avx512::has_pair_tile(w) {
+            panel_rows(w, nb, w_rows, acts, out);
+            return Ok(());
+        }
         let kq = matches!(w, GgmlType::Q4_K | GgmlType::Q6_K);
         let mut r = 0;
         while r < w_rows.len() {
@@ -235,6 +239,58 @@ pub fn tiles_few_tokens(w: GgmlType) -> bool {
 /// From this many activation rows on, llama.cpp runs Q6_K (and the other non-repacked K-quants)
 /// through its tiled matmul, whose f32 order [`vec_dot_rows`] then follows; below, its `vec_dot`.
 pub const BATCHED_MIN_TOKENS: usize = 8;
+
+/// The row-paired 32-element block types: four weight rows at a time decoded once into a panel,
+/// then every activation row against it in tiles of four (lengths checked, AVX-512 available).
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mut [f32]) {
+    thread_local! {
+        static PANEL: std::cell::RefCell<avx512::Panel> = std::cell::RefCell::new(avx512::Panel::new());
+    }
+    let t = acts.len();
+    PANEL.with_borrow_mut(|panel| {
+        let mut r = 0;
+        while r < w_rows.len() {
+            let mr = (w_rows.len() - r).min(4);
+            let x: Vec<*const u8> = w_rows[r..r + mr].iter().map(|row| row.as_ptr()).collect();
+            // SAFETY: AVX-512 VNNI is available (checked by the caller); rows hold `nb` blocks.
+            unsafe { avx512::panel_fill(w, nb, &x, panel) };
+            let mut c = 0;
+            while c < t {
+                let y = |k: usize| acts[(c + k).min(t - 1)].as_ptr();
+                let nr = (t - c).min(4);
+                let mut put = |p: usize, h: usize, k: usize, v: f32| {
+                    let row = r + 2 * p + h;
+                    if row < r + mr && k < nr {
+                        out[row * t + c + k] = v;
+                    }
+                };
+                // SAFETY: as above; the panel holds ceil(mr / 2) pairs.
+                unsafe {
+                    if mr > 2 {
+                        let v = avx512::panel_tile::<2, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
+                        for (p, vp) in v.iter().enumerate() {
+                            for (h, vh) in vp.iter().enumerate() {
+                                for (k, &x) in vh.iter().enumerate() {
+                                    put(p, h, k, x);
+                                }
+                            }
+                        }
+                    } else {
+                        let v = avx512::panel_tile::<1, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
+                        for (h, vh) in v[0].iter().enumerate() {
+                            for (k, &x) in vh.iter().enumerate() {
+                                put(0, h, k, x);
+                            }
+                        }
+                    }
+                }
+                c += nr;
+            }
+            r += mr;
+        }
+    });
+}
 
 /// The first `MR` of `w_rows` against all of `acts` (lengths checked, AVX-512 available).
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
