@@ -352,7 +352,7 @@ fn matmul_rows_tiled(
     rows: usize,
     out_ptr: SharedMut<f32>,
 ) -> bool {
-    const ROWS_PER_CALL: usize = 4;
+    const ROWS_PER_CALL: usize = 8;
     let t_len = act_rows.len();
     let mut dots = vec![0f32; ROWS_PER_CALL * t_len];
     let mut r0 = rows_here.start;

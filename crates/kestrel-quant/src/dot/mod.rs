@@ -240,7 +240,10 @@ pub fn tiles_few_tokens(w: GgmlType) -> bool {
 /// through its tiled matmul, whose f32 order [`vec_dot_rows`] then follows; below, its `vec_dot`.
 pub const BATCHED_MIN_TOKENS: usize = 8;
 
-/// The row-paired 32-element block types: four weight rows at a time decoded once into a panel,
+/// Weight rows per prefill panel (four pairs: 16 accumulators for a 4-token tile).
+pub const PANEL_ROWS: usize = 8;
+
+/// The row-paired 32-element block types: up to eight weight rows at a time decoded once into a panel,
 /// then every activation row against it in tiles of four (lengths checked, AVX-512 available).
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mut [f32]) {
@@ -251,7 +254,7 @@ fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mu
     PANEL.with_borrow_mut(|panel| {
         let mut r = 0;
         while r < w_rows.len() {
-            let mr = (w_rows.len() - r).min(4);
+            let mr = (w_rows.len() - r).min(PANEL_ROWS);
             let x: Vec<*const u8> = w_rows[r..r + mr].iter().map(|row| row.as_ptr()).collect();
             // SAFETY: AVX-512 VNNI is available (checked by the caller); rows hold `nb` blocks.
             unsafe { avx512::panel_fill(w, nb, &x, panel) };
@@ -267,7 +270,25 @@ fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mu
                 };
                 // SAFETY: as above; the panel holds ceil(mr / 2) pairs.
                 unsafe {
-                    if mr > 2 {
+                    if mr > 6 {
+                        let v = avx512::panel_tile::<4, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
+                        for (p, vp) in v.iter().enumerate() {
+                            for (h, vh) in vp.iter().enumerate() {
+                                for (k, &x) in vh.iter().enumerate() {
+                                    put(p, h, k, x);
+                                }
+                            }
+                        }
+                    } else if mr > 4 {
+                        let v = avx512::panel_tile::<3, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
+                        for (p, vp) in v.iter().enumerate() {
+                            for (h, vh) in vp.iter().enumerate() {
+                                for (k, &x) in vh.iter().enumerate() {
+                                    put(p, h, k, x);
+                                }
+                            }
+                        }
+                    } else if mr > 2 {
                         let v = avx512::panel_tile::<2, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
                         for (p, vp) in v.iter().enumerate() {
                             for (h, vh) in vp.iter().enumerate() {
