@@ -45,24 +45,40 @@ pub fn causal_attention(
     // Per token: whether its sequence brings fewer than `GGML_TILE_Q` queries to this step
     // (decode, short prompts), where llama.cpp runs its one-query-at-a-time kernel.
     let mut few_queries = vec![false; tokens.len()];
+    let mut single_query = vec![false; tokens.len()];
     let mut start = 0;
     while start < tokens.len() {
         let same = |t: &TokenKv| std::ptr::eq(t.blocks.as_ptr(), tokens[start].blocks.as_ptr());
         let n = tokens[start..].iter().take_while(|t| same(t)).count();
         few_queries[start..start + n].fill(n < GGML_TILE_Q);
+        single_query[start..start + n].fill(n == 1);
         start += n;
     }
-    pool.run(tokens.len() * n_kv_heads, &|task| {
-        let (t, kvh) = (task / n_kv_heads, task % n_kv_heads);
-        let q_off = t * q_dim + kvh * group * head_dim;
-        let qg = &q[q_off..q_off + group * head_dim];
-        // SAFETY: the group's heads of token t are written by this task only.
-        let dst = unsafe { out_ptr.slice(q_off, group * head_dim) };
+    // Work items: one (token, kv head) for the one-query kernels, or one (tile of up to 64
+    // consecutive queries of a sequence, kv head) for llama.cpp's tiled kernel.
+    let mut items: Vec<(usize, usize)> = Vec::new(); // (first token, count); count 0 = one query
+    let mut t = 0;
+    while t < tokens.len() {
+        if few_queries[t] || kv.f16_layer(layer).is_none() {
+            items.push((t, 0));
+            t += 1;
+            continue;
+        }
+        let same = |x: &TokenKv| std::ptr::eq(x.blocks.as_ptr(), tokens[t].blocks.as_ptr());
+        let run = tokens[t..].iter().take_while(|x| same(x)).count();
+        let n = run.min(GGML_TILE_Q);
+        items.push((t, n));
+        t += n;
+    }
+    pool.run(items.len() * n_kv_heads, &|task| {
+        let (item, kvh) = (task / n_kv_heads, task % n_kv_heads);
+        let (t, n) = items[item];
         let tok = &tokens[t];
         let span = Span {
             blocks: tok.blocks,
             block_size,
             n_pos: tok.pos + 1,
+            first: 0,
         };
         match kv.f16_layer(layer) {
             Some((k, v)) => {
@@ -73,15 +89,215 @@ pub fn causal_attention(
                     head_off: kvh * head_dim,
                     head_dim,
                 };
+                if n > 0 {
+                    let tile = QueryTile {
+                        tokens: &tokens[t..t + n],
+                        q,
+                        q_off: t * q_dim + kvh * group * head_dim,
+                        q_dim,
+                        group,
+                        block_size,
+                    };
+                    // SAFETY: the group's heads of tokens t..t+n are written by this task only.
+                    let dst = |i: usize| unsafe {
+                        out_ptr.slice((t + i) * q_dim + kvh * group * head_dim, group * head_dim)
+                    };
+                    attend_tile_ggml(&tile, &rows, scale, dst);
+                    return;
+                }
+                let q_off = t * q_dim + kvh * group * head_dim;
+                let qg = &q[q_off..q_off + group * head_dim];
+                // SAFETY: the group's heads of token t are written by this task only.
+                let dst = unsafe { out_ptr.slice(q_off, group * head_dim) };
                 if few_queries[t] {
-                    attend_group_f16_ggml(qg, &rows, &span, scale, dst)
+                    let single = single_query[t];
+                    attend_group_f16_ggml(qg, &rows, &span, scale, dst, single)
                 } else {
                     attend_group_f16(qg, &rows, &span, scale, dst)
                 }
             }
-            None => attend_group_f32(kv, layer, kvh, qg, head_dim, &span, scale, dst),
+            None => {
+                let q_off = t * q_dim + kvh * group * head_dim;
+                let qg = &q[q_off..q_off + group * head_dim];
+                // SAFETY: the group's heads of token t are written by this task only.
+                let dst = unsafe { out_ptr.slice(q_off, group * head_dim) };
+                attend_group_f32(kv, layer, kvh, qg, head_dim, &span, scale, dst)
+            }
         }
     });
+}
+
+/// Up to 64 consecutive queries of one sequence (one kv head's group of query heads).
+struct QueryTile<'a> {
+    tokens: &'a [TokenKv<'a>],
+    q: &'a [f32],
+    /// Offset of the first token's group in `q`; token i's is `q_off + i * q_dim`.
+    q_off: usize,
+    q_dim: usize,
+    group: usize,
+    block_size: usize,
+}
+
+/// Positions per KV tile of llama.cpp's tiled flash attention.
+const GGML_TILE_KV: usize = 64;
+
+/// `_mm512_reduce_add_ps` as GCC expands it: halves, then quarters, then pairs.
+#[inline(always)]
+fn reduce16_gcc(x: &[f32]) -> f32 {
+    let mut t3 = [0f32; 8];
+    for i in 0..8 {
+        t3[i] = x[8 + i] + x[i];
+    }
+    let t6 = [t3[4] + t3[0], t3[5] + t3[1], t3[6] + t3[2], t3[7] + t3[3]];
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// llama.cpp's tiled flash attention for 64 or more queries of a sequence
+/// (`ggml_compute_forward_flash_attn_ext_tiled`), operation for operation: f32 queries; per
+/// 64-position KV tile the scores as one FMA chain over the head dimension from zero, scaled,
+/// masked to -inf; the running max updated once per tile (`expf` rescale of the f32 accumulator
+/// and sum); probabilities by `ggml_v_expf` in 16-lane groups summed in f64 through GCC's
+/// reduction; the accumulator as one FMA chain per element over the tile's positions; finally
+/// divided by the sum. GEMM-shaped, so it is also the fast path for long prompts.
+fn attend_tile_ggml<'a>(
+    tile: &QueryTile,
+    rows: &Rows,
+    scale: f32,
+    dst: impl Fn(usize) -> &'a mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::vexp::has_avx512() && has_f16c() {
+        // SAFETY: AVX-512 F, FMA and F16C are available.
+        unsafe { attend_tile_avx512(tile, rows, scale, &dst) };
+        return;
+    }
+    attend_tile_body(tile, rows, scale, &dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn attend_tile_avx512<'a>(
+    tile: &QueryTile,
+    rows: &Rows,
+    scale: f32,
+    dst: &dyn Fn(usize) -> &'a mut [f32],
+) {
+    attend_tile_body(tile, rows, scale, dst);
+}
+
+#[inline(always)]
+fn attend_tile_body<'a>(
+    tile: &QueryTile,
+    rows: &Rows,
+    scale: f32,
+    dst: &dyn Fn(usize) -> &'a mut [f32],
+) {
+    const KT: usize = GGML_TILE_KV;
+    let d = rows.head_dim;
+    let nq = tile.tokens.len();
+    let g = tile.group;
+    let last_pos = tile.tokens.iter().map(|t| t.pos).max().unwrap_or(0);
+    let blocks = tile.tokens[0].blocks;
+    let bs = tile.block_size;
+    let mut m = vec![f32::NEG_INFINITY; nq * g];
+    let mut sum = vec![0f32; nq * g];
+    let mut acc = vec![0f32; nq * g * d];
+    let mut kt = vec![0f32; d * KT]; // [dim][position]
+    let mut v32 = vec![0f32; KT * d]; // [position][dim]
+    let mut s = [0f32; KT];
+    for base in (0..=last_pos).step_by(KT) {
+        let n_here = KT.min(last_pos + 1 - base);
+        kt.fill(0.0);
+        v32.fill(0.0);
+        for k in 0..n_here {
+            let pos = base + k;
+            let row = blocks[pos / bs] as usize * bs + pos % bs;
+            for (dd, x) in rows.k(row).iter().enumerate() {
+                kt[dd * KT + k] = x.to_f32();
+            }
+            for (o, x) in v32[k * d..(k + 1) * d].iter_mut().zip(rows.v(row)) {
+                *o = x.to_f32();
+            }
+        }
+        for (qi, tok) in tile.tokens.iter().enumerate() {
+            if base > tok.pos {
+                continue; // every position of this tile is masked for this query
+            }
+            let qrow = &tile.q[tile.q_off + qi * tile.q_dim..][..g * d];
+            for h in 0..g {
+                let qh = &qrow[h * d..(h + 1) * d];
+                s.fill(0.0);
+                for (dd, &qd) in qh.iter().enumerate() {
+                    let kd = &kt[dd * KT..(dd + 1) * KT];
+                    for (sk, &kv) in s.iter_mut().zip(kd) {
+                        *sk = kv.mul_add(qd, *sk);
+                    }
+                }
+                let mut tile_max = f32::NEG_INFINITY;
+                for (k, sk) in s.iter_mut().enumerate() {
+                    *sk *= scale;
+                    if k >= n_here || base + k > tok.pos {
+                        *sk = f32::NEG_INFINITY;
+                    } else {
+                        *sk += 0.0;
+                    }
+                    tile_max = tile_max.max(*sk);
+                }
+                let i = qi * g + h;
+                let a = &mut acc[i * d..(i + 1) * d];
+                let m_new = m[i].max(tile_max);
+                if m_new > m[i] {
+                    let ms = (m[i] - m_new).exp();
+                    a.iter_mut().for_each(|x| *x *= ms);
+                    sum[i] *= ms;
+                }
+                m[i] = m_new;
+                let mut total = 0f64;
+                for chunk in s.chunks_exact_mut(16) {
+                    exp16_minus(chunk, m_new);
+                    total += reduce16_gcc(chunk) as f64;
+                }
+                sum[i] = (sum[i] as f64 + total) as f32;
+                for (k, &p) in s.iter().enumerate() {
+                    let vk = &v32[k * d..(k + 1) * d];
+                    for (x, &vv) in a.iter_mut().zip(vk) {
+                        *x = vv.mul_add(p, *x);
+                    }
+                }
+            }
+        }
+    }
+    for qi in 0..nq {
+        let out = dst(qi);
+        for h in 0..g {
+            let i = qi * g + h;
+            let inv = if sum[i] == 0.0 { 0.0 } else { 1.0 / sum[i] };
+            for (o, x) in out[h * d..(h + 1) * d]
+                .iter_mut()
+                .zip(&acc[i * d..(i + 1) * d])
+            {
+                *o = x * inv;
+            }
+        }
+    }
+}
+
+/// `x[i] = ggml_v_expf(x[i] - m)` over 16 lanes.
+#[inline(always)]
+fn exp16_minus(x: &mut [f32], m: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::vexp::has_avx512() {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX-512 F is available; `x` holds 16 floats.
+        unsafe {
+            let v = _mm512_sub_ps(_mm512_loadu_ps(x.as_ptr()), _mm512_set1_ps(m));
+            _mm512_storeu_ps(x.as_mut_ptr(), crate::vexp::expf16(v));
+        }
+        return;
+    }
+    for v in x.iter_mut() {
+        *v = crate::vexp::expf_lane(*v - m);
+    }
 }
 
 /// The pool rows of positions `0..n_pos` of one sequence, block by block.
@@ -89,6 +305,8 @@ struct Span<'a> {
     blocks: &'a [u32],
     block_size: usize,
     n_pos: usize,
+    /// First position visited by [`Span::for_each_row`] (0 but for split decode).
+    first: usize,
 }
 
 impl Span<'_> {
@@ -106,20 +324,21 @@ impl Span<'_> {
         }
     }
 
-    /// Calls `f(row)` for every position in order, without a division per position.
+    /// Calls `f(row)` for every position from `first` in order, without a division per position.
     #[inline]
     fn for_each_row(&self, mut f: impl FnMut(usize)) {
-        let mut left = self.n_pos;
+        let mut pos = 0;
         for &b in self.blocks {
-            if left == 0 {
+            if pos >= self.n_pos {
                 break;
             }
-            let n = left.min(self.block_size);
+            let n = (self.n_pos - pos).min(self.block_size);
             let base = b as usize * self.block_size;
-            for row in base..base + n {
+            let skip = self.first.saturating_sub(pos).min(n);
+            for row in base + skip..base + n {
                 f(row);
             }
-            left -= n;
+            pos += n;
         }
     }
 }
@@ -175,24 +394,98 @@ const GGML_TILE_Q: usize = 64;
 /// the online softmax one position at a time with libm's `expf`; the V accumulator in f16,
 /// rescaled and fused-multiply-added (then rounded) per position; the sum `S = fma(S, ms, vs)`.
 /// Decode and short prompts go through this, so their tokens are llama.cpp's bit for bit.
-fn attend_group_f16_ggml(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
+fn attend_group_f16_ggml(
+    qg: &[f32],
+    rows: &Rows,
+    span: &Span,
+    scale: f32,
+    out: &mut [f32],
+    single: bool,
+) {
+    let d = rows.head_dim;
+    // A lone query past 256 cached positions: llama.cpp splits the (256-padded) range in two
+    // halves (one per thread of the 2-thread runs the references come from), then merges.
+    let padded = span.n_pos.next_multiple_of(256);
+    if single && padded >= 512 {
+        let half = padded / 2;
+        let lo = Span {
+            n_pos: half.min(span.n_pos),
+            ..*span
+        };
+        let hi = Span {
+            first: half,
+            ..*span
+        };
+        let a = ggml_partial(qg, rows, &lo, scale);
+        let b = ggml_partial(qg, rows, &hi, scale);
+        for h in 0..qg.len() / d {
+            let (mut m, mut s) = (f32::NEG_INFINITY, 0f32);
+            let dst = &mut out[h * d..(h + 1) * d];
+            dst.fill(0.0);
+            for part in [&a, &b] {
+                if part.sum[h] == 0.0 {
+                    continue;
+                }
+                let m_new = m.max(part.max[h]);
+                let (so, sn) = ((m - m_new).exp(), (part.max[h] - m_new).exp());
+                for (o, &x) in dst.iter_mut().zip(&part.acc[h * d..(h + 1) * d]) {
+                    *o = o.mul_add(so, x * sn);
+                }
+                s = s.mul_add(so, part.sum[h] * sn);
+                m = m_new;
+            }
+            if s != 0.0 {
+                let inv = 1.0 / s;
+                dst.iter_mut().for_each(|o| *o *= inv);
+            }
+        }
+        return;
+    }
+    let p = ggml_partial(qg, rows, span, scale);
+    for h in 0..qg.len() / d {
+        let inv = if p.sum[h] == 0.0 { 0.0 } else { 1.0 / p.sum[h] };
+        for (o, x) in out[h * d..(h + 1) * d]
+            .iter_mut()
+            .zip(&p.acc[h * d..(h + 1) * d])
+        {
+            *o = x * inv;
+        }
+    }
+}
+
+/// The unnormalized state of the online softmax over a span, per query head.
+struct Partial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    /// `[head][dim]`, f16-valued.
+    acc: Vec<f32>,
+}
+
+fn ggml_partial(qg: &[f32], rows: &Rows, span: &Span, scale: f32) -> Partial {
+    let n_q = qg.len() / rows.head_dim;
+    let mut p = Partial {
+        max: vec![f32::NEG_INFINITY; n_q],
+        sum: vec![0f32; n_q],
+        acc: vec![0f32; qg.len()],
+    };
     #[cfg(target_arch = "x86_64")]
     if crate::vexp::has_avx512() && has_f16c() {
         // SAFETY: AVX-512 F, FMA and F16C are available.
-        unsafe { attend_ggml_avx512(qg, rows, span, scale, out) };
-        return;
+        unsafe { attend_ggml_avx512(qg, rows, span, scale, &mut p) };
+        return p;
     }
-    attend_ggml_body(qg, rows, span, scale, out);
+    attend_ggml_body(qg, rows, span, scale, &mut p);
+    p
 }
 
 /// The AVX-512 form of [`attend_ggml_body`]: the same operations with F16C conversions and
 /// 16-lane FMAs (head_dim a multiple of 16; others take the portable body).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
+unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut Partial) {
     use std::arch::x86_64::*;
     let d = rows.head_dim;
-    if d % 64 != 0 || d > 256 {
+    if !d.is_multiple_of(64) || d > 256 {
         attend_ggml_body(qg, rows, span, scale, out);
         return;
     }
@@ -255,12 +548,10 @@ unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, o
         }
     });
     for h in 0..n_q {
-        let inv = _mm512_set1_ps(if sum[h] == 0.0 { 0.0 } else { 1.0 / sum[h] });
+        out.max[h] = max[h];
+        out.sum[h] = sum[h];
         for j in 0..nv {
-            _mm512_storeu_ps(
-                out.as_mut_ptr().add(h * d + 16 * j),
-                _mm512_mul_ps(acc[h][j], inv),
-            );
+            _mm512_storeu_ps(out.acc.as_mut_ptr().add(h * d + 16 * j), acc[h][j]);
         }
     }
 }
@@ -296,7 +587,7 @@ fn dot_f16_ggml(k: &[f32], q: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn attend_ggml_body(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut [f32]) {
+fn attend_ggml_body(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut Partial) {
     let d = rows.head_dim;
     let n_q = qg.len() / d;
     let q16: Vec<f32> = qg.iter().map(|x| round_f16(*x)).collect();
@@ -330,15 +621,9 @@ fn attend_ggml_body(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut 
             sum[h] = sum[h].mul_add(ms, vs);
         }
     });
-    for h in 0..n_q {
-        let inv = if sum[h] == 0.0 { 0.0 } else { 1.0 / sum[h] };
-        for (o, x) in out[h * d..(h + 1) * d]
-            .iter_mut()
-            .zip(&acc[h * d..(h + 1) * d])
-        {
-            *o = x * inv;
-        }
-    }
+    out.max = max;
+    out.sum = sum;
+    out.acc = acc;
 }
 
 /// Rounds to the nearest f16 and back: what storing into an f16 accumulator does.
@@ -646,6 +931,7 @@ mod tests {
                 blocks: &blocks,
                 block_size: 8,
                 n_pos,
+                first: 0,
             };
             let mut want = vec![0f32; group * d];
             attend_group_f16_scalar(&q, &rows, &span, 0.125, &mut want);
@@ -660,6 +946,122 @@ mod tests {
                 err < 2e-3,
                 "group {group} d {d} n_pos {n_pos}: max error {err}"
             );
+        }
+    }
+
+    /// llama.cpp's one-query kernel (with and without the two-way split past 256 positions)
+    /// and its tiled kernel: near the scalar oracle, and the AVX-512 forms equal the portable
+    /// bodies bit for bit.
+    #[test]
+    fn ggml_order_kernels_match_the_oracle_and_their_portable_forms() {
+        let mut seed = 0x9E3779B97F4A7C15u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let (group, d, n_pos, n_kv, bs) = (3usize, 64usize, 600usize, 2usize, 16usize);
+        let kv_dim = n_kv * d;
+        let n_blocks = n_pos.div_ceil(bs);
+        let mut blocks: Vec<u32> = (0..n_blocks as u32).collect();
+        blocks.reverse();
+        let k: Vec<f16> = (0..n_blocks * bs * kv_dim)
+            .map(|_| f16::from_f32(rnd() * 2.0))
+            .collect();
+        let v: Vec<f16> = (0..n_blocks * bs * kv_dim)
+            .map(|_| f16::from_f32(rnd()))
+            .collect();
+        let rows = Rows {
+            k: &k,
+            v: &v,
+            kv_dim,
+            head_off: d,
+            head_dim: d,
+        };
+        let scale = 0.125;
+        // One query at the last position: split (single) and unsplit.
+        let q: Vec<f32> = (0..group * d).map(|_| rnd() * 2.0).collect();
+        let span = Span {
+            blocks: &blocks,
+            block_size: bs,
+            n_pos,
+            first: 0,
+        };
+        let mut want = vec![0f32; group * d];
+        attend_group_f16_scalar(&q, &rows, &span, scale, &mut want);
+        for single in [false, true] {
+            let mut got = vec![0f32; group * d];
+            attend_group_f16_ggml(&q, &rows, &span, scale, &mut got, single);
+            let err = want
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 5e-3, "one-query (single {single}): max error {err}");
+        }
+        let mut portable = Partial {
+            max: vec![0.0; group],
+            sum: vec![0.0; group],
+            acc: vec![0.0; group * d],
+        };
+        attend_ggml_body(&q, &rows, &span, scale, &mut portable);
+        let simd = ggml_partial(&q, &rows, &span, scale);
+        assert_eq!(portable.acc, simd.acc);
+        assert_eq!(portable.sum, simd.sum);
+
+        // A tile of 70 queries at positions 500..570 (two tiles of 64 + 6 in the engine).
+        let nq = 64;
+        let positions: Vec<usize> = (500..500 + nq).collect();
+        let toks: Vec<TokenKv> = positions
+            .iter()
+            .map(|&pos| TokenKv {
+                pos,
+                blocks: &blocks,
+            })
+            .collect();
+        let q_dim = 2 * group * d;
+        let qs: Vec<f32> = (0..nq * q_dim).map(|_| rnd() * 2.0).collect();
+        let tile = QueryTile {
+            tokens: &toks,
+            q: &qs,
+            q_off: group * d,
+            q_dim,
+            group,
+            block_size: bs,
+        };
+        let mut out_simd = vec![0f32; nq * q_dim];
+        let mut out_body = vec![0f32; nq * q_dim];
+        {
+            let ptr = SharedMut::new(&mut out_simd);
+            // SAFETY: each query's slice is distinct.
+            attend_tile_ggml(&tile, &rows, scale, |i| unsafe {
+                ptr.slice(i * q_dim + group * d, group * d)
+            });
+            let ptr = SharedMut::new(&mut out_body);
+            // SAFETY: as above.
+            attend_tile_body(&tile, &rows, scale, &|i| unsafe {
+                ptr.slice(i * q_dim + group * d, group * d)
+            });
+        }
+        assert_eq!(out_simd, out_body);
+        for (i, &pos) in positions.iter().enumerate() {
+            let span = Span {
+                blocks: &blocks,
+                block_size: bs,
+                n_pos: pos + 1,
+                first: 0,
+            };
+            let qg = &qs[i * q_dim + group * d..][..group * d];
+            let mut want = vec![0f32; group * d];
+            attend_group_f16_scalar(qg, &rows, &span, scale, &mut want);
+            let got = &out_simd[i * q_dim + group * d..][..group * d];
+            let err = want
+                .iter()
+                .zip(got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 5e-3, "tiled, query {i}: max error {err}");
         }
     }
 }

@@ -68,7 +68,8 @@ pub unsafe fn expf16(x: __m512) -> __m512 {
         return res;
     }
     let le0 = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(n, _mm512_setzero_ps());
-    let alt = _mm512_mask_blend_ps(le0, _mm512_setzero_ps(), _mm512_set1_ps(f32::INFINITY));
+    // Where n <= 0 the result underflows to 0, else it overflows to infinity.
+    let alt = _mm512_mask_blend_ps(le0, _mm512_set1_ps(f32::INFINITY), _mm512_setzero_ps());
     _mm512_mask_blend_ps(d, res, alt)
 }
 
@@ -132,7 +133,17 @@ mod tests {
         let xs: Vec<f32> = (0..4096)
             .map(|i| (i as f32 - 2048.0) * 0.05 + (i % 7) as f32 * 1e-3)
             .chain([-200.0, -104.0, -87.5, 0.0, -0.0, 88.0, 89.0, 200.0])
+            .chain([f32::NEG_INFINITY, -1e30, 1e30, f32::INFINITY])
+            .chain([0.5; 4])
             .collect();
+        assert_eq!(
+            xs.len() % 16,
+            0,
+            "every value goes through the SIMD form too"
+        );
+        assert_eq!(expf_lane(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf_lane(-200.0), 0.0);
+        assert_eq!(expf_lane(200.0), f32::INFINITY);
         for &x in &xs {
             let e = expf_lane(x);
             let want = (x as f64).exp();

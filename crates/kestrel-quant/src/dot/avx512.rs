@@ -423,7 +423,10 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
     panel.dx.clear();
     panel.m.clear();
     for p in 0..pairs {
-        let (ra, rb) = (x[2 * p], x.get(2 * p + 1).copied().unwrap_or(std::ptr::null()));
+        let (ra, rb) = (
+            x[2 * p],
+            x.get(2 * p + 1).copied().unwrap_or(std::ptr::null()),
+        );
         for i in 0..nb {
             let xa = ra.add(i * bx);
             let xb = if rb.is_null() { rb } else { rb.add(i * bx) };
@@ -450,7 +453,10 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
             panel.u.push(u);
             panel.dx.push(halves2::<false>(xa, xb));
             if T == Q4_1 {
-                panel.m.push([fp16(xa.add(2)), if xb.is_null() { 0.0 } else { fp16(xb.add(2)) }]);
+                panel.m.push([
+                    fp16(xa.add(2)),
+                    if xb.is_null() { 0.0 } else { fp16(xb.add(2)) },
+                ]);
             }
         }
     }
