@@ -214,7 +214,7 @@ pub fn matmul(
                     // SAFETY: rows `rows_here` belong to this task only.
                     let dst = unsafe { out_ptr.slice(rows_here.start, rows_here.len()) };
                     kestrel_quant::matvec(w.ty, cols, &w.bytes()[span], act_rows[0], dst).is_ok()
-                } else if t_len < TILE_MIN_TOKENS && !kestrel_quant::dot::tiles_few_tokens(w.ty) {
+                } else if t_len < TILE_MIN_TOKENS {
                     // A few tokens (decode of a few sequences): one weight row against all of
                     // them, decoded once.
                     let mut dots = [0f32; TILE_MIN_TOKENS];

@@ -194,45 +194,24 @@ pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
         "{:>4} {:>18} {:>14} {:>10}",
         "c", "aggregate decode", "per sequence", "wall s"
     );
+    // One unmeasured round first (page faults, thread pool start), then `-r` rounds per level:
+    // the median is reported, as the peer script does.
+    let reps = args.reps.max(1);
+    let mut first = true;
     for &c in &levels {
-        // A distinct 128-token prompt per sequence (no prefix sharing between sequences).
-        let prompts: Vec<Vec<u32>> = (0..c)
-            .map(|i| {
-                let mut x = 0x9E3779B97F4A7C15u64 ^ ((c * 1000 + i) as u64);
-                (0..128)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        (x % (vocab * 9 / 10)) as u32
-                    })
-                    .collect()
-            })
-            .collect();
-        // As llama-batched-bench: prompts first (here: one token each, which caches them),
-        // then the measured generation phase.
-        let warm: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                engine
-                    .submit(request(p.clone(), 1))
-                    .map_err(|e| anyhow!("{e}"))
-            })
-            .collect::<Result<_>>()?;
-        warm.into_iter().map(finish).collect::<Result<Vec<_>>>()?;
-        let t0 = Instant::now();
-        let handles: Vec<_> = prompts
-            .into_iter()
-            .map(|p| engine.submit(request(p, 64)).map_err(|e| anyhow!("{e}")))
-            .collect::<Result<_>>()?;
-        let usages: Vec<Usage> = handles.into_iter().map(finish).collect::<Result<_>>()?;
-        let wall = t0.elapsed().as_secs_f64();
-        let tokens: usize = usages
-            .iter()
-            .map(|u| u.completion_tokens.saturating_sub(1))
-            .sum();
-        let longest = usages.iter().map(|u| u.decode_ms).fold(0.0, f64::max);
-        let agg = tokens as f64 * 1e3 / longest.max(1e-9);
+        let mut aggs = Vec::new();
+        let mut walls = Vec::new();
+        for rep in 0..reps + usize::from(first) {
+            let (agg, wall) = concurrent_round(&engine, c, rep, vocab)?;
+            if first {
+                first = false;
+                continue;
+            }
+            aggs.push(agg);
+            walls.push(wall);
+        }
+        let agg = median(&mut aggs);
+        let wall = median(&mut walls);
         println!(
             "{c:>4} {agg:>14.1} tok/s {:>10.1} tok/s {wall:>10.2}",
             agg / c as f64
@@ -249,4 +228,57 @@ pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     }
     engine.check_idle_accounting().map_err(|e| anyhow!(e))?;
     Ok(())
+}
+
+/// One measured round of `c` concurrent requests (distinct 128-token prompts cached first, then
+/// 64 new tokens each, decoded together): (aggregate decode tok/s, wall seconds).
+fn concurrent_round(
+    engine: &kestrel_engine::Engine,
+    c: usize,
+    rep: usize,
+    vocab: u64,
+) -> Result<(f64, f64)> {
+    // A distinct 128-token prompt per sequence and round (no prefix sharing).
+    let prompts: Vec<Vec<u32>> = (0..c)
+        .map(|i| {
+            let mut x = 0x9E3779B97F4A7C15u64 ^ ((rep * 100_000 + c * 1000 + i) as u64);
+            (0..128)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x % (vocab * 9 / 10)) as u32
+                })
+                .collect()
+        })
+        .collect();
+    // As llama-batched-bench: prompts first (here: one token each, which caches them),
+    // then the measured generation phase.
+    let warm: Vec<_> = prompts
+        .iter()
+        .map(|p| engine.submit(request(p.clone(), 1)).map_err(|e| anyhow!("{e}")))
+        .collect::<Result<_>>()?;
+    warm.into_iter().map(finish).collect::<Result<Vec<_>>>()?;
+    let t0 = Instant::now();
+    let handles: Vec<_> = prompts
+        .into_iter()
+        .map(|p| engine.submit(request(p, 64)).map_err(|e| anyhow!("{e}")))
+        .collect::<Result<_>>()?;
+    let usages: Vec<Usage> = handles.into_iter().map(finish).collect::<Result<_>>()?;
+    let wall = t0.elapsed().as_secs_f64();
+    let tokens: usize = usages
+        .iter()
+        .map(|u| u.completion_tokens.saturating_sub(1))
+        .sum();
+    let longest = usages.iter().map(|u| u.decode_ms).fold(0.0, f64::max);
+    Ok((tokens as f64 * 1e3 / longest.max(1e-9), wall))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
 }

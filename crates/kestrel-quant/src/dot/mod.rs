@@ -193,7 +193,7 @@ pub fn vec_dot_rows_with(
             check_row(vec_dot_type(w), n, a.len())?;
         }
         let nb = n / w.block_len() as usize;
-        if avx512::has_pair_tile(w) {
+        if avx512::has_pair_tile(w) && t >= 4 {
             panel_rows(w, nb, w_rows, acts, out);
             return Ok(());
         }
@@ -220,20 +220,6 @@ pub fn vec_dot_rows_with(
         vec_dot_multi_with(backend, w, n, row, acts, &mut out[r * t..(r + 1) * t])?;
     }
     Ok(())
-}
-
-/// Whether [`vec_dot_rows`] is the faster form even for two to seven activation rows (the
-/// row-paired AVX-512 kernels), so matmuls should not fall back to [`vec_dot_multi`] per row.
-pub fn tiles_few_tokens(w: GgmlType) -> bool {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    {
-        Backend::detect() == Backend::Avx512Vnni && avx512::has_pair_tile(w)
-    }
-    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-    {
-        let _ = w;
-        false
-    }
 }
 
 /// From this many activation rows on, llama.cpp runs Q6_K (and the other non-repacked K-quants)
