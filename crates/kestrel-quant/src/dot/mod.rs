@@ -417,6 +417,20 @@ pub fn matvec(
     }
     check_row(vec_dot_type(w), n, act.len())?;
     let nb = n / w.block_len() as usize;
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if backend == Backend::Avx512Vnni && avx512::has_pair_tile(w) {
+        thread_local! {
+            static PRE: std::cell::RefCell<avx512::PreAct> = std::cell::RefCell::new(avx512::PreAct::new());
+        }
+        PRE.with_borrow_mut(|pre| {
+            // SAFETY: AVX-512 VNNI is available; the rows and the activation were length-checked.
+            unsafe {
+                avx512::preact_fill(w, nb, act.as_ptr(), pre);
+                avx512::matvec_pre(w, nb, w_rows.as_ptr(), row_bytes, pre, out);
+            }
+        });
+        return Ok(());
+    }
     let acts = [act];
     for (r, o) in out.iter_mut().enumerate() {
         let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
