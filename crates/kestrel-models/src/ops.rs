@@ -214,25 +214,26 @@ pub fn matmul(
                     // SAFETY: rows `rows_here` belong to this task only.
                     let dst = unsafe { out_ptr.slice(rows_here.start, rows_here.len()) };
                     kestrel_quant::matvec(w.ty, cols, &w.bytes()[span], act_rows[0], dst).is_ok()
-                } else if t_len < TILE_MIN_TOKENS {
-                    // A few tokens (decode of a few sequences): one weight row against all of
-                    // them, decoded once.
-                    let mut dots = [0f32; TILE_MIN_TOKENS];
-                    rows_here.into_iter().all(|r| {
-                        let ok = kestrel_quant::vec_dot_multi(
-                            w.ty,
-                            cols,
-                            w.row(r),
-                            &act_rows,
-                            &mut dots[..t_len],
-                        )
-                        .is_ok();
-                        for (t, d) in dots[..t_len].iter().enumerate() {
+                } else if kestrel_quant::dot::prefers_few(w.ty, t_len) {
+                    // A few tokens (decode of a few sequences): each weight row decoded once
+                    // for all of them, each activation row prepared once for all weight rows.
+                    let span = rows_here.start * w.row_bytes()..rows_here.end * w.row_bytes();
+                    let mut dots = vec![0f32; rows_here.len() * t_len];
+                    let ok = kestrel_quant::matmul_few(
+                        w.ty,
+                        cols,
+                        &w.bytes()[span],
+                        &act_rows,
+                        &mut dots,
+                    )
+                    .is_ok();
+                    for (i, r) in rows_here.clone().enumerate() {
+                        for t in 0..t_len {
                             // SAFETY: (t, r) is written by the task that owns row r only.
-                            unsafe { out_ptr.slice(t * rows + r, 1)[0] = *d };
+                            unsafe { out_ptr.slice(t * rows + r, 1)[0] = dots[i * t_len + t] };
                         }
-                        ok
-                    })
+                    }
+                    ok
                 } else {
                     matmul_rows_tiled(w, cols, rows_here, &act_rows, rows, out_ptr)
                 };
@@ -339,8 +340,6 @@ fn quantize_activations(
     Ok(())
 }
 
-/// Below this many tokens a matmul runs row by row (`vec_dot_multi`), above it tiled.
-const TILE_MIN_TOKENS: usize = 8;
 
 /// Prefill: groups of 4 weight rows x all activation rows through the tiled kernel, which
 /// reuses each decoded weight block across tokens and each activation block across rows.

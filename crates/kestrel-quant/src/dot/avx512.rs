@@ -528,6 +528,97 @@ unsafe fn matvec_pre_t<const T: u8>(
     }
 }
 
+/// Several prepared activation rows (2..=7, a batched decode step) against `rows` weight rows
+/// at `x`: `out[r * N + c]`, each weight pair of blocks decoded once for all `N`.
+///
+/// # Safety
+/// As [`matvec_pre`], with `N` prepared rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn multi_pre<const N: usize>(
+    w: GgmlType,
+    nb: usize,
+    x: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    pre: &[PreAct],
+    out: &mut [f32],
+) {
+    match w {
+        GgmlType::Q4_0 => multi_pre_t::<N, Q4_0>(nb, x, row_bytes, rows, pre, out),
+        GgmlType::Q5_0 => multi_pre_t::<N, Q5_0>(nb, x, row_bytes, rows, pre, out),
+        GgmlType::Q8_0 => multi_pre_t::<N, Q8_0>(nb, x, row_bytes, rows, pre, out),
+        _ => multi_pre_t::<N, Q4_1>(nb, x, row_bytes, rows, pre, out),
+    }
+}
+
+#[inline(always)]
+unsafe fn multi_pre_t<const N: usize, const T: u8>(
+    nb: usize,
+    x: *const u8,
+    row_bytes: usize,
+    rows: usize,
+    pre: &[PreAct],
+    out: &mut [f32],
+) {
+    let (bx, _) = block_bytes(T);
+    for r in 0..rows {
+        let xr = x.add(r * row_bytes);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut summ = [0f32; N];
+        let mut i = 0;
+        let mut j = 0;
+        while i < nb {
+            let two = i + 2 <= nb;
+            let xa = xr.add(i * bx);
+            let xb = if two { xa.add(bx) } else { std::ptr::null() };
+            let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
+            let u = match T {
+                Q4_0 => nibbles2::<false>(xa.add(2), off(xb, 2)),
+                Q5_0 => {
+                    let nib = nibbles2::<false>(xa.add(6), off(xb, 6));
+                    let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
+                    let h1 = if two {
+                        (xb.add(2) as *const u32).read_unaligned() as u64
+                    } else {
+                        0
+                    };
+                    let set = _cvtu64_mask64(h0 | (h1 << 32));
+                    _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
+                }
+                Q8_0 => _mm512_xor_si512(
+                    load2x32::<false>(xa.add(2), off(xb, 2)),
+                    _mm512_set1_epi8(0x80u8 as i8),
+                ),
+                _ => nibbles2::<false>(xa.add(4), off(xb, 4)),
+            };
+            let dx = halves2::<false>(xa, xb);
+            let m = if T == Q4_1 {
+                [fp16(xa.add(2)), if two { fp16(xb.add(2)) } else { 0.0 }]
+            } else {
+                [0.0; 2]
+            };
+            for c in 0..N {
+                let p = pre.get_unchecked(c);
+                if T == Q4_1 {
+                    let sy = *p.sy.get_unchecked(j);
+                    summ[c] = m[0].mul_add(sy[0], summ[c]);
+                    if two {
+                        summ[c] = m[1].mul_add(sy[1], summ[c]);
+                    }
+                }
+                let s = _mm512_dpbusd_epi32(*p.seed.get_unchecked(j), u, *p.qy.get_unchecked(j));
+                let d = _mm512_mul_ps(dx, *p.dy.get_unchecked(j));
+                acc[c] = fma_halves(d, _mm512_cvtepi32_ps(s), acc[c], two);
+            }
+            i += 2;
+            j += 1;
+        }
+        for c in 0..N {
+            out[r * N + c] = hsum8(acc[c]) + summ[c];
+        }
+    }
+}
+
 /// Up to four weight rows of a 32-element block type decoded once for a whole batch of
 /// activation rows: per pair of rows and block, the unsigned quants (64 bytes), the two rows'
 /// scales in their halves, and (Q4_1) the mins. The prefill inner loop then only loads them.

@@ -439,6 +439,82 @@ pub fn matvec(
     Ok(())
 }
 
+/// Most activation rows [`matmul_few`] takes through its prepared-activation kernel.
+pub const FEW_MAX_TOKENS: usize = 8;
+
+/// Whether a matmul of `t` tokens over `w` should go through [`matmul_few`] (batched decode)
+/// rather than the tiled [`vec_dot_rows`] (prefill).
+pub fn prefers_few(w: GgmlType, t: usize) -> bool {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if Backend::detect() == Backend::Avx512Vnni && avx512::has_pair_tile(w) {
+        return t <= FEW_MAX_TOKENS;
+    }
+    let _ = w;
+    t < BATCHED_MIN_TOKENS
+}
+
+/// A batched decode step's matmul slice: `out[r * T + c] = w_rows[r] . acts[c]` for the
+/// contiguous rows in `w_rows` and a few activation rows. On AVX-512 the 32-element block
+/// types prepare each activation row once for all weight rows (the other types and backends
+/// run [`vec_dot_multi`] per row); the results equal [`vec_dot_multi`]'s bit for bit.
+pub fn matmul_few(
+    w: GgmlType,
+    n: usize,
+    w_rows: &[u8],
+    acts: &[&[u8]],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let backend = Backend::detect();
+    let t = acts.len();
+    let row_bytes = crate::blocks::row_bytes(w, n)?;
+    let rows = w_rows.len() / row_bytes.max(1);
+    if w_rows.len() != rows * row_bytes || out.len() != rows * t {
+        return Err(QuantError::Len {
+            what: "matmul_few weight rows / output",
+            expected: rows * t,
+            got: out.len(),
+        });
+    }
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if backend == Backend::Avx512Vnni && avx512::has_pair_tile(w) && (1..=FEW_MAX_TOKENS).contains(&t) {
+        for a in acts {
+            check_row(vec_dot_type(w), n, a.len())?;
+        }
+        let nb = n / w.block_len() as usize;
+        thread_local! {
+            static PRES: std::cell::RefCell<Vec<avx512::PreAct>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        PRES.with_borrow_mut(|pres| {
+            while pres.len() < t {
+                pres.push(avx512::PreAct::new());
+            }
+            let x = w_rows.as_ptr();
+            // SAFETY: AVX-512 VNNI is available; rows and activations were length-checked.
+            unsafe {
+                for (p, a) in pres.iter_mut().zip(acts) {
+                    avx512::preact_fill(w, nb, a.as_ptr(), p);
+                }
+                match t {
+                    1 => avx512::multi_pre::<1>(w, nb, x, row_bytes, rows, pres, out),
+                    2 => avx512::multi_pre::<2>(w, nb, x, row_bytes, rows, pres, out),
+                    3 => avx512::multi_pre::<3>(w, nb, x, row_bytes, rows, pres, out),
+                    4 => avx512::multi_pre::<4>(w, nb, x, row_bytes, rows, pres, out),
+                    5 => avx512::multi_pre::<5>(w, nb, x, row_bytes, rows, pres, out),
+                    6 => avx512::multi_pre::<6>(w, nb, x, row_bytes, rows, pres, out),
+                    7 => avx512::multi_pre::<7>(w, nb, x, row_bytes, rows, pres, out),
+                    _ => avx512::multi_pre::<8>(w, nb, x, row_bytes, rows, pres, out),
+                }
+            }
+        });
+        return Ok(());
+    }
+    for r in 0..rows {
+        let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
+        vec_dot_multi_with(backend, w, n, row, acts, &mut out[r * t..(r + 1) * t])?;
+    }
+    Ok(())
+}
+
 /// Dot the first `N` of `acts` (lengths checked) and return `N`.
 #[inline]
 fn group<const N: usize>(
