@@ -174,6 +174,9 @@ fn attend_tile_ggml<'a>(
     attend_tile_body(tile, rows, scale, &dst);
 }
 
+/// The AVX-512 form of [`attend_tile_body`]: four (query, head) rows at a time share each
+/// K and V vector load (scores and weighted sums as 16-lane FMA chains in the same order), the
+/// per-row softmax steps as in the body; bit-identical to it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn attend_tile_avx512<'a>(
@@ -182,7 +185,148 @@ unsafe fn attend_tile_avx512<'a>(
     scale: f32,
     dst: &dyn Fn(usize) -> &'a mut [f32],
 ) {
-    attend_tile_body(tile, rows, scale, dst);
+    use std::arch::x86_64::*;
+    const KT: usize = GGML_TILE_KV;
+    const RB: usize = 4;
+    let d = rows.head_dim;
+    if !d.is_multiple_of(64) {
+        attend_tile_body(tile, rows, scale, dst);
+        return;
+    }
+    let nq = tile.tokens.len();
+    let g = tile.group;
+    let last_pos = tile.tokens.iter().map(|t| t.pos).max().unwrap_or(0);
+    let blocks = tile.tokens[0].blocks;
+    let bs = tile.block_size;
+    let mut m = vec![f32::NEG_INFINITY; nq * g];
+    let mut sum = vec![0f32; nq * g];
+    let mut acc = vec![0f32; nq * g * d];
+    let mut kt = vec![0f32; d * KT];
+    let mut v32 = vec![0f32; KT * d];
+    let mut s = vec![0f32; RB * KT];
+    let mut active: Vec<usize> = Vec::with_capacity(nq * g);
+    for base in (0..=last_pos).step_by(KT) {
+        let n_here = KT.min(last_pos + 1 - base);
+        kt.fill(0.0);
+        v32.fill(0.0);
+        for k in 0..n_here {
+            let pos = base + k;
+            let row = blocks[pos / bs] as usize * bs + pos % bs;
+            let kp = rows.k(row).as_ptr() as *const __m256i;
+            for j in 0..d / 16 {
+                let x = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(j)));
+                let mut lanes = [0f32; 16];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), x);
+                for (l, &v) in lanes.iter().enumerate() {
+                    kt[(16 * j + l) * KT + k] = v;
+                }
+            }
+            let vp = rows.v(row).as_ptr() as *const __m256i;
+            for j in 0..d / 16 {
+                let x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j)));
+                _mm512_storeu_ps(v32.as_mut_ptr().add(k * d + 16 * j), x);
+            }
+        }
+        active.clear();
+        for (qi, tok) in tile.tokens.iter().enumerate() {
+            if base <= tok.pos {
+                active.extend((0..g).map(|h| qi * g + h));
+            }
+        }
+        for grp in active.chunks(RB) {
+            let n = grp.len();
+            // Scores: one FMA chain per (row, position) over the head dimension.
+            let mut sc = [[_mm512_setzero_ps(); 4]; RB];
+            let qp: [*const f32; RB] = std::array::from_fn(|r| {
+                let i = grp[r.min(n - 1)];
+                let (qi, h) = (i / g, i % g);
+                tile.q.as_ptr().add(tile.q_off + qi * tile.q_dim + h * d)
+            });
+            for dd in 0..d {
+                let kv: [__m512; 4] =
+                    std::array::from_fn(|j| _mm512_loadu_ps(kt.as_ptr().add(dd * KT + 16 * j)));
+                for r in 0..RB {
+                    let qb = _mm512_set1_ps(*qp[r].add(dd));
+                    for j in 0..4 {
+                        sc[r][j] = _mm512_fmadd_ps(kv[j], qb, sc[r][j]);
+                    }
+                }
+            }
+            for r in 0..n {
+                for j in 0..4 {
+                    _mm512_storeu_ps(s.as_mut_ptr().add(r * KT + 16 * j), sc[r][j]);
+                }
+            }
+            // Softmax steps per row, as the body does them.
+            for (r, &i) in grp.iter().enumerate() {
+                let pos = tile.tokens[i / g].pos;
+                let sr = &mut s[r * KT..(r + 1) * KT];
+                let mut tile_max = f32::NEG_INFINITY;
+                for (k, sk) in sr.iter_mut().enumerate() {
+                    *sk *= scale;
+                    if k >= n_here || base + k > pos {
+                        *sk = f32::NEG_INFINITY;
+                    } else {
+                        *sk += 0.0;
+                    }
+                    tile_max = tile_max.max(*sk);
+                }
+                let a = &mut acc[i * d..(i + 1) * d];
+                let m_new = m[i].max(tile_max);
+                if m_new > m[i] {
+                    let ms = (m[i] - m_new).exp();
+                    a.iter_mut().for_each(|x| *x *= ms);
+                    sum[i] *= ms;
+                }
+                m[i] = m_new;
+                let mut total = 0f64;
+                for chunk in sr.chunks_exact_mut(16) {
+                    let v = _mm512_sub_ps(_mm512_loadu_ps(chunk.as_ptr()), _mm512_set1_ps(m_new));
+                    _mm512_storeu_ps(chunk.as_mut_ptr(), crate::vexp::expf16(v));
+                    total += reduce16_gcc(chunk) as f64;
+                }
+                sum[i] = (sum[i] as f64 + total) as f32;
+            }
+            // Weighted sums: one FMA chain per (row, dim) over the tile's positions.
+            for dv in (0..d).step_by(64) {
+                let mut av = [[_mm512_setzero_ps(); 4]; RB];
+                for r in 0..n {
+                    for j in 0..4 {
+                        av[r][j] = _mm512_loadu_ps(acc.as_ptr().add(grp[r] * d + dv + 16 * j));
+                    }
+                }
+                for k in 0..KT {
+                    let vk: [__m512; 4] = std::array::from_fn(|j| {
+                        _mm512_loadu_ps(v32.as_ptr().add(k * d + dv + 16 * j))
+                    });
+                    for r in 0..RB {
+                        let p = _mm512_set1_ps(s[r.min(n - 1) * KT + k]);
+                        for j in 0..4 {
+                            av[r][j] = _mm512_fmadd_ps(vk[j], p, av[r][j]);
+                        }
+                    }
+                }
+                for r in 0..n {
+                    for j in 0..4 {
+                        _mm512_storeu_ps(acc.as_mut_ptr().add(grp[r] * d + dv + 16 * j), av[r][j]);
+                    }
+                }
+            }
+        }
+    }
+    for qi in 0..nq {
+        let out = dst(qi);
+        for h in 0..g {
+            let i = qi * g + h;
+            let inv = if sum[i] == 0.0 { 0.0 } else { 1.0 / sum[i] };
+            for (o, x) in out[h * d..(h + 1) * d]
+                .iter_mut()
+                .zip(&acc[i * d..(i + 1) * d])
+            {
+                *o = x * inv;
+            }
+        }
+    }
 }
 
 #[inline(always)]

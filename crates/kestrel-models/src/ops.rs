@@ -340,7 +340,6 @@ fn quantize_activations(
     Ok(())
 }
 
-
 /// Prefill: groups of 4 weight rows x all activation rows through the tiled kernel, which
 /// reuses each decoded weight block across tokens and each activation block across rows.
 fn matmul_rows_tiled(

@@ -256,7 +256,11 @@ fn concurrent_round(
     // then the measured generation phase.
     let warm: Vec<_> = prompts
         .iter()
-        .map(|p| engine.submit(request(p.clone(), 1)).map_err(|e| anyhow!("{e}")))
+        .map(|p| {
+            engine
+                .submit(request(p.clone(), 1))
+                .map_err(|e| anyhow!("{e}"))
+        })
         .collect::<Result<_>>()?;
     warm.into_iter().map(finish).collect::<Result<Vec<_>>>()?;
     let t0 = Instant::now();

@@ -439,10 +439,12 @@ pub(crate) unsafe fn preact_fill(w: GgmlType, nb: usize, y: *const u8, pre: &mut
         };
         let corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(o), q);
         pre.qy.push(q);
-        pre.seed.push(_mm512_sub_epi32(_mm512_setzero_si512(), corr));
+        pre.seed
+            .push(_mm512_sub_epi32(_mm512_setzero_si512(), corr));
         pre.dy.push(halves2::<false>(y0, y1));
         if t == Q4_1 {
-            pre.sy.push([fp16(y0.add(2)), if two { fp16(y1.add(2)) } else { 0.0 }]);
+            pre.sy
+                .push([fp16(y0.add(2)), if two { fp16(y1.add(2)) } else { 0.0 }]);
         }
         i += 2;
     }

@@ -476,7 +476,10 @@ pub fn matmul_few(
         });
     }
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if backend == Backend::Avx512Vnni && avx512::has_pair_tile(w) && (1..=FEW_MAX_TOKENS).contains(&t) {
+    if backend == Backend::Avx512Vnni
+        && avx512::has_pair_tile(w)
+        && (1..=FEW_MAX_TOKENS).contains(&t)
+    {
         for a in acts {
             check_row(vec_dot_type(w), n, a.len())?;
         }
