@@ -48,7 +48,13 @@ impl ModelSource {
                 .get("general.name")
                 .and_then(Value::as_str)
                 .map(str::to_string),
-            weight_bytes: h.tensor_bytes(),
+            // What stays resident: every tensor, plus the growth of Q4_K matrices repacked
+            // at load for the AVX-512 kernels (their mapped pages are released).
+            weight_bytes: h.tensor_bytes()
+                + kestrel_models::weights::repack_extra_bytes(h.tensors.iter().map(|t| {
+                    let rows = t.dims.iter().skip(1).product::<u64>() as usize;
+                    (t.name.as_str(), t.ggml_type, rows, t.n_bytes)
+                })),
             config,
             tokenizer,
             chat_template,

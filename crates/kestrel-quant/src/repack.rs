@@ -256,7 +256,8 @@ mod avx512 {
                 let mut lo = [_mm512_setzero_si512(); N];
                 let mut hi = [_mm512_setzero_si512(); N];
                 for k in 0..8 {
-                    let q = _mm512_loadu_si512(wb.add(QS_OFF + (sb * 8 + k) * R * 4) as *const _);
+                    let at = wb.add(QS_OFF + (sb * 8 + k) * R * 4);
+                    let q = _mm512_loadu_si512(at as *const _);
                     let ql = _mm512_and_si512(q, m4);
                     let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
                     for c in 0..N {

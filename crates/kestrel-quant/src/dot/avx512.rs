@@ -382,6 +382,9 @@ unsafe fn pairs_t<const MP: usize, const NR: usize, const T: u8, const FULL: boo
     out
 }
 
+/// Bytes ahead of the current weight block that the decode kernels prefetch.
+pub(crate) const PREFETCH_AHEAD: usize = 3072;
+
 /// One activation row of a 32-element block type prepared once per matvec, per pair of blocks:
 /// the quants of both blocks, their offset corrections as `vpdpbusd` seeds, their scales in
 /// each half (and Q8_1's sums), so each weight row's pass does only its own work.
@@ -491,6 +494,9 @@ unsafe fn matvec_pre_t<const T: u8>(
         while i < nb {
             let two = i + 2 <= nb;
             let xa = xr.add(i * bx);
+            // One core streams the rows alone: keep a few lines in flight ahead of it (the
+            // rows are contiguous, so running past a row's end prefetches the next one).
+            _mm_prefetch::<_MM_HINT_T0>(xa.add(PREFETCH_AHEAD) as *const i8);
             let xb = if two { xa.add(bx) } else { std::ptr::null() };
             let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
             let u = match T {
@@ -572,6 +578,7 @@ unsafe fn multi_pre_t<const N: usize, const T: u8>(
         while i < nb {
             let two = i + 2 <= nb;
             let xa = xr.add(i * bx);
+            _mm_prefetch::<_MM_HINT_T0>(xa.add(PREFETCH_AHEAD) as *const i8);
             let xb = if two { xa.add(bx) } else { std::ptr::null() };
             let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
             let u = match T {
