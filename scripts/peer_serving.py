@@ -100,7 +100,7 @@ def concurrent(a):
         m, ctx = load(a.model, 256 * max(levels) * 2, a.threads, n_seq=max(levels))
         vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(m))
         rng = random.Random(c)
-        best = None
+        runs = []
         for rep in range(a.r):
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
             for s in range(c):
@@ -108,9 +108,8 @@ def concurrent(a):
             t0 = time.perf_counter()
             for step in range(64):
                 decode(ctx, [(rng.randrange(100, vocab - 100), 128 + step, s, True) for s in range(c)], vocab)
-            tps = c * 64 / (time.perf_counter() - t0)
-            best = tps if best is None else statistics.median([best, tps])
-        rows[c] = best
+            runs.append(c * 64 / (time.perf_counter() - t0))
+        rows[c] = statistics.median(runs)
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(m)
     if a.json:

@@ -179,6 +179,7 @@ fn attend_tile_ggml<'a>(
 /// per-row softmax steps as in the body; bit-identical to it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // register arrays indexed in lockstep
 unsafe fn attend_tile_avx512<'a>(
     tile: &QueryTile,
     rows: &Rows,
@@ -626,6 +627,7 @@ fn ggml_partial(qg: &[f32], rows: &Rows, span: &Span, scale: f32) -> Partial {
 /// 16-lane FMAs (head_dim a multiple of 16; others take the portable body).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // register arrays indexed in lockstep
 unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut Partial) {
     use std::arch::x86_64::*;
     let d = rows.head_dim;
@@ -1047,13 +1049,6 @@ mod tests {
                 .collect();
             let v: Vec<f16> = (0..n_pos * kv_dim).map(|_| f16::from_f32(rnd())).collect();
             let q: Vec<f32> = (0..group * d).map(|_| rnd() * 2.0).collect();
-            let rows = Rows {
-                k: &k,
-                v: &v,
-                kv_dim,
-                head_off: (n_kv - 1) * d,
-                head_dim: d,
-            };
             // A shuffled block table of 8-row blocks covering n_pos rows.
             let n_blocks = n_pos.div_ceil(8);
             let mut blocks: Vec<u32> = (0..n_blocks as u32).collect();

@@ -332,6 +332,15 @@ fn hf_to_gguf_name(hf: &str) -> String {
     format!("blk.{layer}.{mapped}")
 }
 
+/// Weight types the CPU kernels can multiply.
+fn cpu_supports(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::hf_to_gguf_name;
@@ -349,13 +358,4 @@ mod tests {
         assert_eq!(hf_to_gguf_name("lm_head.weight"), "output.weight");
         assert_eq!(hf_to_gguf_name("something.else"), "something.else");
     }
-}
-
-/// Weight types the CPU kernels can multiply.
-fn cpu_supports(ty: GgmlType) -> bool {
-    use GgmlType::*;
-    matches!(
-        ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K
-    )
 }

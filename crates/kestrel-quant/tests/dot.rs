@@ -169,6 +169,7 @@ fn multi_row_batches_of_odd_sizes_match_the_oracle() {
 
 /// llama.cpp's tiled Q6_K x Q8_K order, written out: per super-block the exact integer
 /// `sum_j sc_j sum_l (q - 32) y`, then `acc = fma(float(isum) * d, yd, acc)`.
+#[allow(clippy::needless_range_loop)]
 fn q6k_tiled_order(n: usize, x: &[u8], y: &[u8]) -> f32 {
     let mut acc = 0f32;
     for i in 0..n / 256 {
