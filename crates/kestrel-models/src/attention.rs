@@ -1038,7 +1038,7 @@ mod tests {
             (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
         };
         for (group, d, n_pos, n_kv) in [
-            (1, 8, 1, 1),
+            (1usize, 8usize, 1usize, 1usize),
             (7, 64, 37, 2),
             (3, 16, 300, 3),
             (2, 128, 65, 1),
