@@ -90,6 +90,33 @@ unsafe fn nibbles2<const FULL: bool>(p0: *const u8, p1: *const u8) -> __m512i {
     _mm512_and_si512(_mm512_srlv_epi16(t, shifts), _mm512_set1_epi8(0x0f))
 }
 
+/// Two blocks of `T` as the unsigned `vpdpbusd` operand (q + 8, q + 16, q + 128; Q4_1 as is):
+/// the block at `xa` in the low half, the one at `xb` in the high half (null: zeros, unless
+/// `FULL` promises it is there). Every offset-seeded kernel below decodes weights through this.
+#[inline(always)]
+unsafe fn unsigned_pair<const T: u8, const FULL: bool>(xa: *const u8, xb: *const u8) -> __m512i {
+    let off = |p: *const u8, k: usize| if !FULL && p.is_null() { p } else { p.add(k) };
+    match T {
+        Q4_0 => nibbles2::<FULL>(xa.add(2), off(xb, 2)),
+        Q5_0 => {
+            let nib = nibbles2::<FULL>(xa.add(6), off(xb, 6));
+            let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
+            let h1 = if !FULL && xb.is_null() {
+                0
+            } else {
+                (xb.add(2) as *const u32).read_unaligned() as u64
+            };
+            let set = _cvtu64_mask64(h0 | (h1 << 32));
+            _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
+        }
+        Q8_0 => _mm512_xor_si512(
+            load2x32::<FULL>(xa.add(2), off(xb, 2)),
+            _mm512_set1_epi8(0x80u8 as i8),
+        ),
+        _ => nibbles2::<FULL>(xa.add(4), off(xb, 4)),
+    }
+}
+
 /// Bytes of one weight block of `T` and of its activation block.
 const fn block_bytes(t: u8) -> (usize, usize) {
     match t {
@@ -327,25 +354,7 @@ unsafe fn pairs_t<const MP: usize, const NR: usize, const T: u8, const FULL: boo
                     _mm_prefetch::<_MM_HINT_T0>(xb.add(8 * bx) as *const i8);
                 }
             }
-            let u = match T {
-                Q4_0 => nibbles2::<FULL>(xa.add(2), off(xb, 2)),
-                Q5_0 => {
-                    let nib = nibbles2::<FULL>(xa.add(6), off(xb, 6));
-                    let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
-                    let h1 = if !FULL && xb.is_null() {
-                        0
-                    } else {
-                        (xb.add(2) as *const u32).read_unaligned() as u64
-                    };
-                    let set = _cvtu64_mask64(h0 | (h1 << 32));
-                    _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
-                }
-                Q8_0 => _mm512_xor_si512(
-                    load2x32::<FULL>(xa.add(2), off(xb, 2)),
-                    _mm512_set1_epi8(0x80u8 as i8),
-                ),
-                _ => nibbles2::<FULL>(xa.add(4), off(xb, 4)),
-            };
+            let u = unsigned_pair::<T, FULL>(xa, xb);
             let dx = halves2::<FULL>(xa, xb);
             let m = if T == Q4_1 {
                 [
@@ -498,26 +507,7 @@ unsafe fn matvec_pre_t<const T: u8>(
             // rows are contiguous, so running past a row's end prefetches the next one).
             _mm_prefetch::<_MM_HINT_T0>(xa.add(PREFETCH_AHEAD) as *const i8);
             let xb = if two { xa.add(bx) } else { std::ptr::null() };
-            let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
-            let u = match T {
-                Q4_0 => nibbles2::<false>(xa.add(2), off(xb, 2)),
-                Q5_0 => {
-                    let nib = nibbles2::<false>(xa.add(6), off(xb, 6));
-                    let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
-                    let h1 = if two {
-                        (xb.add(2) as *const u32).read_unaligned() as u64
-                    } else {
-                        0
-                    };
-                    let set = _cvtu64_mask64(h0 | (h1 << 32));
-                    _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
-                }
-                Q8_0 => _mm512_xor_si512(
-                    load2x32::<false>(xa.add(2), off(xb, 2)),
-                    _mm512_set1_epi8(0x80u8 as i8),
-                ),
-                _ => nibbles2::<false>(xa.add(4), off(xb, 4)),
-            };
+            let u = unsigned_pair::<T, false>(xa, xb);
             let dx = halves2::<false>(xa, xb);
             if T == Q4_1 {
                 let sy = *pre.sy.get_unchecked(j);
@@ -580,26 +570,7 @@ unsafe fn multi_pre_t<const N: usize, const T: u8>(
             let xa = xr.add(i * bx);
             _mm_prefetch::<_MM_HINT_T0>(xa.add(PREFETCH_AHEAD) as *const i8);
             let xb = if two { xa.add(bx) } else { std::ptr::null() };
-            let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
-            let u = match T {
-                Q4_0 => nibbles2::<false>(xa.add(2), off(xb, 2)),
-                Q5_0 => {
-                    let nib = nibbles2::<false>(xa.add(6), off(xb, 6));
-                    let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
-                    let h1 = if two {
-                        (xb.add(2) as *const u32).read_unaligned() as u64
-                    } else {
-                        0
-                    };
-                    let set = _cvtu64_mask64(h0 | (h1 << 32));
-                    _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
-                }
-                Q8_0 => _mm512_xor_si512(
-                    load2x32::<false>(xa.add(2), off(xb, 2)),
-                    _mm512_set1_epi8(0x80u8 as i8),
-                ),
-                _ => nibbles2::<false>(xa.add(4), off(xb, 4)),
-            };
+            let u = unsigned_pair::<T, false>(xa, xb);
             let dx = halves2::<false>(xa, xb);
             let m = if T == Q4_1 {
                 [fp16(xa.add(2)), if two { fp16(xb.add(2)) } else { 0.0 }]
@@ -676,26 +647,7 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
         for i in 0..nb {
             let xa = ra.add(i * bx);
             let xb = if rb.is_null() { rb } else { rb.add(i * bx) };
-            let off = |q: *const u8, k: usize| if q.is_null() { q } else { q.add(k) };
-            let u = match T {
-                Q4_0 => nibbles2::<false>(xa.add(2), off(xb, 2)),
-                Q5_0 => {
-                    let nib = nibbles2::<false>(xa.add(6), off(xb, 6));
-                    let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
-                    let h1 = if xb.is_null() {
-                        0
-                    } else {
-                        (xb.add(2) as *const u32).read_unaligned() as u64
-                    };
-                    let set = _cvtu64_mask64(h0 | (h1 << 32));
-                    _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
-                }
-                Q8_0 => _mm512_xor_si512(
-                    load2x32::<false>(xa.add(2), off(xb, 2)),
-                    _mm512_set1_epi8(0x80u8 as i8),
-                ),
-                _ => nibbles2::<false>(xa.add(4), off(xb, 4)),
-            };
+            let u = unsigned_pair::<T, false>(xa, xb);
             panel.u.push(u);
             panel.dx.push(halves2::<false>(xa, xb));
             if T == Q4_1 {

@@ -256,40 +256,12 @@ fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mu
                 };
                 // SAFETY: as above; the panel holds ceil(mr / 2) pairs.
                 unsafe {
-                    if mr > 6 {
-                        let v = avx512::panel_tile::<4, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
-                        for (p, vp) in v.iter().enumerate() {
-                            for (h, vh) in vp.iter().enumerate() {
-                                for (k, &x) in vh.iter().enumerate() {
-                                    put(p, h, k, x);
-                                }
-                            }
-                        }
-                    } else if mr > 4 {
-                        let v = avx512::panel_tile::<3, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
-                        for (p, vp) in v.iter().enumerate() {
-                            for (h, vh) in vp.iter().enumerate() {
-                                for (k, &x) in vh.iter().enumerate() {
-                                    put(p, h, k, x);
-                                }
-                            }
-                        }
-                    } else if mr > 2 {
-                        let v = avx512::panel_tile::<2, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
-                        for (p, vp) in v.iter().enumerate() {
-                            for (h, vh) in vp.iter().enumerate() {
-                                for (k, &x) in vh.iter().enumerate() {
-                                    put(p, h, k, x);
-                                }
-                            }
-                        }
-                    } else {
-                        let v = avx512::panel_tile::<1, 4>(w, nb, panel, [y(0), y(1), y(2), y(3)]);
-                        for (h, vh) in v[0].iter().enumerate() {
-                            for (k, &x) in vh.iter().enumerate() {
-                                put(0, h, k, x);
-                            }
-                        }
+                    let yy = [y(0), y(1), y(2), y(3)];
+                    match mr.div_ceil(2) {
+                        4 => scatter(&avx512::panel_tile::<4, 4>(w, nb, panel, yy), &mut put),
+                        3 => scatter(&avx512::panel_tile::<3, 4>(w, nb, panel, yy), &mut put),
+                        2 => scatter(&avx512::panel_tile::<2, 4>(w, nb, panel, yy), &mut put),
+                        _ => scatter(&avx512::panel_tile::<1, 4>(w, nb, panel, yy), &mut put),
                     }
                 }
                 c += nr;
@@ -297,6 +269,21 @@ fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mu
             r += mr;
         }
     });
+}
+
+/// Hands every `[pair][half][token]` result of a panel tile to `put(pair, half, token, value)`.
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+fn scatter<const MP: usize>(
+    v: &[[[f32; 4]; 2]; MP],
+    put: &mut impl FnMut(usize, usize, usize, f32),
+) {
+    for (p, vp) in v.iter().enumerate() {
+        for (h, vh) in vp.iter().enumerate() {
+            for (k, &x) in vh.iter().enumerate() {
+                put(p, h, k, x);
+            }
+        }
+    }
 }
 
 /// The first `MR` of `w_rows` against all of `acts` (lengths checked, AVX-512 available).
