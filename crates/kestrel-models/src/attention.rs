@@ -258,35 +258,17 @@ unsafe fn attend_tile_avx512<'a>(
                     _mm512_storeu_ps(s.as_mut_ptr().add(r * KT + 16 * j), sc[r][j]);
                 }
             }
-            // Softmax steps per row, as the body does them.
             for (r, &i) in grp.iter().enumerate() {
-                let pos = tile.tokens[i / g].pos;
-                let sr = &mut s[r * KT..(r + 1) * KT];
-                let mut tile_max = f32::NEG_INFINITY;
-                for (k, sk) in sr.iter_mut().enumerate() {
-                    *sk *= scale;
-                    if k >= n_here || base + k > pos {
-                        *sk = f32::NEG_INFINITY;
-                    } else {
-                        *sk += 0.0;
-                    }
-                    tile_max = tile_max.max(*sk);
-                }
+                let limit = (tile.tokens[i / g].pos + 1 - base).min(n_here);
                 let a = &mut acc[i * d..(i + 1) * d];
-                let m_new = m[i].max(tile_max);
-                if m_new > m[i] {
-                    let ms = (m[i] - m_new).exp();
-                    a.iter_mut().for_each(|x| *x *= ms);
-                    sum[i] *= ms;
-                }
-                m[i] = m_new;
-                let mut total = 0f64;
-                for chunk in sr.chunks_exact_mut(16) {
-                    let v = _mm512_sub_ps(_mm512_loadu_ps(chunk.as_ptr()), _mm512_set1_ps(m_new));
-                    _mm512_storeu_ps(chunk.as_mut_ptr(), crate::vexp::expf16(v));
-                    total += reduce16_gcc(chunk) as f64;
-                }
-                sum[i] = (sum[i] as f64 + total) as f32;
+                softmax_tile_row(
+                    &mut s[r * KT..(r + 1) * KT],
+                    limit,
+                    scale,
+                    &mut m[i],
+                    &mut sum[i],
+                    a,
+                );
             }
             // Weighted sums: one FMA chain per (row, dim) over the tile's positions.
             for dv in (0..d).step_by(64) {
@@ -378,31 +360,10 @@ fn attend_tile_body<'a>(
                         *sk = kv.mul_add(qd, *sk);
                     }
                 }
-                let mut tile_max = f32::NEG_INFINITY;
-                for (k, sk) in s.iter_mut().enumerate() {
-                    *sk *= scale;
-                    if k >= n_here || base + k > tok.pos {
-                        *sk = f32::NEG_INFINITY;
-                    } else {
-                        *sk += 0.0;
-                    }
-                    tile_max = tile_max.max(*sk);
-                }
                 let i = qi * g + h;
+                let limit = (tok.pos + 1 - base).min(n_here);
                 let a = &mut acc[i * d..(i + 1) * d];
-                let m_new = m[i].max(tile_max);
-                if m_new > m[i] {
-                    let ms = (m[i] - m_new).exp();
-                    a.iter_mut().for_each(|x| *x *= ms);
-                    sum[i] *= ms;
-                }
-                m[i] = m_new;
-                let mut total = 0f64;
-                for chunk in s.chunks_exact_mut(16) {
-                    exp16_minus(chunk, m_new);
-                    total += reduce16_gcc(chunk) as f64;
-                }
-                sum[i] = (sum[i] as f64 + total) as f32;
+                softmax_tile_row(&mut s, limit, scale, &mut m[i], &mut sum[i], a);
                 for (k, &p) in s.iter().enumerate() {
                     let vk = &v32[k * d..(k + 1) * d];
                     for (x, &vv) in a.iter_mut().zip(vk) {
@@ -425,6 +386,44 @@ fn attend_tile_body<'a>(
             }
         }
     }
+}
+
+/// One query row's softmax step for a KV tile, as llama.cpp's tiled kernel takes it: scores
+/// scaled, positions from `limit` on masked to -inf, the running max and sum updated once for
+/// the tile (the accumulator `acc` rescaled by libm's `expf`), then `s` turned into
+/// `ggml_v_expf(s - max)` with their sum added in f64.
+#[inline(always)]
+fn softmax_tile_row(
+    s: &mut [f32],
+    limit: usize,
+    scale: f32,
+    m: &mut f32,
+    sum: &mut f32,
+    acc: &mut [f32],
+) {
+    let mut tile_max = f32::NEG_INFINITY;
+    for (k, sk) in s.iter_mut().enumerate() {
+        *sk *= scale;
+        if k >= limit {
+            *sk = f32::NEG_INFINITY;
+        } else {
+            *sk += 0.0;
+        }
+        tile_max = tile_max.max(*sk);
+    }
+    let m_new = m.max(tile_max);
+    if m_new > *m {
+        let ms = (*m - m_new).exp();
+        acc.iter_mut().for_each(|x| *x *= ms);
+        *sum *= ms;
+    }
+    *m = m_new;
+    let mut total = 0f64;
+    for chunk in s.chunks_exact_mut(16) {
+        exp16_minus(chunk, m_new);
+        total += reduce16_gcc(chunk) as f64;
+    }
+    *sum = (*sum as f64 + total) as f32;
 }
 
 /// `x[i] = ggml_v_expf(x[i] - m)` over 16 lanes.

@@ -50,9 +50,9 @@ const Q4_1: u8 = 3;
 /// Lanes 0..8 from the f16 at `p0`, lanes 8..16 from the f16 at `p1` (or 0.0 when null).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn halves2<const FULL: bool>(p0: *const u8, p1: *const u8) -> __m512 {
+unsafe fn halves2(p0: *const u8, p1: *const u8) -> __m512 {
     let h0 = _mm_set1_epi16((p0 as *const i16).read_unaligned());
-    let h1 = if !FULL && p1.is_null() {
+    let h1 = if p1.is_null() {
         _mm_setzero_si128()
     } else {
         _mm_set1_epi16((p1 as *const i16).read_unaligned())
@@ -63,9 +63,9 @@ unsafe fn halves2<const FULL: bool>(p0: *const u8, p1: *const u8) -> __m512 {
 /// 32 bytes at `p0` in the low half, 32 at `p1` (or zeros when null) in the high half.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn load2x32<const FULL: bool>(p0: *const u8, p1: *const u8) -> __m512i {
+unsafe fn load2x32(p0: *const u8, p1: *const u8) -> __m512i {
     let lo = _mm512_zextsi256_si512(_mm256_loadu_si256(p0 as *const __m256i));
-    if !FULL && p1.is_null() {
+    if p1.is_null() {
         lo
     } else {
         _mm512_inserti64x4::<1>(lo, _mm256_loadu_si256(p1 as *const __m256i))
@@ -76,9 +76,9 @@ unsafe fn load2x32<const FULL: bool>(p0: *const u8, p1: *const u8) -> __m512i {
 /// then block 1's.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn nibbles2<const FULL: bool>(p0: *const u8, p1: *const u8) -> __m512i {
+unsafe fn nibbles2(p0: *const u8, p1: *const u8) -> __m512i {
     let t0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(p0 as *const __m128i));
-    let t = if !FULL && p1.is_null() {
+    let t = if p1.is_null() {
         _mm512_zextsi256_si512(t0)
     } else {
         let t1 = _mm256_broadcastsi128_si256(_mm_loadu_si128(p1 as *const __m128i));
@@ -91,17 +91,17 @@ unsafe fn nibbles2<const FULL: bool>(p0: *const u8, p1: *const u8) -> __m512i {
 }
 
 /// Two blocks of `T` as the unsigned `vpdpbusd` operand (q + 8, q + 16, q + 128; Q4_1 as is):
-/// the block at `xa` in the low half, the one at `xb` in the high half (null: zeros, unless
-/// `FULL` promises it is there). Every offset-seeded kernel below decodes weights through this.
+/// the block at `xa` in the low half, the one at `xb` in the high half (null: zeros). Every
+/// offset-seeded kernel below decodes weights through this.
 #[inline(always)]
-unsafe fn unsigned_pair<const T: u8, const FULL: bool>(xa: *const u8, xb: *const u8) -> __m512i {
-    let off = |p: *const u8, k: usize| if !FULL && p.is_null() { p } else { p.add(k) };
+unsafe fn unsigned_pair<const T: u8>(xa: *const u8, xb: *const u8) -> __m512i {
+    let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
     match T {
-        Q4_0 => nibbles2::<FULL>(xa.add(2), off(xb, 2)),
+        Q4_0 => nibbles2(xa.add(2), off(xb, 2)),
         Q5_0 => {
-            let nib = nibbles2::<FULL>(xa.add(6), off(xb, 6));
+            let nib = nibbles2(xa.add(6), off(xb, 6));
             let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
-            let h1 = if !FULL && xb.is_null() {
+            let h1 = if xb.is_null() {
                 0
             } else {
                 (xb.add(2) as *const u32).read_unaligned() as u64
@@ -110,10 +110,10 @@ unsafe fn unsigned_pair<const T: u8, const FULL: bool>(xa: *const u8, xb: *const
             _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
         }
         Q8_0 => _mm512_xor_si512(
-            load2x32::<FULL>(xa.add(2), off(xb, 2)),
+            load2x32(xa.add(2), off(xb, 2)),
             _mm512_set1_epi8(0x80u8 as i8),
         ),
-        _ => nibbles2::<FULL>(xa.add(4), off(xb, 4)),
+        _ => nibbles2(xa.add(4), off(xb, 4)),
     }
 }
 
@@ -149,12 +149,9 @@ unsafe fn step<const N: usize, const T: u8>(
     let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
     // Weight side, shared by all rows: 64 signed (or, Q4_1, unsigned) quants and the scales.
     let qx = match T {
-        Q4_0 => _mm512_sub_epi8(
-            nibbles2::<false>(xb.add(2), off(x1, 2)),
-            _mm512_set1_epi8(8),
-        ),
+        Q4_0 => _mm512_sub_epi8(nibbles2(xb.add(2), off(x1, 2)), _mm512_set1_epi8(8)),
         Q5_0 => {
-            let nib = nibbles2::<false>(xb.add(6), off(x1, 6));
+            let nib = nibbles2(xb.add(6), off(x1, 6));
             let h0 = (xb.add(2) as *const u32).read_unaligned() as u64;
             let h1 = if second {
                 (x1.add(2) as *const u32).read_unaligned() as u64
@@ -169,10 +166,10 @@ unsafe fn step<const N: usize, const T: u8>(
                 _mm512_or_si512(nib, _mm512_set1_epi8(0xf0u8 as i8)),
             )
         }
-        Q8_0 => load2x32::<false>(xb.add(2), off(x1, 2)),
-        _ => nibbles2::<false>(xb.add(4), off(x1, 4)),
+        Q8_0 => load2x32(xb.add(2), off(x1, 2)),
+        _ => nibbles2(xb.add(4), off(x1, 4)),
     };
-    let dx = halves2::<false>(xb, x1);
+    let dx = halves2(xb, x1);
     if T == Q4_1 {
         let m0 = fp16(xb.add(2));
         let m1 = if second { fp16(x1.add(2)) } else { 0.0 };
@@ -183,9 +180,9 @@ unsafe fn step<const N: usize, const T: u8>(
             if second {
                 summ[c] = m1.mul_add(fp16(yb.add(by + 2)), summ[c]);
             }
-            let qy = load2x32::<false>(yb.add(4), off(y1, 4));
+            let qy = load2x32(yb.add(4), off(y1, 4));
             let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy);
-            let d = _mm512_mul_ps(dx, halves2::<false>(yb, y1));
+            let d = _mm512_mul_ps(dx, halves2(yb, y1));
             acc[c] = fma_halves(d, _mm512_cvtepi32_ps(s), acc[c], second);
         }
         return;
@@ -196,10 +193,10 @@ unsafe fn step<const N: usize, const T: u8>(
     for c in 0..N {
         let yb = y[c].add(yoff);
         let y1 = if second { yb.add(by) } else { std::ptr::null() };
-        let qy = load2x32::<false>(yb.add(2), off(y1, 2));
+        let qy = load2x32(yb.add(2), off(y1, 2));
         let sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
         let s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy);
-        let d = _mm512_mul_ps(dx, halves2::<false>(yb, y1));
+        let d = _mm512_mul_ps(dx, halves2(yb, y1));
         acc[c] = fma_halves(d, _mm512_cvtepi32_ps(s), acc[c], second);
     }
 }
@@ -248,10 +245,7 @@ unsafe fn blocks32<const N: usize, const T: u8>(
     out
 }
 
-/// Register tile for [`tile`]: weight rows x activation rows per call.
-pub(crate) const TILE_W: usize = 4;
-pub(crate) const TILE_A: usize = 4;
-/// The same for the K-quant tile ([`ktile`]).
+/// Register tile of the K-quant kernel ([`ktile`]): weight rows x activation rows per call.
 pub(crate) const KTILE_W: usize = 4;
 pub(crate) const KTILE_A: usize = 4;
 
@@ -276,15 +270,11 @@ pub(crate) fn has_tile(w: GgmlType) -> bool {
     )
 }
 
-/// `MR` weight rows x `NR` activation rows, the GEMM-style micro-kernel behind `vec_dot_rows`.
-/// The weight quants enter `vpdpbusd` unsigned (q + 8, q + 16, q + 128; Q4_1 as is) and each
-/// activation block's offset correction (-off * its sums of four) seeds the i32 accumulator,
-/// so the per-pair work is four instructions (dpbusd, convert, scale, FMA) and all the rest is
-/// shared along a row or a column of the tile. The integer lane sums, the scales and the f32
-/// accumulation order are exactly [`blocks32`]'s, so results equal `vec_dot_multi`'s bit for bit.
+/// `MR` weight rows x `NR` activation rows of a K-quant (Q4_K, Q6_K): the micro-kernel behind
+/// `vec_dot_rows` for them ([`ktile`]); `batched` selects llama.cpp's tiled Q6_K order.
 ///
 /// # Safety
-/// As [`dot`]; `w` is one of [`has_tile`]'s types.
+/// As [`dot`]; `w` is Q4_K or Q6_K.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn tile<const MR: usize, const NR: usize>(
     w: GgmlType,
@@ -294,101 +284,9 @@ pub(crate) unsafe fn tile<const MR: usize, const NR: usize>(
     batched: bool,
 ) -> [[f32; NR]; MR] {
     match w {
-        GgmlType::Q4_0 => tile_t::<MR, NR, Q4_0>(nb, x, y),
-        GgmlType::Q5_0 => tile_t::<MR, NR, Q5_0>(nb, x, y),
-        GgmlType::Q8_0 => tile_t::<MR, NR, Q8_0>(nb, x, y),
         GgmlType::Q4_K => ktile_q4k::<MR, NR>(nb, x, y),
-        GgmlType::Q6_K => ktile_q6k::<MR, NR>(nb, x, y, batched),
-        _ => tile_t::<MR, NR, Q4_1>(nb, x, y),
+        _ => ktile_q6k::<MR, NR>(nb, x, y, batched),
     }
-}
-
-/// Weight rows in pairs, one zmm per pair and block: row `2p` in the low half, row `2p + 1` in
-/// the high half (null: zeros), each half eight i32 lanes of four products exactly as
-/// llama.cpp's 256-bit kernels lay them out. Each pair and activation row keeps one f32
-/// accumulator whose halves are the two rows' 8-lane chains, `acc = fma(dx * dy, lanes, acc)`
-/// per block in order, so every dot is llama.cpp's bit for bit; the weight quants enter
-/// `vpdpbusd` unsigned (q + 8, q + 16, q + 128; Q4_1 as is) and each activation block's offset
-/// correction (-off * its sums of four) seeds the i32 sum. Returns `[pair][half][token]`.
-#[inline(always)]
-unsafe fn pairs_t<const MP: usize, const NR: usize, const T: u8, const FULL: bool>(
-    nb: usize,
-    x: [[*const u8; 2]; MP],
-    y: [*const u8; NR],
-) -> [[[f32; NR]; 2]; MP] {
-    let (bx, by) = block_bytes(T);
-    // FULL: every pair has its second row (no null checks in the loop).
-    let off = |p: *const u8, k: usize| if !FULL && p.is_null() { p } else { p.add(k) };
-    let mut acc = [[_mm512_setzero_ps(); NR]; MP];
-    let mut summ = [[[0f32; NR]; 2]; MP];
-    for i in 0..nb {
-        // Activation side: quants in both halves, offset corrections, scales (Q8_1 sums).
-        let mut qy = [_mm512_setzero_si512(); NR];
-        let mut seed = [_mm512_setzero_si512(); NR];
-        let mut dy = [_mm512_setzero_ps(); NR];
-        let mut sy = [0f32; NR];
-        for c in 0..NR {
-            let yb = y[c].add(i * by);
-            let q = if T == Q4_1 { yb.add(4) } else { yb.add(2) };
-            qy[c] = _mm512_broadcast_i64x4(_mm256_loadu_si256(q as *const __m256i));
-            if T == Q4_1 {
-                sy[c] = fp16(yb.add(2));
-            } else {
-                let o: i8 = match T {
-                    Q4_0 => 8,
-                    Q5_0 => 16,
-                    _ => -128, // 0x80: 128 as the unsigned operand
-                };
-                let corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(o), qy[c]);
-                seed[c] = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
-            }
-            dy[c] = _mm512_set1_ps(fp16(yb));
-        }
-        for p in 0..MP {
-            let xa = x[p][0].add(i * bx);
-            let xb = off(x[p][1], i * bx);
-            if NR == 1 && i + 8 < nb {
-                // Decode streams several rows at once: fetch ahead of the hardware prefetcher.
-                _mm_prefetch::<_MM_HINT_T0>(xa.add(8 * bx) as *const i8);
-                if FULL || !xb.is_null() {
-                    _mm_prefetch::<_MM_HINT_T0>(xb.add(8 * bx) as *const i8);
-                }
-            }
-            let u = unsigned_pair::<T, FULL>(xa, xb);
-            let dx = halves2::<FULL>(xa, xb);
-            let m = if T == Q4_1 {
-                [
-                    fp16(xa.add(2)),
-                    if !FULL && xb.is_null() {
-                        0.0
-                    } else {
-                        fp16(xb.add(2))
-                    },
-                ]
-            } else {
-                [0.0; 2]
-            };
-            for c in 0..NR {
-                if T == Q4_1 {
-                    summ[p][0][c] = m[0].mul_add(sy[c], summ[p][0][c]);
-                    summ[p][1][c] = m[1].mul_add(sy[c], summ[p][1][c]);
-                }
-                let s = _mm512_dpbusd_epi32(seed[c], u, qy[c]);
-                let d = _mm512_mul_ps(dx, dy[c]);
-                acc[p][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[p][c]);
-            }
-        }
-    }
-    let mut out = [[[0f32; NR]; 2]; MP];
-    for p in 0..MP {
-        for c in 0..NR {
-            let lo = _mm512_castps512_ps256(acc[p][c]);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[p][c])));
-            out[p][0][c] = hsum8(lo) + summ[p][0][c];
-            out[p][1][c] = hsum8(hi) + summ[p][1][c];
-        }
-    }
-    out
 }
 
 /// Bytes ahead of the current weight block that the decode kernels prefetch.
@@ -439,9 +337,9 @@ pub(crate) unsafe fn preact_fill(w: GgmlType, nb: usize, y: *const u8, pre: &mut
         let y1 = if two { y0.add(by) } else { std::ptr::null() };
         let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
         let q = if t == Q4_1 {
-            load2x32::<false>(y0.add(4), off(y1, 4))
+            load2x32(y0.add(4), off(y1, 4))
         } else {
-            load2x32::<false>(y0.add(2), off(y1, 2))
+            load2x32(y0.add(2), off(y1, 2))
         };
         let o: i8 = match t {
             Q4_0 => 8,
@@ -453,7 +351,7 @@ pub(crate) unsafe fn preact_fill(w: GgmlType, nb: usize, y: *const u8, pre: &mut
         pre.qy.push(q);
         pre.seed
             .push(_mm512_sub_epi32(_mm512_setzero_si512(), corr));
-        pre.dy.push(halves2::<false>(y0, y1));
+        pre.dy.push(halves2(y0, y1));
         if t == Q4_1 {
             pre.sy
                 .push([fp16(y0.add(2)), if two { fp16(y1.add(2)) } else { 0.0 }]);
@@ -507,8 +405,8 @@ unsafe fn matvec_pre_t<const T: u8>(
             // rows are contiguous, so running past a row's end prefetches the next one).
             _mm_prefetch::<_MM_HINT_T0>(xa.add(PREFETCH_AHEAD) as *const i8);
             let xb = if two { xa.add(bx) } else { std::ptr::null() };
-            let u = unsigned_pair::<T, false>(xa, xb);
-            let dx = halves2::<false>(xa, xb);
+            let u = unsigned_pair::<T>(xa, xb);
+            let dx = halves2(xa, xb);
             if T == Q4_1 {
                 let sy = *pre.sy.get_unchecked(j);
                 summ = fp16(xa.add(2)).mul_add(sy[0], summ);
@@ -570,8 +468,8 @@ unsafe fn multi_pre_t<const N: usize, const T: u8>(
             let xa = xr.add(i * bx);
             _mm_prefetch::<_MM_HINT_T0>(xa.add(PREFETCH_AHEAD) as *const i8);
             let xb = if two { xa.add(bx) } else { std::ptr::null() };
-            let u = unsigned_pair::<T, false>(xa, xb);
-            let dx = halves2::<false>(xa, xb);
+            let u = unsigned_pair::<T>(xa, xb);
+            let dx = halves2(xa, xb);
             let m = if T == Q4_1 {
                 [fp16(xa.add(2)), if two { fp16(xb.add(2)) } else { 0.0 }]
             } else {
@@ -647,9 +545,9 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
         for i in 0..nb {
             let xa = ra.add(i * bx);
             let xb = if rb.is_null() { rb } else { rb.add(i * bx) };
-            let u = unsigned_pair::<T, false>(xa, xb);
+            let u = unsigned_pair::<T>(xa, xb);
             panel.u.push(u);
-            panel.dx.push(halves2::<false>(xa, xb));
+            panel.dx.push(halves2(xa, xb));
             if T == Q4_1 {
                 panel.m.push([
                     fp16(xa.add(2)),
@@ -661,7 +559,7 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
 }
 
 /// `NR` activation rows against a filled [`Panel`] of `MP` pairs: `[pair][half][token]`, the
-/// same arithmetic as [`pairs_t`] (bit for bit).
+/// same arithmetic as [`matvec_pre`] per row (bit for bit).
 ///
 /// # Safety
 /// As [`panel_fill`]; the panel holds `MP` pairs of `nb` blocks of `w`.
@@ -734,52 +632,6 @@ unsafe fn panel_tile_t<const MP: usize, const NR: usize, const T: u8>(
             out[p][0][c] = hsum8(lo) + summ[p][0][c];
             out[p][1][c] = hsum8(hi) + summ[p][1][c];
         }
-    }
-    out
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_t<const MR: usize, const NR: usize, const T: u8>(
-    nb: usize,
-    x: [*const u8; MR],
-    y: [*const u8; NR],
-) -> [[f32; NR]; MR] {
-    let mut out = [[0f32; NR]; MR];
-    // Pairs of rows; an odd last row pairs with nothing.
-    let mut r = 0;
-    while r < MR {
-        let n = (MR - r).min(4);
-        let pair = |k: usize| {
-            let a = r + 2 * k;
-            [
-                x[a],
-                if a + 1 < r + n {
-                    x[a + 1]
-                } else {
-                    std::ptr::null()
-                },
-            ]
-        };
-        if n == 4 {
-            let v = pairs_t::<2, NR, T, true>(nb, [pair(0), pair(1)], y);
-            for k in 0..n {
-                out[r + k] = v[k / 2][k % 2];
-            }
-        } else if n == 3 {
-            let v = pairs_t::<2, NR, T, false>(nb, [pair(0), pair(1)], y);
-            for k in 0..n {
-                out[r + k] = v[k / 2][k % 2];
-            }
-        } else if n == 2 {
-            let v = pairs_t::<1, NR, T, true>(nb, [pair(0)], y);
-            for k in 0..n {
-                out[r + k] = v[0][k % 2];
-            }
-        } else {
-            let v = pairs_t::<1, NR, T, false>(nb, [pair(0)], y);
-            out[r] = v[0][0];
-        }
-        r += n;
     }
     out
 }

@@ -193,25 +193,18 @@ pub fn vec_dot_rows_with(
             check_row(vec_dot_type(w), n, a.len())?;
         }
         let nb = n / w.block_len() as usize;
-        if avx512::has_pair_tile(w) && t >= 4 {
+        if avx512::has_pair_tile(w) {
             panel_rows(w, nb, w_rows, acts, out);
             return Ok(());
         }
-        let kq = matches!(w, GgmlType::Q4_K | GgmlType::Q6_K);
+        // The K-quants (the only other `has_tile` types) through the register tile.
         let mut r = 0;
         while r < w_rows.len() {
             let (x, o) = (&w_rows[r..], &mut out[r * t..]);
-            r += match (w_rows.len() - r, kq) {
-                (1, false) => tile_rows::<1, { avx512::TILE_A }>(w, nb, x, acts, o),
-                (2 | 3, false) => tile_rows::<2, { avx512::TILE_A }>(w, nb, x, acts, o),
-                (_, false) => {
-                    tile_rows::<{ avx512::TILE_W }, { avx512::TILE_A }>(w, nb, x, acts, o)
-                }
-                (1, true) => tile_rows::<1, { avx512::KTILE_A }>(w, nb, x, acts, o),
-                (2 | 3, true) => tile_rows::<2, { avx512::KTILE_A }>(w, nb, x, acts, o),
-                (_, true) => {
-                    tile_rows::<{ avx512::KTILE_W }, { avx512::KTILE_A }>(w, nb, x, acts, o)
-                }
+            r += match w_rows.len() - r {
+                1 => tile_rows::<1, { avx512::KTILE_A }>(w, nb, x, acts, o),
+                2 | 3 => tile_rows::<2, { avx512::KTILE_A }>(w, nb, x, acts, o),
+                _ => tile_rows::<{ avx512::KTILE_W }, { avx512::KTILE_A }>(w, nb, x, acts, o),
             };
         }
         return Ok(());
