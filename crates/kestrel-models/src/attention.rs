@@ -468,6 +468,30 @@ impl Span<'_> {
         }
     }
 
+    /// Calls `f(first_row, n, next_row)` for each run of contiguous pool rows from `first` on,
+    /// in order (one per block, at most `block_size` rows); `next_row` starts the next block
+    /// (this block's start for the last), for prefetching.
+    #[inline]
+    fn for_each_block(&self, mut f: impl FnMut(usize, usize, usize)) {
+        let mut pos = 0;
+        for (i, &b) in self.blocks.iter().enumerate() {
+            if pos >= self.n_pos {
+                break;
+            }
+            let n = (self.n_pos - pos).min(self.block_size);
+            let skip = self.first.saturating_sub(pos).min(n);
+            let start = b as usize * self.block_size;
+            if skip < n {
+                let next = match self.blocks.get(i + 1) {
+                    Some(&nb) if pos + n < self.n_pos => nb as usize * self.block_size,
+                    _ => start,
+                };
+                f(start + skip, n - skip, next);
+            }
+            pos += n;
+        }
+    }
+
     /// Calls `f(row)` for every position from `first` in order, without a division per position.
     #[inline]
     fn for_each_row(&self, mut f: impl FnMut(usize)) {
@@ -622,83 +646,240 @@ fn ggml_partial(qg: &[f32], rows: &Rows, span: &Span, scale: f32) -> Partial {
     p
 }
 
-/// The AVX-512 form of [`attend_ggml_body`]: the same operations with F16C conversions and
-/// 16-lane FMAs (head_dim a multiple of 16; others take the portable body).
+/// The AVX-512 form of [`attend_ggml_body`]: the same operations per (position, head), done a
+/// KV block (up to 16 positions) at a time: the block's 16-lane partial dots for every head,
+/// then per head one exact 16-way horizontal reduction, the online-softmax decisions of the 16
+/// positions, their `expf`s in one vector ([`crate::libm_exp`], libm's bits) and the f16
+/// accumulator walked through the positions in registers. head_dim 64, 128 or 256 (others
+/// take the portable body).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut Partial) {
+    let n_q = qg.len() / rows.head_dim;
+    match rows.head_dim {
+        _ if n_q > 16 => attend_ggml_body(qg, rows, span, scale, out),
+        64 => attend_ggml_blocks::<4>(qg, rows, span, scale, out),
+        128 => attend_ggml_blocks::<8>(qg, rows, span, scale, out),
+        256 => attend_ggml_blocks::<16>(qg, rows, span, scale, out),
+        _ => attend_ggml_body(qg, rows, span, scale, out),
+    }
+}
+
+/// [`attend_ggml_avx512`] for head_dim `16 * NV`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)] // register arrays indexed in lockstep
-unsafe fn attend_ggml_avx512(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut Partial) {
+unsafe fn attend_ggml_blocks<const NV: usize>(
+    qg: &[f32],
+    rows: &Rows,
+    span: &Span,
+    scale: f32,
+    out: &mut Partial,
+) {
     use std::arch::x86_64::*;
-    let d = rows.head_dim;
-    if !d.is_multiple_of(64) || d > 256 {
-        attend_ggml_body(qg, rows, span, scale, out);
-        return;
-    }
-    let nv = d / 16;
+    let d = 16 * NV;
     let n_q = qg.len() / d;
+    let exact_exp = crate::libm_exp::matches_libm();
     let round = |x: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
-    let mut q16 = [[_mm512_setzero_ps(); 16]; 16];
-    for h in 0..n_q.min(16) {
-        for j in 0..nv {
+    let mut q16 = [[_mm512_setzero_ps(); NV]; 16];
+    for h in 0..n_q {
+        for j in 0..NV {
             q16[h][j] = round(_mm512_loadu_ps(qg.as_ptr().add(h * d + 16 * j)));
         }
     }
-    if n_q > 16 {
-        attend_ggml_body(qg, rows, span, scale, out);
-        return;
-    }
-    let mut max = [f32::NEG_INFINITY; 16];
-    let mut sum = [0f32; 16];
-    let mut acc = [[_mm512_setzero_ps(); 16]; 16];
-    let mut k = [_mm512_setzero_ps(); 16];
-    let mut v = [_mm512_setzero_ps(); 16];
-    span.for_each_row(|row| {
-        let kp = rows.k(row).as_ptr() as *const __m256i;
-        let vp = rows.v(row).as_ptr() as *const __m256i;
-        for j in 0..nv {
-            k[j] = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(j)));
-            v[j] = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j)));
+    // Per block: [head][position] partial dots (16 lanes each), the V rows as f32.
+    let mut partial = [[_mm512_setzero_ps(); 16]; 16];
+    let mut vrows = [[_mm512_setzero_ps(); NV]; 16];
+    let mut exps = [[0f32; 16]; 16];
+    let mut new_maxes = [0u32; 16];
+    let mut block = |row0: usize, n: usize, next: usize| {
+        for p in 0..n {
+            let kp = rows.k(row0 + p).as_ptr() as *const __m256i;
+            let vp = rows.v(row0 + p).as_ptr() as *const __m256i;
+            // The next block's rows, one block ahead of use.
+            let (kn, vn) = (rows.k(next + p).as_ptr(), rows.v(next + p).as_ptr());
+            for line in (0..d).step_by(32) {
+                _mm_prefetch::<_MM_HINT_T0>(kn.add(line) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(vn.add(line) as *const i8);
+            }
+            let mut k = [_mm512_setzero_ps(); NV];
+            for j in 0..NV {
+                k[j] = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(j)));
+                vrows[p][j] = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j)));
+            }
+            for h in 0..n_q {
+                // ggml_vec_dot_f16: 4 accumulators over 64-element steps.
+                let mut a = [_mm512_setzero_ps(); 4];
+                for j in 0..NV {
+                    a[j % 4] = _mm512_fmadd_ps(k[j], q16[h][j], a[j % 4]);
+                }
+                partial[h][p] = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
+            }
         }
         for h in 0..n_q {
-            // ggml_vec_dot_f16: 4 accumulators over 64-element steps, then its reduction.
-            let mut a = [_mm512_setzero_ps(); 4];
-            for j in 0..nv {
-                a[j % 4] = _mm512_fmadd_ps(k[j], q16[h][j], a[j % 4]);
-            }
-            let x = _mm512_add_ps(_mm512_add_ps(a[0], a[2]), _mm512_add_ps(a[1], a[3]));
-            let t3 = _mm256_add_ps(
-                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(x))),
-                _mm512_castps512_ps256(x),
+            let dots = reduce_add_16_rows(&partial[h]);
+            let s = _mm512_add_ps(
+                _mm512_mul_ps(dots, _mm512_set1_ps(scale)),
+                _mm512_setzero_ps(),
             );
-            let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
-            let t8 = _mm_add_ps(t6, _mm_shuffle_ps::<0b01_00_11_10>(t6, t6));
-            let dot = _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps::<1>(t8, t8));
-            let s = dot * scale + 0.0;
-            let (mut ms, mut vs) = (1f32, 1f32);
-            if s > max[h] {
-                ms = (max[h] - s).exp();
-                max[h] = s;
-                let m = _mm512_set1_ps(ms);
-                for j in 0..nv {
-                    acc[h][j] = round(_mm512_mul_ps(acc[h][j], m));
+            let mut score = [0f32; 16];
+            _mm512_storeu_ps(score.as_mut_ptr(), s);
+            // The online softmax's decisions: a new max rescales by exp(old - new) (vs = 1),
+            // any other position weighs exp(s - max) (ms = 1).
+            let mut arg = [0f32; 16];
+            let mut new_max = 0u32;
+            let mut m = out.max[h];
+            for p in 0..n {
+                if score[p] > m {
+                    arg[p] = m - score[p];
+                    new_max |= 1 << p;
+                    m = score[p];
+                } else {
+                    arg[p] = score[p] - m;
                 }
+            }
+            out.max[h] = m;
+            let mut e = [0f32; 16];
+            if exact_exp {
+                _mm512_storeu_ps(
+                    e.as_mut_ptr(),
+                    crate::libm_exp::expf16(_mm512_loadu_ps(arg.as_ptr())),
+                );
             } else {
-                vs = (s - max[h]).exp();
+                for p in 0..n {
+                    e[p] = arg[p].exp();
+                }
             }
-            let w = _mm512_set1_ps(vs);
-            for j in 0..nv {
-                acc[h][j] = round(_mm512_fmadd_ps(v[j], w, acc[h][j]));
+            exps[h] = e;
+            new_maxes[h] = new_max;
+        }
+        // The f16 accumulators, two heads at a time (twice the independent chains to hide
+        // the FMA -> f16 -> f32 latency of each step).
+        let mut h = 0;
+        while h < n_q {
+            let pair = (n_q - h).min(2);
+            let acc_base = out.acc.as_mut_ptr();
+            let acc_at = |i: usize| acc_base.add((h + i) * d);
+            if pair == 2 {
+                let (a, b) = (acc_at(0), acc_at(1));
+                accumulate_v::<NV, 2>(
+                    [a, b],
+                    &mut out.sum[h..h + 2],
+                    &exps[h..h + 2],
+                    &new_maxes[h..h + 2],
+                    &vrows,
+                    n,
+                );
+            } else {
+                accumulate_v::<NV, 1>(
+                    [acc_at(0)],
+                    &mut out.sum[h..h + 1],
+                    &exps[h..h + 1],
+                    &new_maxes[h..h + 1],
+                    &vrows,
+                    n,
+                );
             }
-            sum[h] = sum[h].mul_add(ms, vs);
+            h += pair;
+        }
+    };
+    span.for_each_block(|row0, n, next| {
+        for c in (0..n).step_by(16) {
+            let at = if c + 16 < n { row0 + c + 16 } else { next };
+            block(row0 + c, (n - c).min(16), at);
         }
     });
-    for h in 0..n_q {
-        out.max[h] = max[h];
-        out.sum[h] = sum[h];
-        for j in 0..nv {
-            _mm512_storeu_ps(out.acc.as_mut_ptr().add(h * d + 16 * j), acc[h][j]);
+}
+
+/// Walks `H` heads' f16 accumulators (`acc[i]`: head_dim = 16 * NV floats) and sums through
+/// `n` positions: a new max rescales (`acc = f16(acc * e)`, ms = e, vs = 1), then
+/// `acc = f16(fma(v, vs, acc))` and `sum = fma(sum, ms, vs)`, llama.cpp's steps in its order.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // register arrays indexed in lockstep
+unsafe fn accumulate_v<const NV: usize, const H: usize>(
+    acc: [*mut f32; H],
+    sum: &mut [f32],
+    exps: &[[f32; 16]],
+    new_max: &[u32],
+    vrows: &[[std::arch::x86_64::__m512; NV]; 16],
+    n: usize,
+) {
+    use std::arch::x86_64::*;
+    let round = |x: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+    let mut a = [[_mm512_setzero_ps(); NV]; H];
+    for i in 0..H {
+        for j in 0..NV {
+            a[i][j] = _mm512_loadu_ps(acc[i].add(16 * j));
         }
     }
+    for p in 0..n {
+        for i in 0..H {
+            let e = exps[i][p];
+            let (ms, vs) = if new_max[i] & (1 << p) != 0 {
+                let m = _mm512_set1_ps(e);
+                for j in 0..NV {
+                    a[i][j] = round(_mm512_mul_ps(a[i][j], m));
+                }
+                (e, 1.0)
+            } else {
+                (1.0, e)
+            };
+            let w = _mm512_set1_ps(vs);
+            for j in 0..NV {
+                a[i][j] = round(_mm512_fmadd_ps(vrows[p][j], w, a[i][j]));
+            }
+            sum[i] = sum[i].mul_add(ms, vs);
+        }
+    }
+    for i in 0..H {
+        for j in 0..NV {
+            _mm512_storeu_ps(acc[i].add(16 * j), a[i][j]);
+        }
+    }
+}
+
+/// `_mm512_reduce_add_ps` of 16 vectors at once, in GCC's order for each (halves, quarters,
+/// pairs, then the last two): lane `p` of the result is the reduction of `x[p]`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce_add_16_rows(x: &[std::arch::x86_64::__m512; 16]) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // Halves: y[i] = [lanes 0..8 + lanes 8..16 of x[2i] | the same of x[2i+1]].
+    let mut y = [_mm512_setzero_ps(); 8];
+    for i in 0..8 {
+        let (a, b) = (x[2 * i], x[2 * i + 1]);
+        y[i] = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+        );
+    }
+    // Quarters: z[i] holds rows 4i..4i+4, one 128-bit block (4 lanes) each.
+    let mut z = [_mm512_setzero_ps(); 4];
+    for i in 0..4 {
+        let (a, b) = (y[2 * i], y[2 * i + 1]);
+        z[i] = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b),
+        );
+    }
+    // Pairs: lanes 0 + 2 and 1 + 3 of each block; w[i] block c = rows (8i + c, 8i + 4 + c).
+    let mut w = [_mm512_setzero_ps(); 2];
+    for i in 0..2 {
+        let (a, b) = (z[2 * i], z[2 * i + 1]);
+        w[i] = _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+        );
+    }
+    // The last two: lane 4c + k holds row 4k + c; put row p in lane p.
+    let r = _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(w[0], w[1]),
+        _mm512_shuffle_ps::<0b11_01_11_01>(w[0], w[1]),
+    );
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(order, r)
 }
 
 /// `ggml_vec_dot_f16` as compiled for AVX-512 (F32 lanes): the result before rounding to f32.
@@ -1138,15 +1319,37 @@ mod tests {
                 .fold(0f32, f32::max);
             assert!(err < 5e-3, "one-query (single {single}): max error {err}");
         }
-        let mut portable = Partial {
-            max: vec![0.0; group],
-            sum: vec![0.0; group],
-            acc: vec![0.0; group * d],
-        };
-        attend_ggml_body(&q, &rows, &span, scale, &mut portable);
-        let simd = ggml_partial(&q, &rows, &span, scale);
-        assert_eq!(portable.acc, simd.acc);
-        assert_eq!(portable.sum, simd.sum);
+        // The block-at-a-time SIMD form equals the portable body bit for bit: head_dim 64 and
+        // 128, groups of 3 and 7, whole spans and the upper half of a split one (first > 0,
+        // not on a block boundary).
+        for (d, group, first) in [(64, 3, 0), (64, 3, 300), (128, 7, 0), (128, 7, 259)] {
+            let kv_dim = n_kv * d;
+            let k: Vec<f16> = (0..n_blocks * bs * kv_dim)
+                .map(|_| f16::from_f32(rnd() * 2.0))
+                .collect();
+            let v: Vec<f16> = (0..n_blocks * bs * kv_dim)
+                .map(|_| f16::from_f32(rnd()))
+                .collect();
+            let rows = Rows {
+                k: &k,
+                v: &v,
+                kv_dim,
+                head_off: d,
+                head_dim: d,
+            };
+            let q: Vec<f32> = (0..group * d).map(|_| rnd() * 4.0).collect();
+            let span = Span { first, ..span };
+            let mut portable = Partial {
+                max: vec![0.0; group],
+                sum: vec![0.0; group],
+                acc: vec![0.0; group * d],
+            };
+            attend_ggml_body(&q, &rows, &span, scale, &mut portable);
+            let simd = ggml_partial(&q, &rows, &span, scale);
+            assert_eq!(portable.acc, simd.acc, "d {d} group {group} first {first}");
+            assert_eq!(portable.sum, simd.sum);
+            assert_eq!(portable.max, simd.max);
+        }
 
         // A tile of 70 queries at positions 500..570 (two tiles of 64 + 6 in the engine).
         let nq = 64;

@@ -13,6 +13,7 @@ pub mod config;
 mod error;
 pub mod kv;
 pub mod layers;
+pub mod libm_exp;
 pub mod model;
 pub mod ops;
 pub mod paged;
