@@ -86,8 +86,9 @@ pub fn causal_attention(
                     k,
                     v,
                     kv_dim,
-                    head_off: kvh * head_dim,
+                    kv_head: kvh,
                     head_dim,
+                    block_size,
                 };
                 if n > 0 {
                     let tile = QueryTile {
@@ -511,23 +512,37 @@ impl Span<'_> {
     }
 }
 
-/// The K/V rows of one kv head in a layer's f16 store.
+/// The K/V rows of one kv head in a layer's f16 store (laid out as [`KvPool`]'s:
+/// `[block][kv head][position in block][head_dim]`).
 struct Rows<'a> {
     k: &'a [f16],
     v: &'a [f16],
     kv_dim: usize,
-    head_off: usize,
+    kv_head: usize,
     head_dim: usize,
+    block_size: usize,
 }
 
 impl Rows<'_> {
+    /// Start of pool row `row`'s slice for this head.
+    #[inline]
+    fn at(&self, row: usize) -> usize {
+        let (block, i) = (row / self.block_size, row % self.block_size);
+        block * self.block_size * self.kv_dim + (self.kv_head * self.block_size + i) * self.head_dim
+    }
     fn k(&self, row: usize) -> &[f16] {
-        let s = row * self.kv_dim + self.head_off;
+        let s = self.at(row);
         &self.k[s..s + self.head_dim]
     }
     fn v(&self, row: usize) -> &[f16] {
-        let s = row * self.kv_dim + self.head_off;
+        let s = self.at(row);
         &self.v[s..s + self.head_dim]
+    }
+    /// Rows `row0 .. row0 + n` of one block, contiguous: `n * head_dim` values each of K, V.
+    fn run(&self, row0: usize, n: usize) -> (&[f16], &[f16]) {
+        let s = self.at(row0);
+        let len = n * self.head_dim;
+        (&self.k[s..s + len], &self.v[s..s + len])
     }
 }
 
@@ -693,14 +708,19 @@ unsafe fn attend_ggml_blocks<const NV: usize>(
     let mut exps = [[0f32; 16]; 16];
     let mut new_maxes = [0u32; 16];
     let mut block = |row0: usize, n: usize, next: usize| {
+        let (k_run, v_run) = rows.run(row0, n);
+        // The next rows (of this block or the next), one chunk ahead of use.
+        let ahead = n.min(rows.block_size - next % rows.block_size);
+        let (k_next, v_next) = rows.run(next, ahead);
         for p in 0..n {
-            let kp = rows.k(row0 + p).as_ptr() as *const __m256i;
-            let vp = rows.v(row0 + p).as_ptr() as *const __m256i;
-            // The next block's rows, one block ahead of use.
-            let (kn, vn) = (rows.k(next + p).as_ptr(), rows.v(next + p).as_ptr());
-            for line in (0..d).step_by(32) {
-                _mm_prefetch::<_MM_HINT_T0>(kn.add(line) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(vn.add(line) as *const i8);
+            let kp = k_run.as_ptr().add(p * d) as *const __m256i;
+            let vp = v_run.as_ptr().add(p * d) as *const __m256i;
+            if p < ahead {
+                let (kn, vn) = (k_next.as_ptr().add(p * d), v_next.as_ptr().add(p * d));
+                for line in (0..d).step_by(32) {
+                    _mm_prefetch::<_MM_HINT_T0>(kn.add(line) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(vn.add(line) as *const i8);
+                }
             }
             let mut k = [_mm512_setzero_ps(); NV];
             for j in 0..NV {
@@ -1243,8 +1263,9 @@ mod tests {
                 k: &k,
                 v: &v,
                 kv_dim,
-                head_off: (n_kv - 1) * d,
+                kv_head: n_kv - 1,
                 head_dim: d,
+                block_size: 8,
             };
             let span = Span {
                 blocks: &blocks,
@@ -1295,8 +1316,9 @@ mod tests {
             k: &k,
             v: &v,
             kv_dim,
-            head_off: d,
+            kv_head: 1,
             head_dim: d,
+            block_size: bs,
         };
         let scale = 0.125;
         // One query at the last position: split (single) and unsplit.
@@ -1334,8 +1356,9 @@ mod tests {
                 k: &k,
                 v: &v,
                 kv_dim,
-                head_off: d,
+                kv_head: 1,
                 head_dim: d,
+                block_size: bs,
             };
             let q: Vec<f32> = (0..group * d).map(|_| rnd() * 4.0).collect();
             let span = Span { first, ..span };

@@ -1,8 +1,10 @@
 //! KV storage as the model sees it: a pool of fixed-size blocks shared by all sequences.
 //!
-//! A layer's keys live in one array of rows `[n_blocks * block_size, kv_dim]` (values alike).
-//! A sequence owns a block table; its position `p` lives in row
-//! `blocks[p / block_size] * block_size + p % block_size`. Recipes reach K/V only through
+//! A layer's keys live in one array laid out `[n_blocks][n_kv_heads][block_size][head_dim]`
+//! (values alike): within a block each kv head's positions are contiguous, so attention, which
+//! works one kv head per task, streams one dense run per block instead of a strided slice of
+//! every row. A sequence owns a block table; its position `p` lives in pool row
+//! `blocks[p / block_size] * block_size + p % block_size` ([`KvPool::offset`] places a row's head). Recipes reach K/V only through
 //! [`KvPool`] (write rows, read rows) and a sequence's [`SeqKv`] view (its table and length).
 //! [`KvCache`] is the one-sequence case (`run`, `chat`, `logits`): a pool whose table is the
 //! identity.
@@ -192,21 +194,33 @@ impl KvPool {
         self.head_dim
     }
 
-    /// Stores one token's K and V rows (`kv_dim` each) of `layer` at pool row `row`.
+    /// Element offset of (pool row, `kv_head`) in a layer's K or V array.
+    #[inline]
+    pub fn offset(&self, row: usize, kv_head: usize) -> usize {
+        let (block, i) = (row / self.block_size, row % self.block_size);
+        (block * self.block_size * self.kv_dim) + (kv_head * self.block_size + i) * self.head_dim
+    }
+
+    /// Stores one token's K and V rows (`kv_dim` each, heads in order) of `layer` at pool
+    /// row `row`.
     pub fn write_row(&mut self, layer: usize, row: usize, k: &[f32], v: &[f32]) {
-        self.k[layer].write(row * self.kv_dim, k);
-        self.v[layer].write(row * self.kv_dim, v);
+        let hd = self.head_dim;
+        for h in 0..self.kv_dim / hd {
+            let at = self.offset(row, h);
+            self.k[layer].write(at, &k[h * hd..(h + 1) * hd]);
+            self.v[layer].write(at, &v[h * hd..(h + 1) * hd]);
+        }
     }
 
     /// K of (`layer`, pool row, `kv_head`) into `out` (`head_dim` long).
     #[inline]
     pub fn read_k(&self, layer: usize, row: usize, kv_head: usize, out: &mut [f32]) {
-        self.k[layer].read(row * self.kv_dim + kv_head * self.head_dim, out);
+        self.k[layer].read(self.offset(row, kv_head), out);
     }
 
     #[inline]
     pub fn read_v(&self, layer: usize, row: usize, kv_head: usize, out: &mut [f32]) {
-        self.v[layer].read(row * self.kv_dim + kv_head * self.head_dim, out);
+        self.v[layer].read(self.offset(row, kv_head), out);
     }
 
     /// The raw f16 K and V rows of a layer, when the pool stores f16.
@@ -219,13 +233,16 @@ impl KvPool {
 
     /// Copies the first `n_positions` rows of block `src` into block `dst`, in every layer.
     pub fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
-        let n = n_positions.min(self.block_size) * self.kv_dim;
-        let (s, d) = (
-            src as usize * self.block_size * self.kv_dim,
-            dst as usize * self.block_size * self.kv_dim,
-        );
-        for store in self.k.iter_mut().chain(self.v.iter_mut()) {
-            store.copy_within(s, d, n);
+        let n = n_positions.min(self.block_size) * self.head_dim;
+        let (bs, hd) = (self.block_size, self.head_dim);
+        for h in 0..self.kv_dim / hd {
+            let (s, d) = (
+                self.offset(src as usize * bs, h),
+                self.offset(dst as usize * bs, h),
+            );
+            for store in self.k.iter_mut().chain(self.v.iter_mut()) {
+                store.copy_within(s, d, n);
+            }
         }
     }
 }
