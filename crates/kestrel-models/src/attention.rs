@@ -299,17 +299,8 @@ unsafe fn attend_tile_avx512<'a>(
         }
     }
     for qi in 0..nq {
-        let out = dst(qi);
-        for h in 0..g {
-            let i = qi * g + h;
-            let inv = if sum[i] == 0.0 { 0.0 } else { 1.0 / sum[i] };
-            for (o, x) in out[h * d..(h + 1) * d]
-                .iter_mut()
-                .zip(&acc[i * d..(i + 1) * d])
-            {
-                *o = x * inv;
-            }
-        }
+        let (at, n) = (qi * g, g);
+        write_normalized(dst(qi), &acc[at * d..(at + n) * d], &sum[at..at + n], d);
     }
 }
 
@@ -375,17 +366,8 @@ fn attend_tile_body<'a>(
         }
     }
     for qi in 0..nq {
-        let out = dst(qi);
-        for h in 0..g {
-            let i = qi * g + h;
-            let inv = if sum[i] == 0.0 { 0.0 } else { 1.0 / sum[i] };
-            for (o, x) in out[h * d..(h + 1) * d]
-                .iter_mut()
-                .zip(&acc[i * d..(i + 1) * d])
-            {
-                *o = x * inv;
-            }
-        }
+        let (at, n) = (qi * g, g);
+        write_normalized(dst(qi), &acc[at * d..(at + n) * d], &sum[at..at + n], d);
     }
 }
 
@@ -625,12 +607,14 @@ fn attend_group_f16_ggml(
         return;
     }
     let p = ggml_partial(qg, rows, span, scale);
-    for h in 0..qg.len() / d {
-        let inv = if p.sum[h] == 0.0 { 0.0 } else { 1.0 / p.sum[h] };
-        for (o, x) in out[h * d..(h + 1) * d]
-            .iter_mut()
-            .zip(&p.acc[h * d..(h + 1) * d])
-        {
+    write_normalized(out, &p.acc, &p.sum, d);
+}
+
+/// `out[h] = acc[h] / sum[h]` per head (`d` values each); 0 where nothing was attended.
+fn write_normalized(out: &mut [f32], acc: &[f32], sum: &[f32], d: usize) {
+    for ((o, a), &s) in out.chunks_exact_mut(d).zip(acc.chunks_exact(d)).zip(sum) {
+        let inv = if s == 0.0 { 0.0 } else { 1.0 / s };
+        for (o, x) in o.iter_mut().zip(a) {
             *o = x * inv;
         }
     }
