@@ -340,8 +340,11 @@ fn quantize_activations(
     Ok(())
 }
 
-/// Prefill: groups of 4 weight rows x all activation rows through the tiled kernel, which
-/// reuses each decoded weight block across tokens and each activation block across rows.
+/// Prefill: this task's weight rows x all activation rows through the tiled kernels, which
+/// reuse each decoded weight block across tokens and each activation block across rows. The
+/// kernels' short runs (8 or 4 rows of a token) go to a task-local `[T, rows_here + RUN]` block
+/// that stays in cache, each as one fixed-size copy (the slack takes a short run's tail); each
+/// token's `rows_here` results are then copied to `out` (`[T, rows]`) whole.
 fn matmul_rows_tiled(
     w: &Weight,
     cols: usize,
@@ -350,31 +353,24 @@ fn matmul_rows_tiled(
     rows: usize,
     out_ptr: SharedMut<f32>,
 ) -> bool {
-    const ROWS_PER_CALL: usize = 8;
-    let t_len = act_rows.len();
-    let mut dots = vec![0f32; ROWS_PER_CALL * t_len];
-    let mut r0 = rows_here.start;
-    while r0 < rows_here.end {
-        let r1 = (r0 + ROWS_PER_CALL).min(rows_here.end);
-        let mut w_rows: [&[u8]; ROWS_PER_CALL] = [&[]; ROWS_PER_CALL];
-        for (slot, r) in w_rows.iter_mut().zip(r0..r1) {
-            *slot = w.row(r);
-        }
-        let out_rows = &mut dots[..(r1 - r0) * t_len];
-        if kestrel_quant::vec_dot_rows(w.ty, cols, &w_rows[..r1 - r0], act_rows, out_rows).is_err()
-        {
-            return false;
-        }
-        // Token-major so the (up to 4) consecutive outputs of a token land in one cache line.
-        let n = r1 - r0;
-        for t in 0..t_len {
-            // SAFETY: (t, r0..r1) is written by the task that owns rows r0..r1 only.
-            let dst = unsafe { out_ptr.slice(t * rows + r0, n) };
-            for (i, d) in dst.iter_mut().enumerate() {
-                *d = out_rows[i * t_len + t];
-            }
-        }
-        r0 = r1;
+    use kestrel_quant::dot::RUN;
+    thread_local! {
+        static BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    true
+    let w_rows: Vec<&[u8]> = rows_here.clone().map(|r| w.row(r)).collect();
+    let (n, t_len) = (rows_here.len(), act_rows.len());
+    let stride = n + RUN;
+    BLOCK.with_borrow_mut(|block| {
+        block.resize(stride * t_len, 0.0);
+        let ok = kestrel_quant::vec_dot_rows_each(w.ty, cols, &w_rows, act_rows, |t, r, v, _| {
+            block[t * stride + r..][..RUN].copy_from_slice(v);
+        })
+        .is_ok();
+        for t in 0..t_len {
+            // SAFETY: (t, rows_here) is written by the task that owns rows_here only.
+            let dst = unsafe { out_ptr.slice(t * rows + rows_here.start, n) };
+            dst.copy_from_slice(&block[t * stride..][..n]);
+        }
+        ok
+    })
 }

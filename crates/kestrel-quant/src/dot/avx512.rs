@@ -497,11 +497,16 @@ unsafe fn multi_pre_t<const N: usize, const T: u8>(
     }
 }
 
-/// Up to four weight rows of a 32-element block type decoded once for a whole batch of
-/// activation rows: per pair of rows and block, the unsigned quants (64 bytes), the two rows'
-/// scales in their halves, and (Q4_1) the mins. The prefill inner loop then only loads them.
+/// Up to eight weight rows of a 32-element block type decoded once for a whole batch of
+/// activation rows: per pair of rows and block, the signed quants (64 bytes: `q - 8`, `q - 16`,
+/// `q`; Q4_1's `q` as is), the `vpdpbusd` seed `-128 * (sum of each 4 quants)` that undoes the
+/// activations' `+ 128` (they enter as the unsigned operand), the two rows' scales in their
+/// halves, and (Q4_1) the mins. Integer sums are exact, so this equals the unsigned-weight
+/// form of [`matvec_pre`] bit for bit, and the per-token offset work moves to the weights,
+/// which a panel decodes once for all tokens.
 pub(crate) struct Panel {
-    u: Vec<__m512i>,
+    x: Vec<__m512i>,
+    seed: Vec<__m512i>,
     dx: Vec<__m512>,
     m: Vec<[f32; 2]>,
 }
@@ -509,14 +514,15 @@ pub(crate) struct Panel {
 impl Panel {
     pub(crate) fn new() -> Self {
         Self {
-            u: Vec::new(),
+            x: Vec::new(),
+            seed: Vec::new(),
             dx: Vec::new(),
             m: Vec::new(),
         }
     }
 }
 
-/// Decodes rows `x` (1..=4, pairs of two) into `panel`.
+/// Decodes rows `x` (1..=8, pairs of two) into `panel`.
 ///
 /// # Safety
 /// AVX-512 VNNI is available; each row holds `nb` blocks of `w` (a [`has_pair_tile`] type).
@@ -533,8 +539,15 @@ pub(crate) unsafe fn panel_fill(w: GgmlType, nb: usize, x: &[*const u8], panel: 
 #[inline(always)]
 unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Panel) {
     let (bx, _) = block_bytes(T);
+    let offset: i8 = match T {
+        Q4_0 => 8,
+        Q5_0 => 16,
+        Q8_0 => -128,
+        _ => 0,
+    };
     let pairs = x.len().div_ceil(2);
-    panel.u.clear();
+    panel.x.clear();
+    panel.seed.clear();
     panel.dx.clear();
     panel.m.clear();
     for p in 0..pairs {
@@ -545,8 +558,16 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
         for i in 0..nb {
             let xa = ra.add(i * bx);
             let xb = if rb.is_null() { rb } else { rb.add(i * bx) };
-            let u = unsigned_pair::<T>(xa, xb);
-            panel.u.push(u);
+            let signed = _mm512_sub_epi8(unsigned_pair::<T>(xa, xb), _mm512_set1_epi8(offset));
+            let sum128 = _mm512_dpbusd_epi32(
+                _mm512_setzero_si512(),
+                _mm512_set1_epi8(0x80u8 as i8),
+                signed,
+            );
+            panel.x.push(signed);
+            panel
+                .seed
+                .push(_mm512_sub_epi32(_mm512_setzero_si512(), sum128));
             panel.dx.push(halves2(xa, xb));
             if T == Q4_1 {
                 panel.m.push([
@@ -559,22 +580,24 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
 }
 
 /// `NR` activation rows against a filled [`Panel`] of `MP` pairs: `[pair][half][token]`, the
-/// same arithmetic as [`matvec_pre`] per row (bit for bit).
+/// same arithmetic as [`matvec_pre`] per row (bit for bit). `dy[c]` holds activation row c's
+/// block scales as f32 (one per block).
 ///
 /// # Safety
-/// As [`panel_fill`]; the panel holds `MP` pairs of `nb` blocks of `w`.
+/// As [`panel_fill`]; the panel holds `MP` pairs of `nb` blocks of `w`; each `dy[c]` has `nb`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn panel_tile<const MP: usize, const NR: usize>(
     w: GgmlType,
     nb: usize,
     panel: &Panel,
     y: [*const u8; NR],
+    dy: [*const f32; NR],
 ) -> [[[f32; NR]; 2]; MP] {
     match w {
-        GgmlType::Q4_0 => panel_tile_t::<MP, NR, Q4_0>(nb, panel, y),
-        GgmlType::Q5_0 => panel_tile_t::<MP, NR, Q5_0>(nb, panel, y),
-        GgmlType::Q8_0 => panel_tile_t::<MP, NR, Q8_0>(nb, panel, y),
-        _ => panel_tile_t::<MP, NR, Q4_1>(nb, panel, y),
+        GgmlType::Q4_0 => panel_tile_t::<MP, NR, Q4_0>(nb, panel, y, dy),
+        GgmlType::Q5_0 => panel_tile_t::<MP, NR, Q5_0>(nb, panel, y, dy),
+        GgmlType::Q8_0 => panel_tile_t::<MP, NR, Q8_0>(nb, panel, y, dy),
+        _ => panel_tile_t::<MP, NR, Q4_1>(nb, panel, y, dy),
     }
 }
 
@@ -583,34 +606,32 @@ unsafe fn panel_tile_t<const MP: usize, const NR: usize, const T: u8>(
     nb: usize,
     panel: &Panel,
     y: [*const u8; NR],
+    dy: [*const f32; NR],
 ) -> [[[f32; NR]; 2]; MP] {
     let (_, by) = block_bytes(T);
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
     let mut acc = [[_mm512_setzero_ps(); NR]; MP];
     let mut summ = [[[0f32; NR]; 2]; MP];
     for i in 0..nb {
         let mut qy = [_mm512_setzero_si512(); NR];
-        let mut seed = [_mm512_setzero_si512(); NR];
-        let mut dy = [_mm512_setzero_ps(); NR];
+        let mut dyv = [_mm512_setzero_ps(); NR];
         let mut sy = [0f32; NR];
         for c in 0..NR {
             let yb = y[c].add(i * by);
             let q = if T == Q4_1 { yb.add(4) } else { yb.add(2) };
-            qy[c] = _mm512_broadcast_i64x4(_mm256_loadu_si256(q as *const __m256i));
+            // Activations as the unsigned operand: q + 128.
+            qy[c] = _mm512_xor_si512(
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(q as *const __m256i)),
+                flip,
+            );
             if T == Q4_1 {
                 sy[c] = fp16(yb.add(2));
-            } else {
-                let o: i8 = match T {
-                    Q4_0 => 8,
-                    Q5_0 => 16,
-                    _ => -128,
-                };
-                let corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(o), qy[c]);
-                seed[c] = _mm512_sub_epi32(_mm512_setzero_si512(), corr);
             }
-            dy[c] = _mm512_set1_ps(fp16(yb));
+            dyv[c] = _mm512_set1_ps(*dy[c].add(i));
         }
         for p in 0..MP {
-            let u = *panel.u.get_unchecked(p * nb + i);
+            let x = *panel.x.get_unchecked(p * nb + i);
+            let seed = *panel.seed.get_unchecked(p * nb + i);
             let dx = *panel.dx.get_unchecked(p * nb + i);
             for c in 0..NR {
                 if T == Q4_1 {
@@ -618,8 +639,8 @@ unsafe fn panel_tile_t<const MP: usize, const NR: usize, const T: u8>(
                     summ[p][0][c] = m[0].mul_add(sy[c], summ[p][0][c]);
                     summ[p][1][c] = m[1].mul_add(sy[c], summ[p][1][c]);
                 }
-                let s = _mm512_dpbusd_epi32(seed[c], u, qy[c]);
-                let d = _mm512_mul_ps(dx, dy[c]);
+                let s = _mm512_dpbusd_epi32(seed, qy[c], x);
+                let d = _mm512_mul_ps(dx, dyv[c]);
                 acc[p][c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[p][c]);
             }
         }

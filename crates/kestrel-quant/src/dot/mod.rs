@@ -184,6 +184,37 @@ pub fn vec_dot_rows_with(
             got: out.len(),
         });
     }
+    vec_dot_rows_each_with(backend, w, n, w_rows, acts, |c, r, v, len| {
+        for (i, &x) in v[..len].iter().enumerate() {
+            out[(r + i) * t + c] = x;
+        }
+    })
+}
+
+/// [`vec_dot_rows`] with the results handed over token by token, for callers whose output is
+/// token-major (a matmul's `[T, rows]`): `put(c, r, v, len)` receives `v[i] = w_rows[r + i] .
+/// acts[c]` for `i < len` (a run of consecutive weight rows; `v[len..]` is unspecified, so a
+/// caller with [`RUN`] slack after its last row may copy `v` whole, a fixed-size copy); every
+/// (row, token) pair arrives exactly once. Same kernels and bits as [`vec_dot_rows`].
+pub fn vec_dot_rows_each(
+    w: GgmlType,
+    n: usize,
+    w_rows: &[&[u8]],
+    acts: &[&[u8]],
+    put: impl FnMut(usize, usize, &[f32; RUN], usize),
+) -> Result<(), QuantError> {
+    vec_dot_rows_each_with(Backend::detect(), w, n, w_rows, acts, put)
+}
+
+/// [`vec_dot_rows_each`] on a chosen backend.
+pub fn vec_dot_rows_each_with(
+    backend: Backend,
+    w: GgmlType,
+    n: usize,
+    w_rows: &[&[u8]],
+    acts: &[&[u8]],
+    mut put: impl FnMut(usize, usize, &[f32; RUN], usize),
+) -> Result<(), QuantError> {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if backend == Backend::Avx512Vnni && avx512::has_tile(w) && backend.is_available() {
         for r in w_rows {
@@ -194,23 +225,32 @@ pub fn vec_dot_rows_with(
         }
         let nb = n / w.block_len() as usize;
         if avx512::has_pair_tile(w) {
-            panel_rows(w, nb, w_rows, acts, out);
+            panel_rows(w, nb, w_rows, acts, &mut put);
             return Ok(());
         }
         // The K-quants (the only other `has_tile` types) through the register tile.
         let mut r = 0;
         while r < w_rows.len() {
-            let (x, o) = (&w_rows[r..], &mut out[r * t..]);
-            r += match w_rows.len() - r {
-                1 => tile_rows::<1, { avx512::KTILE_A }>(w, nb, x, acts, o),
-                2 | 3 => tile_rows::<2, { avx512::KTILE_A }>(w, nb, x, acts, o),
-                _ => tile_rows::<{ avx512::KTILE_W }, { avx512::KTILE_A }>(w, nb, x, acts, o),
+            let x = &w_rows[r..];
+            let step = match w_rows.len() - r {
+                1 => tile_rows::<1, { avx512::KTILE_A }>(w, nb, x, r, acts, &mut put),
+                2 | 3 => tile_rows::<2, { avx512::KTILE_A }>(w, nb, x, r, acts, &mut put),
+                _ => tile_rows::<{ avx512::KTILE_W }, { avx512::KTILE_A }>(
+                    w, nb, x, r, acts, &mut put,
+                ),
             };
+            r += step;
         }
         return Ok(());
     }
+    let mut dots = vec![0f32; acts.len()];
     for (r, row) in w_rows.iter().enumerate() {
-        vec_dot_multi_with(backend, w, n, row, acts, &mut out[r * t..(r + 1) * t])?;
+        vec_dot_multi_with(backend, w, n, row, acts, &mut dots)?;
+        for (c, &d) in dots.iter().enumerate() {
+            let mut v = [0f32; RUN];
+            v[0] = d;
+            put(c, r, &v, 1);
+        }
     }
     Ok(())
 }
@@ -222,15 +262,37 @@ pub const BATCHED_MIN_TOKENS: usize = 8;
 /// Weight rows per prefill panel (four pairs: 16 accumulators for a 4-token tile).
 pub const PANEL_ROWS: usize = 8;
 
-/// The row-paired 32-element block types: up to eight weight rows at a time decoded once into a panel,
-/// then every activation row against it in tiles of four (lengths checked, AVX-512 available).
+/// The most consecutive rows one [`vec_dot_rows_each`] hand-over carries (the values array).
+pub const RUN: usize = PANEL_ROWS;
+
+/// The row-paired 32-element block types: up to eight weight rows at a time decoded once into a
+/// panel, then every activation row against it in tiles of four (lengths checked, AVX-512
+/// available). The activations' block scales are converted to f32 once per call.
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mut [f32]) {
+fn panel_rows(
+    w: GgmlType,
+    nb: usize,
+    w_rows: &[&[u8]],
+    acts: &[&[u8]],
+    put: &mut impl FnMut(usize, usize, &[f32; RUN], usize),
+) {
     thread_local! {
-        static PANEL: std::cell::RefCell<avx512::Panel> = std::cell::RefCell::new(avx512::Panel::new());
+        static PANEL: std::cell::RefCell<(avx512::Panel, Vec<f32>)> =
+            std::cell::RefCell::new((avx512::Panel::new(), Vec::new()));
     }
     let t = acts.len();
-    PANEL.with_borrow_mut(|panel| {
+    if t == 0 {
+        return;
+    }
+    let by = vec_dot_type(w).block_bytes() as usize;
+    PANEL.with_borrow_mut(|(panel, dy)| {
+        dy.clear();
+        for a in acts {
+            for i in 0..nb {
+                let b = &a[i * by..];
+                dy.push(crate::float16::f16_to_f32(u16::from_le_bytes([b[0], b[1]])));
+            }
+        }
         let mut r = 0;
         while r < w_rows.len() {
             let mr = (w_rows.len() - r).min(PANEL_ROWS);
@@ -239,22 +301,45 @@ fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mu
             unsafe { avx512::panel_fill(w, nb, &x, panel) };
             let mut c = 0;
             while c < t {
-                let y = |k: usize| acts[(c + k).min(t - 1)].as_ptr();
+                let k = |j: usize| (c + j).min(t - 1);
+                let yy = [0, 1, 2, 3].map(|j| acts[k(j)].as_ptr());
+                let dd = [0, 1, 2, 3].map(|j| dy[k(j) * nb..].as_ptr());
                 let nr = (t - c).min(4);
-                let mut put = |p: usize, h: usize, k: usize, v: f32| {
-                    let row = r + 2 * p + h;
-                    if row < r + mr && k < nr {
-                        out[row * t + c + k] = v;
-                    }
-                };
-                // SAFETY: as above; the panel holds ceil(mr / 2) pairs.
+                // SAFETY: as above; the panel holds ceil(mr / 2) pairs, `dy` has `nb` per row.
                 unsafe {
-                    let yy = [y(0), y(1), y(2), y(3)];
                     match mr.div_ceil(2) {
-                        4 => scatter(&avx512::panel_tile::<4, 4>(w, nb, panel, yy), &mut put),
-                        3 => scatter(&avx512::panel_tile::<3, 4>(w, nb, panel, yy), &mut put),
-                        2 => scatter(&avx512::panel_tile::<2, 4>(w, nb, panel, yy), &mut put),
-                        _ => scatter(&avx512::panel_tile::<1, 4>(w, nb, panel, yy), &mut put),
+                        4 => emit(
+                            &avx512::panel_tile::<4, 4>(w, nb, panel, yy, dd),
+                            c,
+                            r,
+                            mr,
+                            nr,
+                            put,
+                        ),
+                        3 => emit(
+                            &avx512::panel_tile::<3, 4>(w, nb, panel, yy, dd),
+                            c,
+                            r,
+                            mr,
+                            nr,
+                            put,
+                        ),
+                        2 => emit(
+                            &avx512::panel_tile::<2, 4>(w, nb, panel, yy, dd),
+                            c,
+                            r,
+                            mr,
+                            nr,
+                            put,
+                        ),
+                        _ => emit(
+                            &avx512::panel_tile::<1, 4>(w, nb, panel, yy, dd),
+                            c,
+                            r,
+                            mr,
+                            nr,
+                            put,
+                        ),
                     }
                 }
                 c += nr;
@@ -264,29 +349,38 @@ fn panel_rows(w: GgmlType, nb: usize, w_rows: &[&[u8]], acts: &[&[u8]], out: &mu
     });
 }
 
-/// Hands every `[pair][half][token]` result of a panel tile to `put(pair, half, token, value)`.
+/// Hands a panel tile's `[pair][half][token]` results to `put`, token by token: rows
+/// `r..r + mr` of tokens `c..c + nr`.
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-fn scatter<const MP: usize>(
+#[inline(always)]
+fn emit<const MP: usize>(
     v: &[[[f32; 4]; 2]; MP],
-    put: &mut impl FnMut(usize, usize, usize, f32),
+    c: usize,
+    r: usize,
+    mr: usize,
+    nr: usize,
+    put: &mut impl FnMut(usize, usize, &[f32; RUN], usize),
 ) {
-    for (p, vp) in v.iter().enumerate() {
-        for (h, vh) in vp.iter().enumerate() {
-            for (k, &x) in vh.iter().enumerate() {
-                put(p, h, k, x);
-            }
+    let mut vals = [0f32; PANEL_ROWS];
+    for j in 0..nr {
+        for (p, vp) in v.iter().enumerate() {
+            vals[2 * p] = vp[0][j];
+            vals[2 * p + 1] = vp[1][j];
         }
+        put(c + j, r, &vals, mr);
     }
 }
 
-/// The first `MR` of `w_rows` against all of `acts` (lengths checked, AVX-512 available).
+/// The first `MR` of `w_rows` (rows `r0..` of the call) against all of `acts` (lengths
+/// checked, AVX-512 available).
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 fn tile_rows<const MR: usize, const NR: usize>(
     w: GgmlType,
     nb: usize,
     w_rows: &[&[u8]],
+    r0: usize,
     acts: &[&[u8]],
-    out: &mut [f32],
+    put: &mut impl FnMut(usize, usize, &[f32; RUN], usize),
 ) -> usize {
     let t = acts.len();
     let x: [*const u8; MR] = std::array::from_fn(|r| w_rows[r].as_ptr());
@@ -296,9 +390,9 @@ fn tile_rows<const MR: usize, const NR: usize>(
         // exactly `nb` blocks of its type.
         c += unsafe {
             match t - c {
-                k if k >= NR => tile_cols::<MR, NR>(w, nb, x, acts, c, out),
-                k if k >= 2 && NR > 2 => tile_cols::<MR, 2>(w, nb, x, acts, c, out),
-                _ => tile_cols::<MR, 1>(w, nb, x, acts, c, out),
+                k if k >= NR => tile_cols::<MR, NR>(w, nb, x, acts, c, r0, put),
+                k if k >= 2 && NR > 2 => tile_cols::<MR, 2>(w, nb, x, acts, c, r0, put),
+                _ => tile_cols::<MR, 1>(w, nb, x, acts, c, r0, put),
             }
         };
     }
@@ -314,13 +408,15 @@ unsafe fn tile_cols<const MR: usize, const NR: usize>(
     x: [*const u8; MR],
     acts: &[&[u8]],
     c: usize,
-    out: &mut [f32],
+    r0: usize,
+    put: &mut impl FnMut(usize, usize, &[f32; RUN], usize),
 ) -> usize {
     let t = acts.len();
     let y: [*const u8; NR] = std::array::from_fn(|j| acts[c + j].as_ptr());
     let v = avx512::tile::<MR, NR>(w, nb, x, y, t >= BATCHED_MIN_TOKENS);
-    for r in 0..MR {
-        out[r * t + c..r * t + c + NR].copy_from_slice(&v[r]);
+    for j in 0..NR {
+        let vals: [f32; RUN] = std::array::from_fn(|r| if r < MR { v[r][j] } else { 0.0 });
+        put(c + j, r0, &vals, MR);
     }
     NR
 }
