@@ -414,9 +414,9 @@ unsafe fn tile_cols<const MR: usize, const NR: usize>(
     let t = acts.len();
     let y: [*const u8; NR] = std::array::from_fn(|j| acts[c + j].as_ptr());
     let v = avx512::tile::<MR, NR>(w, nb, x, y, t >= BATCHED_MIN_TOKENS);
-    for j in 0..NR {
+    for (j, token) in (c..c + NR).enumerate() {
         let vals: [f32; RUN] = std::array::from_fn(|r| if r < MR { v[r][j] } else { 0.0 });
-        put(c + j, r0, &vals, MR);
+        put(token, r0, &vals, MR);
     }
     NR
 }
