@@ -9,8 +9,9 @@
 //! - GEMM order (tokens in whole groups of four): the same per 64-element pair of sub-blocks;
 //! - the result is `A - M`.
 //!
-//! Layout of one group (16 rows) and super-block, 2,432 bytes (16 native blocks are 2,304):
-//! `d[16] f32, dmin[16] f32, sc[8][16] u8, m[8][16] u8, qs[4][8][16][4] u8`, where
+//! Layout of one group (16 rows) and super-block, 2,368 bytes (16 native blocks are 2,304):
+//! `d[16] f16, dmin[16] f16, sc[8][16] u8, m[8][16] u8, qs[4][8][16][4] u8` (the scales as
+//! in the file: f16 -> f32 is exact, so keeping them f16 costs one convert, not bits), where
 //! `qs[sb][k][r]` holds bytes `32 sb + 4k .. 32 sb + 4k + 4` of row r's native `qs`: low nibbles
 //! are sub-block `2 sb`, high nibbles sub-block `2 sb + 1`, elements `4k .. 4k + 4`.
 
@@ -24,8 +25,8 @@ pub const R: usize = 16;
 const Q8K_BYTES: usize = 292;
 const Q4K_BYTES: usize = 144;
 const D_OFF: usize = 0;
-const DMIN_OFF: usize = 4 * R;
-const SC_OFF: usize = 8 * R;
+const DMIN_OFF: usize = 2 * R;
+const SC_OFF: usize = 4 * R;
 const M_OFF: usize = SC_OFF + 8 * R;
 const QS_OFF: usize = M_OFF + 8 * R;
 /// Bytes of one group's super-block.
@@ -57,10 +58,8 @@ impl Q4KRepacked {
                 for r in 0..R {
                     let src = &bytes[(g * R + r) * row_bytes + i * Q4K_BYTES..][..Q4K_BYTES];
                     let blk: BlockQ4K = crate::blocks::read_block(src);
-                    let d = f16_to_f32(blk.d.0);
-                    let dmin = f16_to_f32(blk.dmin.0);
-                    dst[D_OFF + 4 * r..][..4].copy_from_slice(&d.to_le_bytes());
-                    dst[DMIN_OFF + 4 * r..][..4].copy_from_slice(&dmin.to_le_bytes());
+                    dst[D_OFF + 2 * r..][..2].copy_from_slice(&blk.d.0.to_le_bytes());
+                    dst[DMIN_OFF + 2 * r..][..2].copy_from_slice(&blk.dmin.0.to_le_bytes());
                     for j in 0..8 {
                         let (sc, m) = scale_min_k4(j, &blk.scales);
                         dst[SC_OFF + j * R + r] = sc;
@@ -164,6 +163,10 @@ fn f32_at(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
 fn i16_at(b: &[u8], at: usize) -> i32 {
     i16::from_le_bytes([b[at], b[at + 1]]) as i32
 }
@@ -177,8 +180,8 @@ fn dot_scalar(nb: usize, w: &[u8], a: &[u8], gemm: bool, out: &mut [f32]) {
             let wb = &w[i * GROUP_BLOCK_BYTES..];
             let ab = &a[i * Q8K_BYTES..];
             let yd = f32_at(ab, 0);
-            let dyd = f32_at(wb, D_OFF + 4 * r) * yd;
-            let dmyd = f32_at(wb, DMIN_OFF + 4 * r) * yd;
+            let dyd = f16_at(wb, D_OFF + 2 * r) * yd;
+            let dmyd = f16_at(wb, DMIN_OFF + 2 * r) * yd;
             let (mut isum, mut imin) = (0i32, 0i32);
             for sb in 0..4 {
                 let mut lo = 0i32;
@@ -234,8 +237,8 @@ mod avx512 {
         let mut acc_min = [_mm512_setzero_ps(); N];
         for i in 0..nb {
             let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
-            let d = _mm512_loadu_ps(wb.add(D_OFF) as *const f32);
-            let dmin = _mm512_loadu_ps(wb.add(DMIN_OFF) as *const f32);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(D_OFF) as *const __m256i));
+            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(DMIN_OFF) as *const __m256i));
             let mut dyd = [_mm512_setzero_ps(); N];
             let mut dmyd = [_mm512_setzero_ps(); N];
             let mut a = [std::ptr::null::<u8>(); N];
