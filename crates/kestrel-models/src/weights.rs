@@ -32,8 +32,8 @@ pub fn repacks(name: &str, ty: GgmlType, rows: usize) -> bool {
 }
 
 /// Extra resident bytes of the load-time repacking, for the memory plan: a repacked Q4_K
-/// group of 16 rows holds 2,432 bytes per super-block instead of 2,304 (the mapped pages are
-/// released). `tensors`: (name, type, rows, bytes) of every matrix.
+/// group of 16 rows holds `GROUP_BLOCK_BYTES` per super-block against the file's 2,304 (equal
+/// today; the mapped pages are released). `tensors`: (name, type, rows, bytes) of every matrix.
 pub fn repack_extra_bytes<'a>(
     tensors: impl Iterator<Item = (&'a str, GgmlType, usize, u64)>,
 ) -> u64 {

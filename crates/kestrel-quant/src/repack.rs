@@ -9,9 +9,12 @@
 //! - GEMM order (tokens in whole groups of four): the same per 64-element pair of sub-blocks;
 //! - the result is `A - M`.
 //!
-//! Layout of one group (16 rows) and super-block, 2,368 bytes (16 native blocks are 2,304):
-//! `d[16] f16, dmin[16] f16, sc[8][16] u8, m[8][16] u8, qs[4][8][16][4] u8` (the scales as
-//! in the file: f16 -> f32 is exact, so keeping them f16 costs one convert, not bits), where
+//! Layout of one group (16 rows) and super-block, 2,304 bytes, as many as the 16 native
+//! blocks (decode streams every weight byte once per token, so the repack adds none):
+//! `d[16] f16, dmin[16] f16, scm[4][3][16] u8, qs[4][8][16][4] u8`. The f16 scales convert
+//! exactly; `scm[sb]` holds the 6-bit scales and mins of sub-blocks `2 sb` (j0) and `2 sb + 1`
+//! (j1) of each row r: `[0][r] = sc_j0 & 15 | (sc_j1 & 15) << 4`, `[1][r]` the same of the
+//! mins, `[2][r]` their top two bits, `sc_j0 | sc_j1 << 2 | m_j0 << 4 | m_j1 << 6`. And
 //! `qs[sb][k][r]` holds bytes `32 sb + 4k .. 32 sb + 4k + 4` of row r's native `qs`: low nibbles
 //! are sub-block `2 sb`, high nibbles sub-block `2 sb + 1`, elements `4k .. 4k + 4`.
 
@@ -26,9 +29,8 @@ const Q8K_BYTES: usize = 292;
 const Q4K_BYTES: usize = 144;
 const D_OFF: usize = 0;
 const DMIN_OFF: usize = 2 * R;
-const SC_OFF: usize = 4 * R;
-const M_OFF: usize = SC_OFF + 8 * R;
-const QS_OFF: usize = M_OFF + 8 * R;
+const SCM_OFF: usize = 4 * R;
+const QS_OFF: usize = SCM_OFF + 4 * 3 * R;
 /// Bytes of one group's super-block.
 pub const GROUP_BLOCK_BYTES: usize = QS_OFF + 4 * 8 * R * 4;
 
@@ -60,10 +62,14 @@ impl Q4KRepacked {
                     let blk: BlockQ4K = crate::blocks::read_block(src);
                     dst[D_OFF + 2 * r..][..2].copy_from_slice(&blk.d.0.to_le_bytes());
                     dst[DMIN_OFF + 2 * r..][..2].copy_from_slice(&blk.dmin.0.to_le_bytes());
-                    for j in 0..8 {
-                        let (sc, m) = scale_min_k4(j, &blk.scales);
-                        dst[SC_OFF + j * R + r] = sc;
-                        dst[M_OFF + j * R + r] = m;
+                    for sb in 0..4 {
+                        let (sc0, m0) = scale_min_k4(2 * sb, &blk.scales);
+                        let (sc1, m1) = scale_min_k4(2 * sb + 1, &blk.scales);
+                        let at = SCM_OFF + 3 * R * sb + r;
+                        dst[at] = (sc0 & 15) | (sc1 & 15) << 4;
+                        dst[at + R] = (m0 & 15) | (m1 & 15) << 4;
+                        dst[at + 2 * R] =
+                            sc0 >> 4 | (sc1 >> 4) << 2 | (m0 >> 4) << 4 | (m1 >> 4) << 6;
                     }
                     for sb in 0..4 {
                         for k in 0..8 {
@@ -125,21 +131,45 @@ impl Q4KRepacked {
         let w = self.group(g);
         #[cfg(target_arch = "x86_64")]
         if avx512_available() {
-            let mut c = 0;
-            while c < acts.len() {
-                let n = (acts.len() - c).min(4);
-                let o = &mut out[c * R..(c + n) * R];
+            if acts.len() <= 4 {
+                let n = acts.len();
                 // SAFETY: AVX-512 VNNI is available; every row was length-checked above.
                 unsafe {
+                    let p = std::ptr::null();
                     match n {
-                        4 => avx512::tile::<4>(nb, w, &acts[c..], c, gemm_upto, o),
-                        3 => avx512::tile::<3>(nb, w, &acts[c..], c, gemm_upto, o),
-                        2 => avx512::tile::<2>(nb, w, &acts[c..], c, gemm_upto, o),
-                        _ => avx512::tile::<1>(nb, w, &acts[c..], c, gemm_upto, o),
+                        4 => avx512::tile::<4, false>(nb, w, p, acts, 0, gemm_upto, out),
+                        3 => avx512::tile::<3, false>(nb, w, p, acts, 0, gemm_upto, out),
+                        2 => avx512::tile::<2, false>(nb, w, p, acts, 0, gemm_upto, out),
+                        1 => avx512::tile::<1, false>(nb, w, p, acts, 0, gemm_upto, out),
+                        _ => {}
                     }
                 }
-                c += n;
+                return Ok(());
             }
+            thread_local! {
+                static SCALES: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+            }
+            SCALES.with_borrow_mut(|pre| {
+                pre.resize(nb * 256, 0);
+                // SAFETY: AVX-512 VNNI is available; `pre` holds `nb * 256` bytes.
+                unsafe { avx512::unpack_scales(nb, w, pre) };
+                let p = pre.as_ptr();
+                let mut c = 0;
+                while c < acts.len() {
+                    let n = (acts.len() - c).min(4);
+                    let (a, o) = (&acts[c..], &mut out[c * R..(c + n) * R]);
+                    // SAFETY: as above; `pre` holds this group's unpacked scales.
+                    unsafe {
+                        match n {
+                            4 => avx512::tile::<4, true>(nb, w, p, a, c, gemm_upto, o),
+                            3 => avx512::tile::<3, true>(nb, w, p, a, c, gemm_upto, o),
+                            2 => avx512::tile::<2, true>(nb, w, p, a, c, gemm_upto, o),
+                            _ => avx512::tile::<1, true>(nb, w, p, a, c, gemm_upto, o),
+                        }
+                    }
+                    c += n;
+                }
+            });
             return Ok(());
         }
         for (t, a) in acts.iter().enumerate() {
@@ -161,6 +191,18 @@ pub fn avx512_available() -> bool {
 
 fn f32_at(b: &[u8], at: usize) -> f32 {
     f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Row r's (sc_j0, m_j0, sc_j1, m_j1) of sub-block pair `sb` in a group super-block `wb`.
+fn scales_of(wb: &[u8], sb: usize, r: usize) -> (i32, i32, i32, i32) {
+    let at = SCM_OFF + 3 * R * sb + r;
+    let (s, m, h) = (wb[at] as i32, wb[at + R] as i32, wb[at + 2 * R] as i32);
+    (
+        (s & 15) | (h & 3) << 4,
+        (m & 15) | (h >> 4 & 3) << 4,
+        s >> 4 | (h >> 2 & 3) << 4,
+        m >> 4 | (h >> 6 & 3) << 4,
+    )
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {
@@ -195,10 +237,10 @@ fn dot_scalar(nb: usize, w: &[u8], a: &[u8], gemm: bool, out: &mut [f32]) {
                     }
                 }
                 let (j0, j1) = (2 * sb, 2 * sb + 1);
-                let isb = lo * wb[SC_OFF + j0 * R + r] as i32 + hi * wb[SC_OFF + j1 * R + r] as i32;
+                let (sc0, m0, sc1, m1) = scales_of(wb, sb, r);
+                let isb = lo * sc0 + hi * sc1;
                 let bsum = |j: usize| i16_at(ab, 260 + 4 * j) + i16_at(ab, 260 + 4 * j + 2);
-                let imb = wb[M_OFF + j0 * R + r] as i32 * bsum(j0)
-                    + wb[M_OFF + j1 * R + r] as i32 * bsum(j1);
+                let imb = m0 * bsum(j0) + m1 * bsum(j1);
                 if gemm {
                     acc = (isb as f32).mul_add(dyd, acc);
                     acc_min = (imb as f32).mul_add(dmyd, acc_min);
@@ -221,11 +263,50 @@ mod avx512 {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// 16 rows x `N` activation rows (`acts[0..N]`, the matmul's tokens `t0..t0 + N`).
+    /// Sub-block pair `sb`'s 6-bit scales and mins of the 16 rows (see the layout) as bytes:
+    /// `[sc_j0, sc_j1, m_j0, m_j1]` (16-bit shifts, masked).
+    #[inline(always)]
+    pub(super) unsafe fn scales_pair(wb: *const u8, sb: usize) -> [__m128i; 4] {
+        let at = wb.add(SCM_OFF + 3 * R * sb);
+        let s = _mm_loadu_si128(at as *const __m128i);
+        let m = _mm_loadu_si128(at.add(R) as *const __m128i);
+        let h = _mm_loadu_si128(at.add(2 * R) as *const __m128i);
+        let (lo4, top) = (_mm_set1_epi8(0x0f), _mm_set1_epi8(0x30));
+        let hi4 = |v: __m128i| _mm_and_si128(_mm_srli_epi16::<4>(v), lo4);
+        [
+            _mm_or_si128(
+                _mm_and_si128(s, lo4),
+                _mm_and_si128(_mm_slli_epi16::<4>(h), top),
+            ),
+            _mm_or_si128(hi4(s), _mm_and_si128(_mm_slli_epi16::<2>(h), top)),
+            _mm_or_si128(_mm_and_si128(m, lo4), _mm_and_si128(h, top)),
+            _mm_or_si128(hi4(m), _mm_and_si128(_mm_srli_epi16::<2>(h), top)),
+        ]
+    }
+
+    /// A group's scales and mins for all `nb` super-blocks unpacked into `pre` (`nb * 256`
+    /// bytes: per super-block and pair, [`scales_pair`]'s four vectors), for matmuls over many
+    /// tokens, which would otherwise unpack them once per four tokens.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-    pub(super) unsafe fn tile<const N: usize>(
+    pub(super) unsafe fn unpack_scales(nb: usize, w: &[u8], pre: &mut [u8]) {
+        for i in 0..nb {
+            let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
+            for sb in 0..4 {
+                let at = pre.as_mut_ptr().add((i * 4 + sb) * 64);
+                for (v, x) in scales_pair(wb, sb).into_iter().enumerate() {
+                    _mm_storeu_si128(at.add(16 * v) as *mut __m128i, x);
+                }
+            }
+        }
+    }
+
+    /// 16 rows x `N` activation rows (`acts[0..N]`, the matmul's tokens `t0..t0 + N`); with
+    /// `PRE`, the scales come unpacked from `pre` ([`unpack_scales`]), else from the group.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    pub(super) unsafe fn tile<const N: usize, const PRE: bool>(
         nb: usize,
         w: &[u8],
+        pre: *const u8,
         acts: &[&[u8]],
         t0: usize,
         gemm_upto: usize,
@@ -251,11 +332,14 @@ mod avx512 {
             let mut isum = [_mm512_setzero_si512(); N];
             let mut imin = [_mm512_setzero_si512(); N];
             for sb in 0..4 {
-                let ld8 = |off: usize| {
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128(wb.add(off) as *const __m128i))
+                let [sc0, sc1, mn0, mn1] = if PRE {
+                    let at = pre.add((i * 4 + sb) * 64);
+                    std::array::from_fn(|v| _mm_loadu_si128(at.add(16 * v) as *const __m128i))
+                } else {
+                    scales_pair(wb, sb)
                 };
-                let (sc0, sc1) = (ld8(SC_OFF + 2 * sb * R), ld8(SC_OFF + (2 * sb + 1) * R));
-                let (mn0, mn1) = (ld8(M_OFF + 2 * sb * R), ld8(M_OFF + (2 * sb + 1) * R));
+                let (sc0, sc1) = (_mm512_cvtepu8_epi32(sc0), _mm512_cvtepu8_epi32(sc1));
+                let (mn0, mn1) = (_mm512_cvtepu8_epi32(mn0), _mm512_cvtepu8_epi32(mn1));
                 let mut lo = [_mm512_setzero_si512(); N];
                 let mut hi = [_mm512_setzero_si512(); N];
                 for k in 0..8 {
@@ -338,45 +422,48 @@ mod tests {
         }
         let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
-        let t = 7;
-        let mut acts = vec![0u8; t * ab];
-        for c in 0..t {
-            let y: Vec<f32> = (0..cols)
-                .map(|_| (rng(&mut seed) % 2001) as f32 / 700.0 - 1.4)
-                .collect();
-            crate::quantize_row(GgmlType::Q8_K, &y, &mut acts[c * ab..(c + 1) * ab]).unwrap();
-        }
-        let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
-        let gemm_upto = t - t % 4;
-        for g in 0..rows / R {
-            let mut got = vec![0f32; t * R];
-            packed.dot_group(g, &act_rows, gemm_upto, &mut got).unwrap();
-            let mut want = vec![0f32; t * R];
-            for (c, a) in act_rows.iter().enumerate() {
-                dot_scalar(
-                    cols / QK_K,
-                    packed.group(g),
-                    a,
-                    c < gemm_upto,
-                    &mut want[c * R..(c + 1) * R],
-                );
-            }
-            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "group {g} token {} row {}",
-                    i / R,
-                    i % R
-                );
-            }
-            // Same value as the row-major oracle, up to f32 rounding order.
+        // Up to 4 tokens: the scales unpacked in the kernel (decode); more: unpacked first.
+        for t in [1usize, 2, 4, 7, 9] {
+            let mut acts = vec![0u8; t * ab];
             for c in 0..t {
-                for r in 0..R {
-                    let row = &w[(g * R + r) * rb..(g * R + r + 1) * rb];
-                    let o = crate::dot::generic::vec_dot(GgmlType::Q4_K, cols, row, act_rows[c]);
-                    let v = got[c * R + r];
-                    assert!((o - v).abs() <= 1e-3 * (1.0 + o.abs()), "{o} vs {v}");
+                let y: Vec<f32> = (0..cols)
+                    .map(|_| (rng(&mut seed) % 2001) as f32 / 700.0 - 1.4)
+                    .collect();
+                crate::quantize_row(GgmlType::Q8_K, &y, &mut acts[c * ab..(c + 1) * ab]).unwrap();
+            }
+            let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+            let gemm_upto = t - t % 4;
+            for g in 0..rows / R {
+                let mut got = vec![0f32; t * R];
+                packed.dot_group(g, &act_rows, gemm_upto, &mut got).unwrap();
+                let mut want = vec![0f32; t * R];
+                for (c, a) in act_rows.iter().enumerate() {
+                    dot_scalar(
+                        cols / QK_K,
+                        packed.group(g),
+                        a,
+                        c < gemm_upto,
+                        &mut want[c * R..(c + 1) * R],
+                    );
+                }
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "group {g} token {} row {}",
+                        i / R,
+                        i % R
+                    );
+                }
+                // Same value as the row-major oracle, up to f32 rounding order.
+                for c in 0..t {
+                    for r in 0..R {
+                        let row = &w[(g * R + r) * rb..(g * R + r + 1) * rb];
+                        let o =
+                            crate::dot::generic::vec_dot(GgmlType::Q4_K, cols, row, act_rows[c]);
+                        let v = got[c * R + r];
+                        assert!((o - v).abs() <= 1e-3 * (1.0 + o.abs()), "{o} vs {v}");
+                    }
                 }
             }
         }
