@@ -340,11 +340,16 @@ fn quantize_activations(
     Ok(())
 }
 
+/// Floats of the task-local result block of [`matmul_rows_tiled`] (256 KiB): small enough to
+/// stay in L2, and a fixed bound on its scratch whatever the batch.
+const TILED_BLOCK_FLOATS: usize = 64 * 1024;
+
 /// Prefill: this task's weight rows x all activation rows through the tiled kernels, which
 /// reuse each decoded weight block across tokens and each activation block across rows. The
-/// kernels' short runs (8 or 4 rows of a token) go to a task-local `[T, rows_here + RUN]` block
-/// that stays in cache, each as one fixed-size copy (the slack takes a short run's tail); each
-/// token's `rows_here` results are then copied to `out` (`[T, rows]`) whole.
+/// kernels' short runs (8 or 4 rows of a token) go to a task-local `[T, rows + RUN]` block, each
+/// as one fixed-size copy (the slack takes a short run's tail); each token's results are then
+/// copied to `out` (`[T, rows]`) whole. Rows go through in sub-ranges sized so the block stays
+/// within [`TILED_BLOCK_FLOATS`].
 fn matmul_rows_tiled(
     w: &Weight,
     cols: usize,
@@ -353,24 +358,37 @@ fn matmul_rows_tiled(
     rows: usize,
     out_ptr: SharedMut<f32>,
 ) -> bool {
-    use kestrel_quant::dot::RUN;
+    use kestrel_quant::dot::{PANEL_ROWS, RUN};
     thread_local! {
         static BLOCK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let w_rows: Vec<&[u8]> = rows_here.clone().map(|r| w.row(r)).collect();
-    let (n, t_len) = (rows_here.len(), act_rows.len());
-    let stride = n + RUN;
+    let t_len = act_rows.len();
+    let per_call = ((TILED_BLOCK_FLOATS / t_len.max(1)).saturating_sub(RUN) / PANEL_ROWS
+        * PANEL_ROWS)
+        .max(PANEL_ROWS);
     BLOCK.with_borrow_mut(|block| {
-        block.resize(stride * t_len, 0.0);
-        let ok = kestrel_quant::vec_dot_rows_each(w.ty, cols, &w_rows, act_rows, |t, r, v, _| {
-            block[t * stride + r..][..RUN].copy_from_slice(v);
-        })
-        .is_ok();
-        for t in 0..t_len {
-            // SAFETY: (t, rows_here) is written by the task that owns rows_here only.
-            let dst = unsafe { out_ptr.slice(t * rows + rows_here.start, n) };
-            dst.copy_from_slice(&block[t * stride..][..n]);
+        let mut r0 = rows_here.start;
+        while r0 < rows_here.end {
+            let r1 = (r0 + per_call).min(rows_here.end);
+            let w_rows: Vec<&[u8]> = (r0..r1).map(|r| w.row(r)).collect();
+            let n = r1 - r0;
+            let stride = n + RUN;
+            block.resize(stride * t_len, 0.0);
+            let ok =
+                kestrel_quant::vec_dot_rows_each(w.ty, cols, &w_rows, act_rows, |t, r, v, _| {
+                    block[t * stride + r..][..RUN].copy_from_slice(v);
+                })
+                .is_ok();
+            if !ok {
+                return false;
+            }
+            for t in 0..t_len {
+                // SAFETY: (t, r0..r1) is written by the task that owns rows_here only.
+                let dst = unsafe { out_ptr.slice(t * rows + r0, n) };
+                dst.copy_from_slice(&block[t * stride..][..n]);
+            }
+            r0 = r1;
         }
-        ok
+        true
     })
 }
