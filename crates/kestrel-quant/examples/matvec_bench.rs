@@ -50,6 +50,9 @@ const N: usize = 1536;
 const COPIES: usize = 8;
 /// Weight rows in the prefill measurement (a 1 MB-ish slice: the weights matter little there).
 const PREFILL_ROWS: usize = 256;
+/// Weight rows per `vec_dot_rows` call in the prefill measurement (the model's tiled matmul
+/// hands over ~120 rows at a time for a 512-token batch).
+const ROWS_PER_CALL: usize = 128;
 
 fn parse_ty(s: &str) -> Option<GgmlType> {
     Some(match s.to_ascii_uppercase().as_str() {
@@ -177,11 +180,11 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                         2.0 * macs / s / 1e9,
                         (rb * rows * reps) as f64 / s / 1e9
                     );
-                    let mut out4 = vec![0f32; 4 * t_len];
+                    let mut out4 = vec![0f32; ROWS_PER_CALL * t_len];
                     let all: Vec<&[u8]> = m0.chunks_exact(rb).take(rows).collect();
                     let t = Instant::now();
                     for _ in 0..reps {
-                        for w4 in all.chunks(4) {
+                        for w4 in all.chunks(ROWS_PER_CALL) {
                             vec_dot_rows_with(b, w, N, w4, &refs, &mut out4[..w4.len() * t_len])?;
                             sink += out4[t_len - 1];
                         }

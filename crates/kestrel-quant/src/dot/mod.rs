@@ -266,8 +266,9 @@ pub const PANEL_ROWS: usize = 8;
 pub const RUN: usize = PANEL_ROWS;
 
 /// The row-paired 32-element block types: up to eight weight rows at a time decoded once into a
-/// panel, then every activation row against it in tiles of four (lengths checked, AVX-512
-/// available). The activations' block scales are converted to f32 once per call.
+/// panel (two quads), then every activation row against it in tiles of four (lengths checked,
+/// AVX-512 available). The activations' block scales are converted to f32 once per call, in
+/// groups of four tokens, transposed (`[group][block][token]`), as the tile reads them.
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 fn panel_rows(
     w: GgmlType,
@@ -277,20 +278,31 @@ fn panel_rows(
     put: &mut impl FnMut(usize, usize, &[f32; RUN], usize),
 ) {
     thread_local! {
-        static PANEL: std::cell::RefCell<(avx512::Panel, Vec<f32>)> =
-            std::cell::RefCell::new((avx512::Panel::new(), Vec::new()));
+        static PANEL: std::cell::RefCell<(avx512::Panel, Vec<f32>, Vec<f32>)> =
+            std::cell::RefCell::new((avx512::Panel::new(), Vec::new(), Vec::new()));
     }
     let t = acts.len();
     if t == 0 {
         return;
     }
     let by = vec_dot_type(w).block_bytes() as usize;
-    PANEL.with_borrow_mut(|(panel, dy)| {
+    let groups = t.div_ceil(4);
+    PANEL.with_borrow_mut(|(panel, dy, dyt)| {
         dy.clear();
-        for a in acts {
-            for i in 0..nb {
-                let b = &a[i * by..];
-                dy.push(crate::float16::f16_to_f32(u16::from_le_bytes([b[0], b[1]])));
+        dy.resize(t * nb, 0.0);
+        for (a, d) in acts.iter().zip(dy.chunks_exact_mut(nb)) {
+            // SAFETY: AVX-512 (so F16C) is available; each row holds `nb` blocks of `by` bytes.
+            unsafe { avx512::block_scales(a.as_ptr(), by, d) };
+        }
+        dyt.clear();
+        dyt.resize(groups * nb * 4, 0.0);
+        for (g, dg) in dyt.chunks_exact_mut(nb * 4).enumerate() {
+            for j in 0..4 {
+                // Past the last token the group repeats it (results not handed out).
+                let c = (4 * g + j).min(t - 1);
+                for (i, &d) in dy[c * nb..(c + 1) * nb].iter().enumerate() {
+                    dg[4 * i + j] = d;
+                }
             }
         }
         let mut r = 0;
@@ -299,76 +311,28 @@ fn panel_rows(
             let x: Vec<*const u8> = w_rows[r..r + mr].iter().map(|row| row.as_ptr()).collect();
             // SAFETY: AVX-512 VNNI is available (checked by the caller); rows hold `nb` blocks.
             unsafe { avx512::panel_fill(w, nb, &x, panel) };
-            let mut c = 0;
-            while c < t {
-                let k = |j: usize| (c + j).min(t - 1);
-                let yy = [0, 1, 2, 3].map(|j| acts[k(j)].as_ptr());
-                let dd = [0, 1, 2, 3].map(|j| dy[k(j) * nb..].as_ptr());
+            for g in 0..groups {
+                let c = 4 * g;
+                let yy = [0, 1, 2, 3].map(|j| acts[(c + j).min(t - 1)].as_ptr());
                 let nr = (t - c).min(4);
-                // SAFETY: as above; the panel holds ceil(mr / 2) pairs, `dy` has `nb` per row.
-                unsafe {
-                    match mr.div_ceil(2) {
-                        4 => emit(
-                            &avx512::panel_tile::<4, 4>(w, nb, panel, yy, dd),
-                            c,
-                            r,
-                            mr,
-                            nr,
-                            put,
-                        ),
-                        3 => emit(
-                            &avx512::panel_tile::<3, 4>(w, nb, panel, yy, dd),
-                            c,
-                            r,
-                            mr,
-                            nr,
-                            put,
-                        ),
-                        2 => emit(
-                            &avx512::panel_tile::<2, 4>(w, nb, panel, yy, dd),
-                            c,
-                            r,
-                            mr,
-                            nr,
-                            put,
-                        ),
-                        _ => emit(
-                            &avx512::panel_tile::<1, 4>(w, nb, panel, yy, dd),
-                            c,
-                            r,
-                            mr,
-                            nr,
-                            put,
-                        ),
+                // [token][row] of this group.
+                let mut vals = [[0f32; RUN]; 4];
+                for q in 0..mr.div_ceil(4) {
+                    // SAFETY: as above; the panel holds quad q, `dyt` has `4 * nb` per group.
+                    let v = unsafe {
+                        avx512::panel_tile(w, nb, panel, q, yy, dyt[g * nb * 4..].as_ptr())
+                    };
+                    for (j, run) in vals.iter_mut().enumerate() {
+                        run[4 * q..4 * q + 4].copy_from_slice(&v[4 * j..4 * j + 4]);
                     }
                 }
-                c += nr;
+                for (j, run) in vals.iter().enumerate().take(nr) {
+                    put(c + j, r, run, mr);
+                }
             }
             r += mr;
         }
     });
-}
-
-/// Hands a panel tile's `[pair][half][token]` results to `put`, token by token: rows
-/// `r..r + mr` of tokens `c..c + nr`.
-#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-#[inline(always)]
-fn emit<const MP: usize>(
-    v: &[[[f32; 4]; 2]; MP],
-    c: usize,
-    r: usize,
-    mr: usize,
-    nr: usize,
-    put: &mut impl FnMut(usize, usize, &[f32; RUN], usize),
-) {
-    let mut vals = [0f32; PANEL_ROWS];
-    for j in 0..nr {
-        for (p, vp) in v.iter().enumerate() {
-            vals[2 * p] = vp[0][j];
-            vals[2 * p + 1] = vp[1][j];
-        }
-        put(c + j, r, &vals, mr);
-    }
 }
 
 /// The first `MR` of `w_rows` (rows `r0..` of the call) against all of `acts` (lengths
