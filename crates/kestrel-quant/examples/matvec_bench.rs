@@ -157,6 +157,35 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                 let hot = run(&mats[..1], reps)?;
                 let cold = run(&mats, reps.max(2 * COPIES))?;
                 println!("  {b:<11?} decode  hot {hot:6.2} GB/s  cold {cold:6.2} GB/s");
+                if w == GgmlType::Q4_K && b == Backend::Avx512Vnni {
+                    // The layout the model decodes Q4_K from (16-row groups, repacked at load).
+                    let packed: Vec<kestrel_quant::repack::Q4KRepacked> = mats
+                        .iter()
+                        .map(|m| kestrel_quant::repack::Q4KRepacked::new(m, ROWS, N))
+                        .collect::<Result<_, _>>()?;
+                    let run = |packs: &[kestrel_quant::repack::Q4KRepacked],
+                               reps: usize|
+                     -> Result<f64, kestrel_quant::QuantError> {
+                        let refs: Vec<&[u8]> = vec![acts[0].as_slice()];
+                        let mut out = [0f32; kestrel_quant::repack::R];
+                        let mut sink = 0f32;
+                        let t = Instant::now();
+                        for rep in 0..reps {
+                            let p = &packs[rep % packs.len()];
+                            for g in 0..ROWS / kestrel_quant::repack::R {
+                                p.dot_group(g, &refs, 0, &mut out)?;
+                                sink += out[0];
+                            }
+                        }
+                        std::hint::black_box(sink);
+                        Ok((rb * ROWS * reps) as f64 / t.elapsed().as_secs_f64() / 1e9)
+                    };
+                    let hot = run(&packed[..1], 16)?;
+                    let cold = run(&packed, 2 * COPIES)?;
+                    println!(
+                        "  {b:<11?} decode  hot {hot:6.2} GB/s  cold {cold:6.2} GB/s  (repacked)"
+                    );
+                }
             }
             if prefill && b != Backend::Generic {
                 for &t_len in &ts {

@@ -259,13 +259,13 @@ pub fn vec_dot_rows_each_with(
 /// through its tiled matmul, whose f32 order [`vec_dot_rows`] then follows; below, its `vec_dot`.
 pub const BATCHED_MIN_TOKENS: usize = 8;
 
-/// Weight rows per prefill panel (four pairs: 16 accumulators for a 4-token tile).
+/// Weight rows per prefill panel (two quads; a quad x 4 tokens is 16 accumulators).
 pub const PANEL_ROWS: usize = 8;
 
 /// The most consecutive rows one [`vec_dot_rows_each`] hand-over carries (the values array).
 pub const RUN: usize = PANEL_ROWS;
 
-/// The row-paired 32-element block types: up to eight weight rows at a time decoded once into a
+/// The 32-element block types ([`avx512::has_pair_tile`]): up to eight weight rows at a time decoded once into a
 /// panel (two quads), then every activation row against it in tiles of four (lengths checked,
 /// AVX-512 available). The activations' block scales are converted to f32 once per call, in
 /// groups of four tokens, transposed (`[group][block][token]`), as the tile reads them.
