@@ -157,6 +157,32 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                 let hot = run(&mats[..1], reps)?;
                 let cold = run(&mats, reps.max(2 * COPIES))?;
                 println!("  {b:<11?} decode  hot {hot:6.2} GB/s  cold {cold:6.2} GB/s");
+                if b == Backend::detect() {
+                    // `matvec`, the model's decode entry (the detected backend's kernels).
+                    let run =
+                        |mats: &[Vec<u8>], reps: usize| -> Result<f64, kestrel_quant::QuantError> {
+                            let mut out = vec![0f32; ROWS];
+                            let mut sink = 0f32;
+                            let t = Instant::now();
+                            for rep in 0..reps {
+                                kestrel_quant::matvec(
+                                    w,
+                                    N,
+                                    &mats[rep % mats.len()],
+                                    &acts[0],
+                                    &mut out,
+                                )?;
+                                sink += out[0];
+                            }
+                            std::hint::black_box(sink);
+                            Ok((rb * ROWS * reps) as f64 / t.elapsed().as_secs_f64() / 1e9)
+                        };
+                    let hot = run(&mats[..1], 16)?;
+                    let cold = run(&mats, 2 * COPIES)?;
+                    println!(
+                        "  {b:<11?} decode  hot {hot:6.2} GB/s  cold {cold:6.2} GB/s  (matvec)"
+                    );
+                }
                 if w == GgmlType::Q4_K && b == Backend::Avx512Vnni {
                     // The layout the model decodes Q4_K from (16-row groups, repacked at load).
                     let packed: Vec<kestrel_quant::repack::Q4KRepacked> = mats
