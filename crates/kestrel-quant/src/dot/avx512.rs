@@ -1105,6 +1105,33 @@ unsafe fn ktile_q4k<const MR: usize, const NR: usize>(
     ktile::<MR, NR, K4>(nb, x, y, false)
 }
 
+/// Decode over `out.len()` consecutive K-quant rows (`row_bytes` apart from `x`) against one
+/// activation row: the one-row kernel ([`ktile`], so the same bits as [`dot512`]) inlined into
+/// the row loop, its constants and the call set up once per matvec instead of once per row.
+///
+/// # Safety
+/// AVX-512 VNNI is available; `w` is Q4_K or Q6_K; `x` holds `out.len()` rows of `nb` blocks;
+/// `y` holds `nb` Q8_K blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn matvec_k(
+    w: GgmlType,
+    nb: usize,
+    x: *const u8,
+    row_bytes: usize,
+    y: *const u8,
+    out: &mut [f32],
+) {
+    if w == GgmlType::Q4_K {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = ktile::<1, 1, K4>(nb, [x.add(r * row_bytes)], [y], false)[0][0];
+        }
+    } else {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = ktile::<1, 1, K6>(nb, [x.add(r * row_bytes)], [y], false)[0][0];
+        }
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn ktile_q6k<const MR: usize, const NR: usize>(
     nb: usize,

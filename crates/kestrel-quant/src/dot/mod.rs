@@ -471,6 +471,12 @@ pub fn matvec(
         });
         return Ok(());
     }
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if backend == Backend::Avx512Vnni && matches!(w, GgmlType::Q4_K | GgmlType::Q6_K) {
+        // SAFETY: AVX-512 VNNI is available; the rows and the activation were length-checked.
+        unsafe { avx512::matvec_k(w, nb, w_rows.as_ptr(), row_bytes, act.as_ptr(), out) };
+        return Ok(());
+    }
     let acts = [act];
     for (r, o) in out.iter_mut().enumerate() {
         let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
