@@ -48,12 +48,13 @@ impl ModelSource {
                 .get("general.name")
                 .and_then(Value::as_str)
                 .map(str::to_string),
-            // What stays resident: every tensor, plus the growth of Q4_K matrices repacked
-            // at load for the AVX-512 kernels (their mapped pages are released).
+            // What stays resident: every tensor, plus the padding of Q4_K / Q6_K matrices
+            // repacked at load for the AVX-512 kernels (their mapped pages are released).
             weight_bytes: h.tensor_bytes()
                 + kestrel_models::weights::repack_extra_bytes(h.tensors.iter().map(|t| {
                     let rows = t.dims.iter().skip(1).product::<u64>() as usize;
-                    (t.name.as_str(), t.ggml_type, rows, t.n_bytes)
+                    let cols = t.dims.first().copied().unwrap_or(0) as usize;
+                    (t.name.as_str(), t.ggml_type, rows, cols)
                 })),
             config,
             tokenizer,

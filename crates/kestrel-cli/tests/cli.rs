@@ -119,17 +119,30 @@ fn check_info(model: &Path) {
         .iter()
         .map(|t| t.ggml_type.bytes_for(t.n_elements()).unwrap())
         .sum();
+    // Repacked Q4_K / Q6_K matrices keep their bytes, each 16-row group padded to 64 bytes.
+    let tied = !file
+        .header
+        .tensors
+        .iter()
+        .any(|t| t.name == "output.weight");
     let repacked: u64 = file
         .header
         .tensors
         .iter()
         .filter(|t| {
-            t.ggml_type == kestrel_gguf::GgmlType::Q4_K
-                && t.name != "token_embd.weight"
-                && t.dims.iter().skip(1).product::<u64>() % 16 == 0
+            let rows = t.dims.iter().skip(1).product::<u64>();
+            matches!(
+                t.ggml_type,
+                kestrel_gguf::GgmlType::Q4_K | kestrel_gguf::GgmlType::Q6_K
+            ) && (tied || t.name != "token_embd.weight")
+                && rows % 16 == 0
                 && kestrel_quant::repack::avx512_available()
         })
-        .map(|t| t.n_bytes / 2304 * (kestrel_quant::repack::GROUP_BLOCK_BYTES as u64 - 2304))
+        .map(|t| {
+            let rows = t.dims.iter().skip(1).product::<u64>();
+            let group = t.n_bytes / rows * 16;
+            rows / 16 * (group.next_multiple_of(64) - group)
+        })
         .sum();
     assert_eq!(
         v["memory_plan"]["weight_bytes"].as_u64(),

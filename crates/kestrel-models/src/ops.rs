@@ -252,9 +252,9 @@ pub fn matmul(
     Ok(())
 }
 
-/// A repacked Q4_K matmul: activations to Q8_K once, then groups of 16 weight rows against
-/// every token, spread over the pool. Tokens in whole groups of four take llama.cpp's GEMM
-/// order, the rest its GEMV order (see `kestrel_quant::repack`).
+/// A repacked Q4_K / Q6_K matmul: activations to Q8_K once, then groups of 16 weight rows
+/// against every token, spread over the pool, in llama.cpp's order for the type and token count
+/// (see `kestrel_quant::repack`).
 fn matmul_repacked(
     pool: &ThreadPool,
     w: &Weight,
@@ -274,7 +274,6 @@ fn matmul_repacked(
     let mut acts = vec![0u8; t_len * act_row];
     quantize_activations(pool, act_ty, x, cols, &mut acts, act_row)?;
     let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
-    let gemm_upto = t_len - t_len % 4;
     let r = kestrel_quant::repack::R;
     let groups = rows / r;
     let per_task = (groups / (pool.n_threads() * 4)).clamp(1, 64);
@@ -283,7 +282,7 @@ fn matmul_repacked(
     pool.run(groups.div_ceil(per_task), &|task| {
         let mut tmp = vec![0f32; t_len * r];
         for g in task * per_task..((task + 1) * per_task).min(groups) {
-            if packed.dot_group(g, &act_rows, gemm_upto, &mut tmp).is_err() {
+            if packed.dot_group(g, &act_rows, &mut tmp).is_err() {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 return;
             }

@@ -18,41 +18,39 @@ pub struct Weight {
     row_bytes: usize,
     map: Arc<memmap2::Mmap>,
     start: usize,
-    /// Q4_K rows repacked for the AVX-512 kernels ([`Weight::repack`]); the mapped bytes stay
-    /// the source of truth for every other reader (reference path, row dequantization).
-    packed: Option<kestrel_quant::repack::Q4KRepacked>,
+    /// Q4_K / Q6_K rows repacked for the AVX-512 kernels ([`Weight::repack`]); the mapped
+    /// bytes stay the source of truth for every other reader (reference path, row lookups).
+    packed: Option<kestrel_quant::repack::Repacked>,
 }
 
 /// Whether [`Weight::repack`] would repack a matrix of this type and shape here.
-pub fn repacks(name: &str, ty: GgmlType, rows: usize) -> bool {
-    ty == GgmlType::Q4_K
-        && rows.is_multiple_of(kestrel_quant::repack::R)
-        && name != "token_embd.weight"
-        && kestrel_quant::repack::avx512_available()
+pub fn repacks(ty: GgmlType, rows: usize) -> bool {
+    kestrel_quant::repack::Repacked::supports(ty, rows)
 }
 
-/// Extra resident bytes of the load-time repacking, for the memory plan: a repacked Q4_K
-/// group of 16 rows holds `GROUP_BLOCK_BYTES` per super-block against the file's 2,304 (equal
-/// today; the mapped pages are released). `tensors`: (name, type, rows, bytes) of every matrix.
+/// Extra resident bytes of the load-time repacking, for the memory plan (each repacked group
+/// starts on a cache line; the mapped pages are released). `tensors`: (name, type, rows,
+/// cols) of every matrix; the token embedding counts only where it is also the output.
 pub fn repack_extra_bytes<'a>(
-    tensors: impl Iterator<Item = (&'a str, GgmlType, usize, u64)>,
+    tensors: impl Iterator<Item = (&'a str, GgmlType, usize, usize)> + Clone,
 ) -> u64 {
+    let tied = !tensors.clone().any(|(name, ..)| name == "output.weight");
     tensors
-        .filter(|(name, ty, rows, _)| repacks(name, *ty, *rows))
-        .map(|(_, _, _, bytes)| {
-            bytes / 2304 * (kestrel_quant::repack::GROUP_BLOCK_BYTES as u64 - 2304)
-        })
+        .filter(|(name, ty, rows, _)| repacks(*ty, *rows) && (tied || *name != "token_embd.weight"))
+        .map(|(_, ty, rows, cols)| kestrel_quant::repack::Repacked::extra_bytes(ty, rows, cols))
         .sum()
 }
 
 impl Weight {
-    /// Repacks a Q4_K matrix for the AVX-512 kernels when [`repacks`] says so and releases its
-    /// mapped pages (they fault back in from the page cache if the reference path reads them).
+    /// Repacks a Q4_K / Q6_K matrix for the AVX-512 kernels when [`repacks`] says so and
+    /// releases its mapped pages (they fault back in from the page cache if the reference path
+    /// or an embedding lookup reads them).
     pub fn repack(&mut self) -> Result<bool, ModelError> {
-        if self.packed.is_some() || !repacks(&self.name, self.ty, self.rows) {
+        if self.packed.is_some() || !repacks(self.ty, self.rows) {
             return Ok(false);
         }
-        let packed = kestrel_quant::repack::Q4KRepacked::new(self.bytes(), self.rows, self.cols)?;
+        let packed =
+            kestrel_quant::repack::Repacked::new(self.ty, self.bytes(), self.rows, self.cols)?;
         self.packed = Some(packed);
         // Whole pages inside this tensor only: neighbours may still be in use.
         let page = 4096;
@@ -70,7 +68,7 @@ impl Weight {
     }
 
     /// The repacked form, if [`Weight::repack`] made one.
-    pub fn packed(&self) -> Option<&kestrel_quant::repack::Q4KRepacked> {
+    pub fn packed(&self) -> Option<&kestrel_quant::repack::Repacked> {
         self.packed.as_ref()
     }
 

@@ -12,6 +12,7 @@
 //! cargo run -p kestrel-quant --release --example matvec_bench -- [TYPES..] [--t 64,512]
 //!   [--backend avx512|avx2|generic] [--no-decode] [--no-prefill]
 
+use kestrel_quant::repack::Repacked;
 use kestrel_quant::{
     quantize_row, row_bytes, vec_dot_multi_with, vec_dot_rows_with, vec_dot_type, Backend, GgmlType,
 };
@@ -183,13 +184,13 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                         "  {b:<11?} decode  hot {hot:6.2} GB/s  cold {cold:6.2} GB/s  (matvec)"
                     );
                 }
-                if w == GgmlType::Q4_K && b == Backend::Avx512Vnni {
-                    // The layout the model decodes Q4_K from (16-row groups, repacked at load).
-                    let packed: Vec<kestrel_quant::repack::Q4KRepacked> = mats
+                if Repacked::supports(w, ROWS) && b == Backend::Avx512Vnni {
+                    // The layout the model decodes K-quants from (16-row groups, repacked at load).
+                    let packed: Vec<Repacked> = mats
                         .iter()
-                        .map(|m| kestrel_quant::repack::Q4KRepacked::new(m, ROWS, N))
+                        .map(|m| Repacked::new(w, m, ROWS, N))
                         .collect::<Result<_, _>>()?;
-                    let run = |packs: &[kestrel_quant::repack::Q4KRepacked],
+                    let run = |packs: &[Repacked],
                                reps: usize|
                      -> Result<f64, kestrel_quant::QuantError> {
                         let refs: Vec<&[u8]> = vec![acts[0].as_slice()];
@@ -199,7 +200,7 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                         for rep in 0..reps {
                             let p = &packs[rep % packs.len()];
                             for g in 0..ROWS / kestrel_quant::repack::R {
-                                p.dot_group(g, &refs, 0, &mut out)?;
+                                p.dot_group(g, &refs, &mut out)?;
                                 sink += out[0];
                             }
                         }

@@ -790,7 +790,7 @@ unsafe fn hsum8_16(v: [__m256; 16]) -> __m512 {
 /// tuning for cores where the fused form is slow), one extra vector op per use.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(crate) unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     let mut r = acc;
     std::arch::asm!(
         "vpdpwssd {r}, {a}, {b}",

@@ -10,7 +10,7 @@
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod avx2;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-mod avx512;
+pub(crate) mod avx512;
 pub mod generic;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod x86;

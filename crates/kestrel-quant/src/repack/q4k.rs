@@ -1,7 +1,5 @@
-//! Q4_K weights repacked at load into groups of 16 rows, so one 512-bit vector holds four
-//! consecutive quants of each of 16 rows and every `vpdpbusd` lane is one output row: the
-//! integer dot products need no horizontal sums, and the f32 arithmetic can follow llama.cpp's
-//! repacked Q4_K kernels (`ggml_gemv/gemm_q4_K_8x8_q8_K`) exactly:
+//! Q4_K repacked into 16-row groups; the f32 arithmetic follows llama.cpp's repacked Q4_K
+//! kernels (`ggml_gemv/gemm_q4_K_8x8_q8_K`) exactly:
 //!
 //! - GEMV order (decode, and the last `T % 4` tokens of a matmul): per super-block, the whole
 //!   integer sum `sum_j sc_j (q . y)_j` and the mins term `sum_j m_j bsum32_j` each go through
@@ -10,22 +8,18 @@
 //! - the result is `A - M`.
 //!
 //! Layout of one group (16 rows) and super-block, 2,304 bytes, as many as the 16 native
-//! blocks (decode streams every weight byte once per token, so the repack adds none):
-//! `d[16] f16, dmin[16] f16, scm[4][3][16] u8, qs[4][8][16][4] u8`. The f16 scales convert
-//! exactly; `scm[sb]` holds the 6-bit scales and mins of sub-blocks `2 sb` (j0) and `2 sb + 1`
-//! (j1) of each row r: `[0][r] = sc_j0 & 15 | (sc_j1 & 15) << 4`, `[1][r]` the same of the
-//! mins, `[2][r]` their top two bits, `sc_j0 | sc_j1 << 2 | m_j0 << 4 | m_j1 << 6`. And
-//! `qs[sb][k][r]` holds bytes `32 sb + 4k .. 32 sb + 4k + 4` of row r's native `qs`: low nibbles
-//! are sub-block `2 sb`, high nibbles sub-block `2 sb + 1`, elements `4k .. 4k + 4`.
+//! blocks: `d[16] f16, dmin[16] f16, scm[4][3][16] u8, qs[4][8][16][4] u8`. The f16 scales
+//! convert exactly; `scm[sb]` holds the 6-bit scales and mins of sub-blocks `2 sb` (j0) and
+//! `2 sb + 1` (j1) of each row r: `[0][r] = sc_j0 & 15 | (sc_j1 & 15) << 4`, `[1][r]` the same
+//! of the mins, `[2][r]` their top two bits, `sc_j0 | sc_j1 << 2 | m_j0 << 4 | m_j1 << 6`. And
+//! `qs[sb][k][r]` holds bytes `32 sb + 4k .. 32 sb + 4k + 4` of row r's native `qs`: low
+//! nibbles are sub-block `2 sb`, high nibbles sub-block `2 sb + 1`, elements `4k .. 4k + 4`.
 
+use super::{f16_at, f32_at, i16_at, AlignedBytes, Q8K_BYTES, R};
 use crate::blocks::{scale_min_k4, BlockQ4K, QK_K};
-use crate::float16::f16_to_f32;
 use crate::QuantError;
 use kestrel_gguf::GgmlType;
 
-/// Rows per group.
-pub const R: usize = 16;
-const Q8K_BYTES: usize = 292;
 const Q4K_BYTES: usize = 144;
 const D_OFF: usize = 0;
 const DMIN_OFF: usize = 2 * R;
@@ -38,7 +32,7 @@ pub const GROUP_BLOCK_BYTES: usize = QS_OFF + 4 * 8 * R * 4;
 pub struct Q4KRepacked {
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    data: AlignedBytes,
 }
 
 impl Q4KRepacked {
@@ -53,10 +47,11 @@ impl Q4KRepacked {
             });
         }
         let nb = cols / QK_K;
-        let mut data = vec![0u8; rows / R * nb * GROUP_BLOCK_BYTES];
+        let mut data = AlignedBytes::zeroed(rows / R * nb * GROUP_BLOCK_BYTES);
         for g in 0..rows / R {
             for i in 0..nb {
-                let dst = &mut data[(g * nb + i) * GROUP_BLOCK_BYTES..][..GROUP_BLOCK_BYTES];
+                let dst = &mut data.as_mut_slice()[(g * nb + i) * GROUP_BLOCK_BYTES..]
+                    [..GROUP_BLOCK_BYTES];
                 for r in 0..R {
                     let src = &bytes[(g * R + r) * row_bytes + i * Q4K_BYTES..][..Q4K_BYTES];
                     let blk: BlockQ4K = crate::blocks::read_block(src);
@@ -98,7 +93,7 @@ impl Q4KRepacked {
 
     fn group(&self, g: usize) -> &[u8] {
         let nb = self.cols / QK_K;
-        &self.data[g * nb * GROUP_BLOCK_BYTES..(g + 1) * nb * GROUP_BLOCK_BYTES]
+        &self.data.as_slice()[g * nb * GROUP_BLOCK_BYTES..(g + 1) * nb * GROUP_BLOCK_BYTES]
     }
 
     /// Rows `16 g .. 16 g + 16` against every activation row (Q8_K rows of `cols`):
@@ -130,7 +125,7 @@ impl Q4KRepacked {
         }
         let w = self.group(g);
         #[cfg(target_arch = "x86_64")]
-        if avx512_available() {
+        if super::avx512_available() {
             if acts.len() <= 4 {
                 let n = acts.len();
                 // SAFETY: AVX-512 VNNI is available; every row was length-checked above.
@@ -179,20 +174,6 @@ impl Q4KRepacked {
     }
 }
 
-/// Whether the SIMD kernel runs here (repacking pays only where it does).
-pub fn avx512_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::dot::Backend::detect() == crate::dot::Backend::Avx512Vnni
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-fn f32_at(b: &[u8], at: usize) -> f32 {
-    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
 /// Row r's (sc_j0, m_j0, sc_j1, m_j1) of sub-block pair `sb` in a group super-block `wb`.
 fn scales_of(wb: &[u8], sb: usize, r: usize) -> (i32, i32, i32, i32) {
     let at = SCM_OFF + 3 * R * sb + r;
@@ -203,14 +184,6 @@ fn scales_of(wb: &[u8], sb: usize, r: usize) -> (i32, i32, i32, i32) {
         s >> 4 | (h >> 2 & 3) << 4,
         m >> 4 | (h >> 6 & 3) << 4,
     )
-}
-
-fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
-}
-
-fn i16_at(b: &[u8], at: usize) -> i32 {
-    i16::from_le_bytes([b[at], b[at + 1]]) as i32
 }
 
 /// The arithmetic of the repacked kernels, one lane at a time: the oracle for the SIMD form

@@ -1,0 +1,517 @@
+//! Q6_K repacked into 16-row groups, with llama.cpp's f32 arithmetic for Q6_K on x86 (which
+//! itself does not repack Q6_K there), so results equal the row-major kernels bit for bit:
+//!
+//! - fewer than 8 tokens, `ggml_vec_dot_q6_K_q8_K` (AVX2): per super-block 8 integer lanes,
+//!   lane `l` gathering elements `4l .. 4l + 4` of every 32 times their sub-block scales, seeded
+//!   with `-32 (sc_2l bsum_2l + sc_2l+1 bsum_2l+1)`; then `acc_l = fma(d * yd, lane_l, acc_l)`
+//!   and at the end `hsum_float_8`. Here each of the 8 lanes is one vector over the 16 rows:
+//!   a `vpdpbusd` gives 4 products per row, a `vpdpwssd` adds them times the row's scale (the
+//!   4-product sum fits 16 bits: 4 * 63 * 128 < 2^15).
+//! - 8 tokens or more, its tiled K-quant matmul: one integer sum per super-block,
+//!   `chain = fma(float(isum) * d, yd, chain)`.
+//!
+//! Layout of one group (16 rows), `nb` super-blocks of 3,360 bytes each, as many as the 16
+//! native blocks, in pairs `[quants 2p][meta 2p][meta 2p+1][quants 2p+1]` (one stream whose
+//! quants start on cache lines; groups padded to a cache line), meta = `d` then scales:
+//! - quants, 3,072 bytes per super-block: for each group of 32 elements `g` and half `h`, a
+//!   "quad" of the 4-element chunks `l = 4h .. 4h + 4` (A, B, C, D), 192 bytes as three 64-byte
+//!   vectors indexed `4 r + k` (row r, element `32 g + 4 l + k`):
+//!   `Z0 = A | hi2(C) << 6`, `Z1 = B | hi2(D) << 6`, `Z2 = lo4(C) | lo4(D) << 4`, where A..D
+//!   are 6-bit levels (`q + 32`); A and B come out with one mask, C and D with three or four ops;
+//! - `d[16]` f16, 32 bytes per super-block;
+//! - scales, 256 bytes per super-block: `sc[p][r][t]` i8, sub-block `2p + t` of row r (so one
+//!   32-byte load sign-extends to the 16 rows' scale pairs of element group `p`).
+
+use super::{f16_at, f32_at, i16_at, AlignedBytes, Q8K_BYTES, R};
+use crate::blocks::{BlockQ6K, QK_K};
+use crate::QuantError;
+use kestrel_gguf::GgmlType;
+
+const Q6K_BYTES: usize = 210;
+const QS_BYTES: usize = 3072;
+const QUAD_BYTES: usize = 192;
+const D_BYTES: usize = 2 * R;
+const SC_BYTES: usize = 16 * R;
+/// Bytes of one group's super-block.
+pub const GROUP_BLOCK_BYTES: usize = QS_BYTES + D_BYTES + SC_BYTES;
+const META_BYTES: usize = D_BYTES + SC_BYTES;
+
+/// Where super-block `i`'s quants and its `d` + scales ("meta") start in a group. Super-blocks
+/// go in pairs, `[qs 2p][meta 2p][meta 2p+1][qs 2p+1]`, one stream in decode order whose
+/// quants all start on a cache line (a pair is 105 lines).
+#[inline(always)]
+fn offsets(i: usize) -> (usize, usize) {
+    let base = (i / 2) * 2 * GROUP_BLOCK_BYTES;
+    if i.is_multiple_of(2) {
+        (base, base + QS_BYTES)
+    } else {
+        (
+            base + QS_BYTES + 2 * META_BYTES,
+            base + QS_BYTES + META_BYTES,
+        )
+    }
+}
+
+/// Activation rows from which a matmul takes llama.cpp's tiled order.
+const BATCHED_MIN_TOKENS: usize = crate::dot::BATCHED_MIN_TOKENS;
+
+/// A Q6_K matrix (`rows` a multiple of 16) in the repacked layout.
+pub struct Q6KRepacked {
+    rows: usize,
+    cols: usize,
+    /// Bytes from one group's start to the next (a multiple of 64).
+    stride: usize,
+    data: AlignedBytes,
+}
+
+/// The 256 unsigned 6-bit levels (`q + 32`) of a native block, in element order.
+fn levels(b: &BlockQ6K) -> [u8; QK_K] {
+    let mut q = [0u8; QK_K];
+    for n in 0..2 {
+        let (ql, qh) = (&b.ql[64 * n..], &b.qh[32 * n..]);
+        for l in 0..32 {
+            let e = 128 * n + l;
+            q[e] = (ql[l] & 15) | (qh[l] & 3) << 4;
+            q[e + 32] = (ql[l + 32] & 15) | (qh[l] >> 2 & 3) << 4;
+            q[e + 64] = (ql[l] >> 4) | (qh[l] >> 4 & 3) << 4;
+            q[e + 96] = (ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4;
+        }
+    }
+    q
+}
+
+impl Q6KRepacked {
+    /// Repack `rows` rows of `cols` Q6_K elements (`bytes` row-major, as in a GGUF file).
+    pub fn new(bytes: &[u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        let row_bytes = crate::blocks::row_bytes(GgmlType::Q6_K, cols)?;
+        if !rows.is_multiple_of(R) || bytes.len() != rows * row_bytes {
+            return Err(QuantError::Len {
+                what: "Q6_K repack (rows must be a multiple of 16)",
+                expected: rows.next_multiple_of(R) * row_bytes,
+                got: bytes.len(),
+            });
+        }
+        let nb = cols / QK_K;
+        let stride = (nb * GROUP_BLOCK_BYTES).next_multiple_of(64);
+        let mut data = AlignedBytes::zeroed(rows / R * stride);
+        let buf = data.as_mut_slice();
+        for g in 0..rows / R {
+            let dst = &mut buf[g * stride..][..nb * GROUP_BLOCK_BYTES];
+            for i in 0..nb {
+                for r in 0..R {
+                    let src = &bytes[(g * R + r) * row_bytes + i * Q6K_BYTES..][..Q6K_BYTES];
+                    let blk: BlockQ6K = crate::blocks::read_block(src);
+                    let q = levels(&blk);
+                    for quad in 0..16 {
+                        let (eg, h) = (quad / 2, quad % 2);
+                        let base = offsets(i).0 + quad * QUAD_BYTES;
+                        for k in 0..4 {
+                            let at = |c: usize| q[32 * eg + 4 * (4 * h + c) + k];
+                            let (a, b, c, d) = (at(0), at(1), at(2), at(3));
+                            dst[base + 4 * r + k] = a | (c >> 4) << 6;
+                            dst[base + 64 + 4 * r + k] = b | (d >> 4) << 6;
+                            dst[base + 128 + 4 * r + k] = (c & 15) | (d & 15) << 4;
+                        }
+                    }
+                    let d_at = offsets(i).1 + 2 * r;
+                    dst[d_at..d_at + 2].copy_from_slice(&blk.d.0.to_le_bytes());
+                    let sc_at = offsets(i).1 + D_BYTES;
+                    for j in 0..16 {
+                        dst[sc_at + 32 * (j / 2) + 2 * r + j % 2] = blk.scales[j] as u8;
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            rows,
+            cols,
+            stride,
+            data,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held (for the memory plan).
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    fn group(&self, g: usize) -> &[u8] {
+        &self.data.as_slice()[g * self.stride..][..self.cols / QK_K * GROUP_BLOCK_BYTES]
+    }
+
+    /// Rows `16 g .. 16 g + 16` against every activation row of a matmul (`acts`: all its
+    /// tokens, Q8_K rows of `cols`): `out[t * 16 + r]`, in llama.cpp's order for that many
+    /// tokens (see the module).
+    pub fn dot_group(&self, g: usize, acts: &[&[u8]], out: &mut [f32]) -> Result<(), QuantError> {
+        let nb = self.cols / QK_K;
+        if g >= self.rows / R || out.len() != acts.len() * R {
+            return Err(QuantError::Len {
+                what: "Q6_K repacked group output",
+                expected: acts.len() * R,
+                got: out.len(),
+            });
+        }
+        for a in acts {
+            if a.len() != nb * Q8K_BYTES {
+                return Err(QuantError::Len {
+                    what: "Q8_K activation row",
+                    expected: nb * Q8K_BYTES,
+                    got: a.len(),
+                });
+            }
+        }
+        let w = self.group(g);
+        let batched = acts.len() >= BATCHED_MIN_TOKENS;
+        #[cfg(target_arch = "x86_64")]
+        if super::avx512_available() {
+            let mut c = 0;
+            while c < acts.len() {
+                let n = (acts.len() - c).min(4);
+                let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
+                // SAFETY: AVX-512 VNNI is available; the group and every activation row were
+                // length-checked above.
+                unsafe {
+                    match (batched, n) {
+                        (true, 4) => avx512::batched::<4>(nb, w, a, o),
+                        (true, 3) => avx512::batched::<3>(nb, w, a, o),
+                        (true, 2) => avx512::batched::<2>(nb, w, a, o),
+                        (true, _) => avx512::batched::<1>(nb, w, a, o),
+                        (false, 4) => avx512::lanes8::<4>(nb, w, a, o),
+                        (false, 3) => avx512::lanes8::<3>(nb, w, a, o),
+                        (false, 2) => avx512::lanes8::<2>(nb, w, a, o),
+                        (false, _) => avx512::lanes8::<1>(nb, w, a, o),
+                    }
+                }
+                c += n;
+            }
+            return Ok(());
+        }
+        for (t, a) in acts.iter().enumerate() {
+            dot_scalar(nb, w, a, batched, &mut out[t * R..(t + 1) * R]);
+        }
+        Ok(())
+    }
+}
+
+/// Row r's level of element `e` of super-block `i` in a group `w` of `nb` super-blocks.
+fn level(w: &[u8], i: usize, r: usize, e: usize) -> i32 {
+    let (eg, l, k) = (e / 32, e % 32 / 4, e % 4);
+    let base = offsets(i).0 + (2 * eg + l / 4) * QUAD_BYTES + 4 * r + k;
+    let z = |v: usize| w[base + 64 * v] as i32;
+    match l % 4 {
+        0 => z(0) & 63,
+        1 => z(1) & 63,
+        2 => (z(2) & 15) | (z(0) >> 6) << 4,
+        _ => (z(2) >> 4) | (z(1) >> 6) << 4,
+    }
+}
+
+/// The arithmetic of the repacked kernels, one row at a time: the oracle for the SIMD form.
+fn dot_scalar(nb: usize, w: &[u8], a: &[u8], batched: bool, out: &mut [f32]) {
+    for (r, o) in out.iter_mut().enumerate() {
+        let mut acc = [0f32; 8];
+        let mut chain = 0f32;
+        for i in 0..nb {
+            let ab = &a[i * Q8K_BYTES..];
+            let yd = f32_at(ab, 0);
+            let meta = offsets(i).1;
+            let d = f16_at(w, meta + 2 * r);
+            let sc = |j: usize| w[meta + D_BYTES + 32 * (j / 2) + 2 * r + j % 2] as i8 as i32;
+            let bsum = |j: usize| i16_at(ab, 260 + 2 * j);
+            let mut lanes = [0i32; 8];
+            for (l, s) in lanes.iter_mut().enumerate() {
+                *s = -32 * (sc(2 * l) * bsum(2 * l) + sc(2 * l + 1) * bsum(2 * l + 1));
+                for eg in 0..8 {
+                    let mut dot = 0;
+                    for k in 0..4 {
+                        let e = 32 * eg + 4 * l + k;
+                        dot += level(w, i, r, e) * ab[4 + e] as i8 as i32;
+                    }
+                    *s += sc(2 * eg + l / 4) * dot;
+                }
+            }
+            if batched {
+                let isum: i32 = lanes.iter().sum();
+                chain = ((isum as f32) * d).mul_add(yd, chain);
+            } else {
+                for (acc, s) in acc.iter_mut().zip(lanes) {
+                    *acc = (s as f32).mul_add(d * yd, *acc);
+                }
+            }
+        }
+        *o = if batched {
+            chain
+        } else {
+            ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+        };
+    }
+}
+
+// Per-token and per-lane register arrays are indexed by constant loop counters (unrolled).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
+mod avx512 {
+    use super::*;
+    use crate::dot::avx512::dpwssd;
+    use std::arch::x86_64::*;
+
+    /// Quad `quad` of a super-block's quants (`qs`) as the levels of its chunks A, B, C, D.
+    #[inline(always)]
+    unsafe fn quad_levels(qs: *const u8, quad: usize) -> [__m512i; 4] {
+        let q = qs.add(quad * QUAD_BYTES);
+        let z0 = _mm512_loadu_si512(q as *const _);
+        let z1 = _mm512_loadu_si512(q.add(64) as *const _);
+        let z2 = _mm512_loadu_si512(q.add(128) as *const _);
+        let (m63, m30, m4) = (
+            _mm512_set1_epi8(0x3f),
+            _mm512_set1_epi8(0x30),
+            _mm512_set1_epi8(0x0f),
+        );
+        // (x & m4) | y, where y holds only bits 4, 5.
+        let join = |x, y| _mm512_ternarylogic_epi32::<0xEC>(x, y, m4);
+        [
+            _mm512_and_si512(z0, m63),
+            _mm512_and_si512(z1, m63),
+            join(z2, _mm512_and_si512(_mm512_srli_epi16::<2>(z0), m30)),
+            join(
+                _mm512_srli_epi16::<4>(z2),
+                _mm512_and_si512(_mm512_srli_epi16::<2>(z1), m30),
+            ),
+        ]
+    }
+
+    /// One quad's four chunks into their lanes `s`: `s[k] += sc * (levels_k . y_k)` per row.
+    #[inline(always)]
+    unsafe fn quad_lanes(
+        qs: *const u8,
+        quad: usize,
+        yq: *const i32,
+        sc: __m512i,
+        s: &mut [__m512i; 4],
+    ) {
+        let lv = quad_levels(qs, quad);
+        for k in 0..4 {
+            let yv = _mm512_set1_epi32(yq.add(k).read_unaligned());
+            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lv[k], yv);
+            s[k] = dpwssd(s[k], dot, sc);
+        }
+    }
+
+    /// Element group `p`'s scale pairs of the 16 rows: i32 lane r = `sc_2p | sc_2p+1 << 16`.
+    #[inline(always)]
+    unsafe fn scale_pairs(sc: *const u8, p: usize) -> __m512i {
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(sc.add(32 * p) as *const __m256i))
+    }
+
+    /// The 16 rows' hsum_float_8 of their 8 lanes (`acc[l]`, one vector per lane).
+    #[inline(always)]
+    unsafe fn hsum8_rows(acc: &[__m512; 8]) -> __m512 {
+        let a = _mm512_add_ps(acc[0], acc[4]);
+        let b = _mm512_add_ps(acc[1], acc[5]);
+        let c = _mm512_add_ps(acc[2], acc[6]);
+        let d = _mm512_add_ps(acc[3], acc[7]);
+        _mm512_add_ps(_mm512_add_ps(a, c), _mm512_add_ps(b, d))
+    }
+
+    /// 16 rows x `N` tokens in `ggml_vec_dot_q6_K_q8_K`'s order (8 lanes per row).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    pub(super) unsafe fn lanes8<const N: usize>(
+        nb: usize,
+        w: &[u8],
+        acts: &[&[u8]],
+        out: &mut [f32],
+    ) {
+        let lo16 = _mm512_set1_epi32(0xffff);
+        let neg32 = _mm512_set1_epi16(-32);
+        let mut acc = [[_mm512_setzero_ps(); 8]; N];
+        for i in 0..nb {
+            let (qs_at, meta) = offsets(i);
+            let qs = w.as_ptr().add(qs_at);
+            let dp = w.as_ptr().add(meta);
+            let sp = dp.add(D_BYTES);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp as *const __m256i));
+            // Per element group p: the scales of its two halves (low 16 bits of each lane),
+            // and the pair times -32 for the offset seed.
+            let mut sc = [[_mm512_setzero_si512(); 2]; 8];
+            let mut seed = [_mm512_setzero_si512(); 8];
+            for p in 0..8 {
+                let v = scale_pairs(sp, p);
+                sc[p] = [_mm512_and_si512(v, lo16), _mm512_srli_epi32::<16>(v)];
+                seed[p] = _mm512_mullo_epi16(v, neg32);
+            }
+            for c in 0..N {
+                let y = acts[c].as_ptr().add(i * Q8K_BYTES);
+                let dy = _mm512_mul_ps(d, _mm512_set1_ps((y as *const f32).read_unaligned()));
+                let bsums = y.add(260) as *const i32;
+                let seed_lane = |l: usize| {
+                    let b = _mm512_set1_epi32(bsums.add(l).read_unaligned());
+                    dpwssd(_mm512_setzero_si512(), seed[l], b)
+                };
+                // Lanes 0..4 (first halves of each 32) and 4..8, in separate arrays so every
+                // index is a constant and the sums stay in registers.
+                let mut lo: [__m512i; 4] = std::array::from_fn(seed_lane);
+                let mut hi: [__m512i; 4] = std::array::from_fn(|l| seed_lane(4 + l));
+                for eg in 0..8 {
+                    let yq = y.add(4 + 32 * eg) as *const i32;
+                    quad_lanes(qs, 2 * eg, yq, sc[eg][0], &mut lo);
+                    quad_lanes(qs, 2 * eg + 1, yq.add(4), sc[eg][1], &mut hi);
+                }
+                let s: [__m512i; 8] =
+                    std::array::from_fn(|l| if l < 4 { lo[l] } else { hi[l - 4] });
+                for l in 0..8 {
+                    acc[c][l] = _mm512_fmadd_ps(dy, _mm512_cvtepi32_ps(s[l]), acc[c][l]);
+                }
+            }
+        }
+        for c in 0..N {
+            _mm512_storeu_ps(out.as_mut_ptr().add(c * R), hsum8_rows(&acc[c]));
+        }
+    }
+
+    /// 16 rows x `N` tokens in llama.cpp's tiled order (one integer sum per super-block).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+    pub(super) unsafe fn batched<const N: usize>(
+        nb: usize,
+        w: &[u8],
+        acts: &[&[u8]],
+        out: &mut [f32],
+    ) {
+        let neg32 = _mm512_set1_epi16(-32);
+        let mut chain = [_mm512_setzero_ps(); N];
+        for i in 0..nb {
+            let (qs_at, meta) = offsets(i);
+            let qs = w.as_ptr().add(qs_at);
+            let dp = w.as_ptr().add(meta);
+            let sp = dp.add(D_BYTES);
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp as *const __m256i));
+            let mut y = [std::ptr::null::<u8>(); N];
+            let mut s = [_mm512_setzero_si512(); N];
+            for p in 0..8 {
+                let seed = _mm512_mullo_epi16(scale_pairs(sp, p), neg32);
+                for c in 0..N {
+                    y[c] = acts[c].as_ptr().add(i * Q8K_BYTES);
+                    let b = (y[c].add(260) as *const i32).add(p).read_unaligned();
+                    s[c] = dpwssd(s[c], seed, _mm512_set1_epi32(b));
+                }
+            }
+            for eg in 0..8 {
+                let v = scale_pairs(sp, eg);
+                // Sign-extended scales of the two halves.
+                let sc = [
+                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(v)),
+                    _mm512_srai_epi32::<16>(v),
+                ];
+                for h in 0..2 {
+                    let lv = quad_levels(qs, 2 * eg + h);
+                    for c in 0..N {
+                        let yq = y[c].add(4 + 32 * eg + 16 * h) as *const i32;
+                        let mut dot = _mm512_setzero_si512();
+                        for (k, q) in lv.iter().enumerate() {
+                            let yv = _mm512_set1_epi32(yq.add(k).read_unaligned());
+                            dot = _mm512_dpbusd_epi32(dot, *q, yv);
+                        }
+                        s[c] = _mm512_add_epi32(s[c], _mm512_mullo_epi32(dot, sc[h]));
+                    }
+                }
+            }
+            for c in 0..N {
+                let yd = _mm512_set1_ps((y[c] as *const f32).read_unaligned());
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), d);
+                chain[c] = _mm512_fmadd_ps(f, yd, chain[c]);
+            }
+        }
+        for c in 0..N {
+            _mm512_storeu_ps(out.as_mut_ptr().add(c * R), chain[c]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: &mut u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    }
+
+    #[test]
+    fn simd_equals_the_scalar_form_and_the_row_major_kernels() {
+        let (rows, cols) = (32, 768);
+        let mut seed = 0x0bad_cafe_1234_5678u64;
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|_| (rng(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
+            .collect();
+        let rb = crate::row_bytes(GgmlType::Q6_K, cols).unwrap();
+        let mut w = vec![0u8; rows * rb];
+        for r in 0..rows {
+            crate::quantize_row(
+                GgmlType::Q6_K,
+                &x[r * cols..(r + 1) * cols],
+                &mut w[r * rb..(r + 1) * rb],
+            )
+            .unwrap();
+        }
+        let packed = Q6KRepacked::new(&w, rows, cols).unwrap();
+        let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
+        for t in [1usize, 2, 3, 5, 7, 8, 9, 13] {
+            let mut acts = vec![0u8; t * ab];
+            for c in 0..t {
+                let y: Vec<f32> = (0..cols)
+                    .map(|_| (rng(&mut seed) % 2001) as f32 / 700.0 - 1.4)
+                    .collect();
+                crate::quantize_row(GgmlType::Q8_K, &y, &mut acts[c * ab..(c + 1) * ab]).unwrap();
+            }
+            let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+            for g in 0..rows / R {
+                let mut got = vec![0f32; t * R];
+                packed.dot_group(g, &act_rows, &mut got).unwrap();
+                let mut want = vec![0f32; t * R];
+                for (c, a) in act_rows.iter().enumerate() {
+                    dot_scalar(
+                        cols / QK_K,
+                        packed.group(g),
+                        a,
+                        t >= BATCHED_MIN_TOKENS,
+                        &mut want[c * R..(c + 1) * R],
+                    );
+                }
+                // The row-major kernels in the same order (llama.cpp's, see docs/parity.md).
+                let rows_here: Vec<&[u8]> = w[g * R * rb..(g + 1) * R * rb].chunks(rb).collect();
+                let mut row_major = vec![0f32; R * t];
+                crate::vec_dot_rows(GgmlType::Q6_K, cols, &rows_here, &act_rows, &mut row_major)
+                    .unwrap();
+                for c in 0..t {
+                    for r in 0..R {
+                        let (a, b, m) = (got[c * R + r], want[c * R + r], row_major[r * t + c]);
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "simd vs scalar, t {t} g {g} c {c} r {r}"
+                        );
+                        if crate::dot::Backend::detect() == crate::dot::Backend::Avx512Vnni {
+                            assert_eq!(
+                                a.to_bits(),
+                                m.to_bits(),
+                                "vs row-major: {a} {m}, t {t} g {g} c {c} r {r}"
+                            );
+                        } else {
+                            assert!((a - m).abs() <= 1e-3 * (1.0 + m.abs()), "{a} vs {m}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(Q6KRepacked::new(&w[..rb * 8], 8, cols).is_err());
+    }
+}
