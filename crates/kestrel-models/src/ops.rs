@@ -269,11 +269,12 @@ fn matmul_repacked(
     };
     let (rows, cols) = (w.rows, w.cols);
     let t_len = x.len() / cols;
-    let act_ty = GgmlType::Q8_K;
+    let act_ty = packed.act_type();
     let act_row = act_ty.bytes_for(cols as u64).unwrap_or(0) as usize;
     let mut acts = vec![0u8; t_len * act_row];
     quantize_activations(pool, act_ty, x, cols, &mut acts, act_row)?;
     let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
+    let prepared = packed.prepare(&act_rows)?;
     let r = kestrel_quant::repack::R;
     let groups = rows / r;
     let per_task = (groups / (pool.n_threads() * 4)).clamp(1, 64);
@@ -282,7 +283,7 @@ fn matmul_repacked(
     pool.run(groups.div_ceil(per_task), &|task| {
         let mut tmp = vec![0f32; t_len * r];
         for g in task * per_task..((task + 1) * per_task).min(groups) {
-            if packed.dot_group(g, &act_rows, &mut tmp).is_err() {
+            if packed.dot_group(g, &prepared, &mut tmp).is_err() {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 return;
             }

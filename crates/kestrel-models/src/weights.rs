@@ -23,6 +23,8 @@ pub struct Weight {
     packed: Option<kestrel_quant::repack::Repacked>,
 }
 
+const PAGE: usize = 4096;
+
 /// Whether [`Weight::repack`] would repack a matrix of this type and shape here.
 pub fn repacks(ty: GgmlType, rows: usize) -> bool {
     kestrel_quant::repack::Repacked::supports(ty, rows)
@@ -49,21 +51,35 @@ impl Weight {
         if self.packed.is_some() || !repacks(self.ty, self.rows) {
             return Ok(false);
         }
-        let packed =
-            kestrel_quant::repack::Repacked::new(self.ty, self.bytes(), self.rows, self.cols)?;
+        // Source pages are released as their rows are repacked, so a large matrix (a tied
+        // output) never sits in memory twice.
+        let (map, start, row_bytes) = (self.map.clone(), self.start, self.row_bytes);
+        let mut released = start;
+        let mut release = |rows_done: usize| {
+            let upto = (start + rows_done * row_bytes) / PAGE * PAGE;
+            let from = released.next_multiple_of(PAGE);
+            if upto > from {
+                // SAFETY: a read-only private file mapping: dropped pages are re-read from the
+                // file on the next access, so no reader can observe a change.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        from,
+                        upto - from,
+                    )
+                };
+                released = upto;
+            }
+        };
+        let packed = kestrel_quant::repack::Repacked::new_with(
+            self.ty,
+            self.bytes(),
+            self.rows,
+            self.cols,
+            &mut release,
+        )?;
+        release(self.rows);
         self.packed = Some(packed);
-        // Whole pages inside this tensor only: neighbours may still be in use.
-        let page = 4096;
-        let (lo, hi) = (self.start, self.start + self.rows * self.row_bytes);
-        let (lo, hi) = (lo.next_multiple_of(page), hi / page * page);
-        if hi > lo {
-            // SAFETY: a read-only private file mapping: dropped pages are re-read from the
-            // file on the next access, so no reader can observe a change.
-            let _ = unsafe {
-                self.map
-                    .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, lo, hi - lo)
-            };
-        }
         Ok(true)
     }
 

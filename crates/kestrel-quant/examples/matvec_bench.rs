@@ -194,13 +194,14 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                                reps: usize|
                      -> Result<f64, kestrel_quant::QuantError> {
                         let refs: Vec<&[u8]> = vec![acts[0].as_slice()];
+                        let prepared = packs[0].prepare(&refs)?;
                         let mut out = [0f32; kestrel_quant::repack::R];
                         let mut sink = 0f32;
                         let t = Instant::now();
                         for rep in 0..reps {
                             let p = &packs[rep % packs.len()];
                             for g in 0..ROWS / kestrel_quant::repack::R {
-                                p.dot_group(g, &refs, &mut out)?;
+                                p.dot_group(g, &prepared, &mut out)?;
                                 sink += out[0];
                             }
                         }

@@ -4,15 +4,18 @@
 //! llama.cpp kernel it replaces, so results stay bit-identical:
 //! - [`q4k`]: Q4_K, as llama.cpp's own repacked `q4_K_8x8` kernels;
 //! - [`q6k`]: Q6_K, as its `ggml_vec_dot_q6_K_q8_K` (fewer than 8 tokens) and its tiled
-//!   K-quant matmul (8 tokens or more).
+//!   K-quant matmul (8 tokens or more);
+//! - [`q32`]: Q8_0 and Q5_0, as its `vec_dot` and tinyBLAS kernels for them.
 //!
 //! A repacked group's super-block holds exactly the bytes of its 16 native blocks (decode
 //! streams every weight byte once per token, so the repack adds none); groups start on a
 //! cache line.
 
+pub mod q32;
 pub mod q4k;
 pub mod q6k;
 
+pub use q32::{Q32Acts, Q32Repacked};
 pub use q4k::Q4KRepacked;
 pub use q6k::Q6KRepacked;
 
@@ -28,21 +31,45 @@ const Q8K_BYTES: usize = 292;
 pub enum Repacked {
     Q4K(Q4KRepacked),
     Q6K(Q6KRepacked),
+    Q32(Q32Repacked),
+}
+
+/// A matmul's activation rows, quantized to [`Repacked::act_type`] and prepared once for
+/// every group ([`Repacked::prepare`]).
+pub enum PreparedActs<'a> {
+    Q8K(&'a [&'a [u8]]),
+    Q8_0(Q32Acts<'a>),
 }
 
 impl Repacked {
     /// Whether `ty` has a repacked layout and kernel on this CPU for a matrix of `rows` rows.
     pub fn supports(ty: GgmlType, rows: usize) -> bool {
-        matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K)
-            && rows.is_multiple_of(R)
+        matches!(
+            ty,
+            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0 | GgmlType::Q5_0
+        ) && rows.is_multiple_of(R)
             && avx512_available()
     }
 
     /// Repack `rows` rows of `cols` elements of type `ty` (`bytes` row-major, as in a GGUF file).
     pub fn new(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        Self::new_with(ty, bytes, rows, cols, &mut |_| {})
+    }
+
+    /// [`Repacked::new`], calling `done(rows)` as the first `rows` rows are repacked.
+    pub fn new_with(
+        ty: GgmlType,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+        done: &mut dyn FnMut(usize),
+    ) -> Result<Self, QuantError> {
         match ty {
-            GgmlType::Q4_K => Ok(Self::Q4K(Q4KRepacked::new(bytes, rows, cols)?)),
-            GgmlType::Q6_K => Ok(Self::Q6K(Q6KRepacked::new(bytes, rows, cols)?)),
+            GgmlType::Q4_K => Ok(Self::Q4K(Q4KRepacked::new_with(bytes, rows, cols, done)?)),
+            GgmlType::Q6_K => Ok(Self::Q6K(Q6KRepacked::new_with(bytes, rows, cols, done)?)),
+            GgmlType::Q8_0 | GgmlType::Q5_0 => Ok(Self::Q32(Q32Repacked::new_with(
+                ty, bytes, rows, cols, done,
+            )?)),
             _ => Err(QuantError::Unsupported { ty, op: "repack" }),
         }
     }
@@ -54,6 +81,7 @@ impl Repacked {
         let group = match ty {
             GgmlType::Q4_K => nb * q4k::GROUP_BLOCK_BYTES,
             GgmlType::Q6_K => nb * q6k::GROUP_BLOCK_BYTES,
+            GgmlType::Q8_0 | GgmlType::Q5_0 => cols / 32 * q32::group_block_bytes(ty),
             _ => return 0,
         };
         ((rows / R) * (group.next_multiple_of(64) - group)) as u64
@@ -63,6 +91,7 @@ impl Repacked {
         match self {
             Self::Q4K(p) => p.rows(),
             Self::Q6K(p) => p.rows(),
+            Self::Q32(p) => p.rows(),
         }
     }
 
@@ -71,16 +100,44 @@ impl Repacked {
         match self {
             Self::Q4K(p) => p.bytes(),
             Self::Q6K(p) => p.bytes(),
+            Self::Q32(p) => p.bytes(),
         }
     }
 
-    /// Rows `16 g .. 16 g + 16` against every activation row of a matmul (`acts`: all its
-    /// tokens, Q8_K rows of `cols`): `out[t * 16 + r]`. The token count picks llama.cpp's order
-    /// for the type (see the layouts' modules).
-    pub fn dot_group(&self, g: usize, acts: &[&[u8]], out: &mut [f32]) -> Result<(), QuantError> {
+    /// The activation type the kernels take (Q8_K for the K-quants, Q8_0 for the others).
+    pub fn act_type(&self) -> GgmlType {
         match self {
-            Self::Q4K(p) => p.dot_group(g, acts, acts.len() - acts.len() % 4, out),
-            Self::Q6K(p) => p.dot_group(g, acts, out),
+            Self::Q4K(_) | Self::Q6K(_) => GgmlType::Q8_K,
+            Self::Q32(_) => GgmlType::Q8_0,
+        }
+    }
+
+    /// Prepares a matmul's activation rows (all its tokens, [`Repacked::act_type`] rows of
+    /// `cols`) once for every group.
+    pub fn prepare<'a>(&self, rows: &'a [&'a [u8]]) -> Result<PreparedActs<'a>, QuantError> {
+        match self {
+            Self::Q4K(_) | Self::Q6K(_) => Ok(PreparedActs::Q8K(rows)),
+            Self::Q32(p) => Ok(PreparedActs::Q8_0(p.prepare(rows)?)),
+        }
+    }
+
+    /// Rows `16 g .. 16 g + 16` against every activation row of a matmul: `out[t * 16 + r]`.
+    /// The token count picks llama.cpp's order for the type (see the layouts' modules).
+    pub fn dot_group(
+        &self,
+        g: usize,
+        acts: &PreparedActs,
+        out: &mut [f32],
+    ) -> Result<(), QuantError> {
+        match (self, acts) {
+            (Self::Q4K(p), PreparedActs::Q8K(a)) => p.dot_group(g, a, a.len() - a.len() % 4, out),
+            (Self::Q6K(p), PreparedActs::Q8K(a)) => p.dot_group(g, a, out),
+            (Self::Q32(p), PreparedActs::Q8_0(a)) => p.dot_group(g, a, out),
+            _ => Err(QuantError::Len {
+                what: "activations prepared for another repacked type",
+                expected: 0,
+                got: 0,
+            }),
         }
     }
 }

@@ -83,6 +83,17 @@ fn levels(b: &BlockQ6K) -> [u8; QK_K] {
 impl Q6KRepacked {
     /// Repack `rows` rows of `cols` Q6_K elements (`bytes` row-major, as in a GGUF file).
     pub fn new(bytes: &[u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        Self::new_with(bytes, rows, cols, &mut |_| {})
+    }
+
+    /// [`Self::new`], calling `done(rows)` as the first `rows` rows are repacked (every
+    /// 1,024 rows), so the caller can release their source pages as it goes.
+    pub fn new_with(
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+        done: &mut dyn FnMut(usize),
+    ) -> Result<Self, QuantError> {
         let row_bytes = crate::blocks::row_bytes(GgmlType::Q6_K, cols)?;
         if !rows.is_multiple_of(R) || bytes.len() != rows * row_bytes {
             return Err(QuantError::Len {
@@ -120,6 +131,9 @@ impl Q6KRepacked {
                         dst[sc_at + 32 * (j / 2) + 2 * r + j % 2] = blk.scales[j] as u8;
                     }
                 }
+            }
+            if (g + 1) % 64 == 0 {
+                done((g + 1) * R);
             }
         }
         Ok(Self {
