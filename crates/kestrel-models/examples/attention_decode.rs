@@ -3,7 +3,8 @@
 //! `causal_attention`. Prints the fastest token's milliseconds (all layers) and the K/V read rate.
 //!
 //! `cargo run --release -p kestrel-models --example attention_decode -- [depth] [layers]
-//! [heads] [kv_heads] [head_dim] [threads]` (default: the 1.5B model's shape at depth 4096).
+//! [heads] [kv_heads] [head_dim] [threads] [block_size]` (default: the 1.5B model's shape at
+//! depth 4096, blocks of 16 positions as the server's pool; `kestrel run/bench` use 64).
 
 use kestrel_models::attention::{causal_attention, TokenKv};
 use kestrel_models::kv::{KvPool, KvType};
@@ -25,7 +26,7 @@ fn main() {
         arg(5, 128),
         arg(6, 2),
     );
-    let block_size = 16;
+    let block_size = arg(7, 16);
     let n_blocks = (depth + 1).div_ceil(block_size);
     let mut kv = KvPool::new(
         layers,
