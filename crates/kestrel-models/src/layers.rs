@@ -33,6 +33,18 @@ impl Ctx<'_> {
         ops::matmul(self.pool, self.path, w, x, &mut out)?;
         Ok(out)
     }
+
+    /// Several matrices over the same input, as one pool job where they allow it.
+    pub fn matmul_fused<const N: usize>(
+        &self,
+        ws: [&Weight; N],
+        x: &[f32],
+    ) -> Result<[Vec<f32>; N], ModelError> {
+        let mut outs: [Vec<f32>; N] = std::array::from_fn(|i| vec![0f32; self.t_len * ws[i].rows]);
+        let mut slices: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+        ops::matmul_fused(self.pool, self.path, &ws, x, &mut slices)?;
+        Ok(outs)
+    }
 }
 
 pub struct AttnWeights {
@@ -132,11 +144,8 @@ pub fn project_qkv(ctx: &Ctx, a: &AttnWeights, layer: usize, x: &[f32]) -> Resul
     let mut h = vec![0f32; x.len()];
     ops::rms_norm_into(x, &a.norm, ctx.cfg.rms_eps, &mut h);
     tap("attn_norm", layer, &h);
-    let qkv = Qkv {
-        q: ctx.matmul(&a.wq, &h)?,
-        k: ctx.matmul(&a.wk, &h)?,
-        v: ctx.matmul(&a.wv, &h)?,
-    };
+    let [q, k, v] = ctx.matmul_fused([&a.wq, &a.wk, &a.wv], &h)?;
+    let qkv = Qkv { q, k, v };
     tap("Qcur", layer, &qkv.q);
     tap("Kcur", layer, &qkv.k);
     tap("Vcur", layer, &qkv.v);
@@ -198,8 +207,7 @@ pub fn mlp(ctx: &Ctx, m: &MlpWeights, layer: usize, x: &mut [f32]) -> Result<(),
     let mut h = vec![0f32; x.len()];
     ops::rms_norm_into(x, &m.norm, ctx.cfg.rms_eps, &mut h);
     tap("ffn_norm", layer, &h);
-    let mut gate = ctx.matmul(&m.gate, &h)?;
-    let up = ctx.matmul(&m.up, &h)?;
+    let [mut gate, up] = ctx.matmul_fused([&m.gate, &m.up], &h)?;
     tap("ffn_gate", layer, &gate);
     tap("ffn_up", layer, &up);
     ops::swiglu(ctx.pool, &mut gate, &up, m.gate.rows);

@@ -252,55 +252,108 @@ pub fn matmul(
     Ok(())
 }
 
-/// A repacked Q4_K / Q6_K matmul: activations to Q8_K once, then groups of 16 weight rows
-/// against every token, spread over the pool, in llama.cpp's order for the type and token count
-/// (see `kestrel_quant::repack`).
+/// A repacked matmul: activations quantized once, then groups of 16 weight rows against every
+/// token, spread over the pool, in llama.cpp's order for the type and token count (see
+/// `kestrel_quant::repack`).
 fn matmul_repacked(
     pool: &ThreadPool,
     w: &Weight,
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), ModelError> {
-    let Some(packed) = w.packed() else {
-        return Err(ModelError::BadType {
-            name: w.name.clone(),
-            ty: w.ty.to_string(),
-        });
+    matmul_repacked_fused(pool, &[w], x, &mut [out])
+}
+
+/// Several matrices over the same input (q/k/v, gate/up): whether [`matmul_fused`] runs them
+/// as one pool job.
+fn fusable(path: MatmulPath, ws: &[&Weight]) -> bool {
+    let act = |w: &Weight| w.packed().map(|p| p.act_type());
+    path == MatmulPath::Quantized
+        && ws
+            .iter()
+            .all(|w| act(w).is_some() && act(w) == act(ws[0]) && w.cols == ws[0].cols)
+}
+
+/// `outs[i] = x . ws[i]^T` for matrices sharing the input `x: [T, cols]`. Repacked matrices with
+/// one activation type go through one pool job (the activations quantized once, one barrier
+/// instead of one per matrix); others are run one by one. Same results either way.
+pub fn matmul_fused(
+    pool: &ThreadPool,
+    path: MatmulPath,
+    ws: &[&Weight],
+    x: &[f32],
+    outs: &mut [&mut [f32]],
+) -> Result<(), ModelError> {
+    if ws.len() > 1 && fusable(path, ws) {
+        return matmul_repacked_fused(pool, ws, x, outs);
+    }
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        matmul(pool, path, w, x, out)?;
+    }
+    Ok(())
+}
+
+/// [`matmul_repacked`] over several matrices sharing `x` (all repacked, one activation type):
+/// the tasks of every matrix in one job, in order, so the small ones (k, v) end it.
+fn matmul_repacked_fused(
+    pool: &ThreadPool,
+    ws: &[&Weight],
+    x: &[f32],
+    outs: &mut [&mut [f32]],
+) -> Result<(), ModelError> {
+    let bad = |w: &Weight| ModelError::BadType {
+        name: w.name.clone(),
+        ty: w.ty.to_string(),
     };
-    let (rows, cols) = (w.rows, w.cols);
+    let mut packed = Vec::with_capacity(ws.len());
+    for w in ws {
+        packed.push(w.packed().ok_or_else(|| bad(w))?);
+    }
+    let cols = ws[0].cols;
     let t_len = x.len() / cols;
-    let act_ty = packed.act_type();
+    let act_ty = packed[0].act_type();
     let act_row = act_ty.bytes_for(cols as u64).unwrap_or(0) as usize;
     let mut acts = vec![0u8; t_len * act_row];
     quantize_activations(pool, act_ty, x, cols, &mut acts, act_row)?;
     let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
-    let prepared = packed.prepare(&act_rows)?;
+    let prepared = packed
+        .iter()
+        .map(|p| p.prepare(&act_rows))
+        .collect::<Result<Vec<_>, _>>()?;
     let r = kestrel_quant::repack::R;
-    let groups = rows / r;
-    let per_task = (groups / (pool.n_threads() * 4)).clamp(1, 64);
-    let out_ptr = SharedMut::new(out);
-    let failed = std::sync::atomic::AtomicBool::new(false);
-    pool.run(groups.div_ceil(per_task), &|task| {
+    // Per matrix: (groups, groups per task, first task of the job).
+    let mut plan = Vec::with_capacity(ws.len());
+    let mut n_tasks = 0;
+    for w in ws {
+        let groups = w.rows / r;
+        let per_task = (groups / (pool.n_threads() * 4)).clamp(1, 64);
+        plan.push((groups, per_task, n_tasks));
+        n_tasks += groups.div_ceil(per_task);
+    }
+    let out_ptrs: Vec<SharedMut<f32>> = outs.iter_mut().map(|o| SharedMut::new(o)).collect();
+    let failed = std::sync::atomic::AtomicUsize::new(usize::MAX);
+    pool.run(n_tasks, &|task| {
+        let i = plan.partition_point(|&(_, _, first)| first <= task) - 1;
+        let (groups, per_task, first) = plan[i];
+        let rows = ws[i].rows;
         let mut tmp = vec![0f32; t_len * r];
-        for g in task * per_task..((task + 1) * per_task).min(groups) {
-            if packed.dot_group(g, &prepared, &mut tmp).is_err() {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        let lo = (task - first) * per_task;
+        for g in lo..(lo + per_task).min(groups) {
+            if packed[i].dot_group(g, &prepared[i], &mut tmp).is_err() {
+                failed.store(i, std::sync::atomic::Ordering::Relaxed);
                 return;
             }
             for t in 0..t_len {
-                // SAFETY: rows 16g..16g+16 of every token belong to this task only.
-                let dst = unsafe { out_ptr.slice(t * rows + g * r, r) };
+                // SAFETY: rows 16g..16g+16 of every token of matrix i belong to this task only.
+                let dst = unsafe { out_ptrs[i].slice(t * rows + g * r, r) };
                 dst.copy_from_slice(&tmp[t * r..(t + 1) * r]);
             }
         }
     });
-    if failed.load(std::sync::atomic::Ordering::Relaxed) {
-        return Err(ModelError::BadType {
-            name: w.name.clone(),
-            ty: w.ty.to_string(),
-        });
+    match failed.load(std::sync::atomic::Ordering::Relaxed) {
+        usize::MAX => Ok(()),
+        i => Err(bad(ws[i])),
     }
-    Ok(())
 }
 
 /// Quantizes every activation row (`x: [T, cols]`) once, rows spread over the pool.
