@@ -270,8 +270,13 @@ impl Model {
             for (i, &tok) in s.tokens.iter().enumerate() {
                 let pos = s.start + i;
                 let t = tokens.len();
-                self.embed
-                    .row_f32(tok as usize, &mut x[t * dim..(t + 1) * dim])?;
+                // A tied output is the embedding table itself, held repacked where it is.
+                let table = if self.output.name == self.embed.name {
+                    &self.output
+                } else {
+                    &self.embed
+                };
+                table.row_f32(tok as usize, &mut x[t * dim..(t + 1) * dim])?;
                 tokens.push(TokenKv {
                     pos,
                     blocks: s.blocks,

@@ -79,6 +79,17 @@ impl Weight {
             &mut release,
         )?;
         release(self.rows);
+        // Rows read back from the file later (embedding lookups of a tied output) fault in
+        // one page each, not a readahead window: the lookups must not bring the matrix back.
+        let (from, upto) = (
+            start.next_multiple_of(PAGE),
+            (start + self.rows * row_bytes) / PAGE * PAGE,
+        );
+        if upto > from {
+            let _ = self
+                .map
+                .advise_range(memmap2::Advice::Random, from, upto - from);
+        }
         self.packed = Some(packed);
         Ok(true)
     }
@@ -105,6 +116,13 @@ impl Weight {
 
     /// Row `r` decoded to f32.
     pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        if let Some(packed) = &self.packed {
+            // From the repacked copy: the file's pages of a repacked matrix stay released.
+            let mut native = vec![0u8; self.row_bytes];
+            packed.native_row(r, &mut native)?;
+            kestrel_quant::dequantize_row(self.ty, &native, &mut out[..self.cols])?;
+            return Ok(());
+        }
         kestrel_quant::dequantize_row(self.ty, self.row(r), &mut out[..self.cols])?;
         Ok(())
     }

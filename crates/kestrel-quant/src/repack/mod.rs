@@ -95,6 +95,29 @@ impl Repacked {
         }
     }
 
+    /// Row `r` as the file stored it (`out`: exactly the row's bytes).
+    pub fn native_row(&self, r: usize, out: &mut [u8]) -> Result<(), QuantError> {
+        let (rows, ty, cols) = match self {
+            Self::Q4K(p) => (p.rows(), GgmlType::Q4_K, p.cols()),
+            Self::Q6K(p) => (p.rows(), GgmlType::Q6_K, p.cols()),
+            Self::Q32(p) => (p.rows(), p.ty(), p.cols()),
+        };
+        let row_bytes = crate::row_bytes(ty, cols)?;
+        if r >= rows || out.len() != row_bytes {
+            return Err(QuantError::Len {
+                what: "repacked row",
+                expected: row_bytes,
+                got: out.len(),
+            });
+        }
+        match self {
+            Self::Q4K(p) => p.native_row(r, out),
+            Self::Q6K(p) => p.native_row(r, out),
+            Self::Q32(p) => p.native_row(r, out),
+        }
+        Ok(())
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         match self {

@@ -166,6 +166,10 @@ impl Q32Repacked {
         self.rows
     }
 
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -173,6 +177,29 @@ impl Q32Repacked {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.data.len()
+    }
+
+    /// Row `r` as the file stored it (`out`: the row's bytes, 34 or 22 per block).
+    pub fn native_row(&self, r: usize, out: &mut [u8]) {
+        let (g, rr) = (r / R, r % R);
+        let w = self.group(g);
+        let native = if self.ty == GgmlType::Q5_0 { 22 } else { 34 };
+        for (i, blk) in out.chunks_exact_mut(native).enumerate() {
+            let (_, dp) = offsets(levels_bytes(self.ty), i);
+            blk[0..2].copy_from_slice(&w[dp + 2 * rr..dp + 2 * rr + 2]);
+            let u: Vec<u8> = (0..QK).map(|j| self.level(w, i, rr, j) as u8).collect();
+            if self.ty == GgmlType::Q8_0 {
+                for j in 0..QK {
+                    blk[2 + j] = u[j] ^ 0x80;
+                }
+            } else {
+                let qh = (0..QK).fold(0u32, |h, j| h | ((u[j] >> 4) as u32) << j);
+                blk[2..6].copy_from_slice(&qh.to_le_bytes());
+                for j in 0..16 {
+                    blk[6 + j] = (u[j] & 15) | (u[j + 16] & 15) << 4;
+                }
+            }
+        }
     }
 
     fn group(&self, g: usize) -> &[u8] {
@@ -422,6 +449,12 @@ mod tests {
                 .unwrap();
             }
             let packed = Q32Repacked::new(ty, &w, rows, cols).unwrap();
+            // Every row comes back as the file's bytes.
+            for r in 0..rows {
+                let mut native = vec![0u8; rb];
+                packed.native_row(r, &mut native);
+                assert_eq!(native, &w[r * rb..(r + 1) * rb], "row {r}");
+            }
             let ab = crate::row_bytes(GgmlType::Q8_0, cols).unwrap();
             for t in [1usize, 2, 3, 8, 11] {
                 let mut acts = vec![0u8; t * ab];

@@ -105,6 +105,36 @@ impl Q4KRepacked {
         self.data.len()
     }
 
+    /// Row `r` as the file stored it (`out`: the row's bytes, 144 per super-block).
+    pub fn native_row(&self, r: usize, out: &mut [u8]) {
+        let (g, rr) = (r / R, r % R);
+        let w = self.group(g);
+        for (i, blk) in out.chunks_exact_mut(Q4K_BYTES).enumerate() {
+            let wb = &w[i * GROUP_BLOCK_BYTES..];
+            blk[0..2].copy_from_slice(&wb[D_OFF + 2 * rr..D_OFF + 2 * rr + 2]);
+            blk[2..4].copy_from_slice(&wb[DMIN_OFF + 2 * rr..DMIN_OFF + 2 * rr + 2]);
+            let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+            for sb in 0..4 {
+                let (s0, m0, s1, m1) = scales_of(wb, sb, rr);
+                (sc[2 * sb], m[2 * sb]) = (s0 as u8, m0 as u8);
+                (sc[2 * sb + 1], m[2 * sb + 1]) = (s1 as u8, m1 as u8);
+            }
+            // The inverse of `scale_min_k4`.
+            let q = &mut blk[4..16];
+            for j in 0..4 {
+                q[j] = sc[j] | (sc[j + 4] >> 4) << 6;
+                q[j + 4] = m[j] | (m[j + 4] >> 4) << 6;
+                q[j + 8] = (sc[j + 4] & 15) | (m[j + 4] & 15) << 4;
+            }
+            for sb in 0..4 {
+                for k in 0..8 {
+                    let at = QS_OFF + ((sb * 8 + k) * R + rr) * 4;
+                    blk[16 + 32 * sb + 4 * k..][..4].copy_from_slice(&wb[at..at + 4]);
+                }
+            }
+        }
+    }
+
     fn group(&self, g: usize) -> &[u8] {
         let nb = self.cols / QK_K;
         &self.data.as_slice()[g * nb * GROUP_BLOCK_BYTES..(g + 1) * nb * GROUP_BLOCK_BYTES]
@@ -408,6 +438,12 @@ mod tests {
             .unwrap();
         }
         let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
+        // Every row comes back as the file's bytes.
+        for r in 0..rows {
+            let mut native = vec![0u8; rb];
+            packed.native_row(r, &mut native);
+            assert_eq!(native, &w[r * rb..(r + 1) * rb], "row {r}");
+        }
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
         // Up to 4 tokens: the scales unpacked in the kernel (decode); more: unpacked first.
         for t in [1usize, 2, 4, 7, 9] {

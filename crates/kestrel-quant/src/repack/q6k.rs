@@ -157,6 +157,31 @@ impl Q6KRepacked {
         self.data.len()
     }
 
+    /// Row `r` as the file stored it (`out`: the row's bytes, 210 per super-block).
+    pub fn native_row(&self, r: usize, out: &mut [u8]) {
+        let (g, rr) = (r / R, r % R);
+        let w = self.group(g);
+        for (i, blk) in out.chunks_exact_mut(Q6K_BYTES).enumerate() {
+            let q: Vec<u8> = (0..QK_K).map(|e| level(w, i, rr, e) as u8).collect();
+            for n in 0..2 {
+                for l in 0..32 {
+                    let e = 128 * n + l;
+                    blk[64 * n + l] = (q[e] & 15) | (q[e + 64] & 15) << 4;
+                    blk[64 * n + l + 32] = (q[e + 32] & 15) | (q[e + 96] & 15) << 4;
+                    blk[128 + 32 * n + l] = q[e] >> 4
+                        | (q[e + 32] >> 4) << 2
+                        | (q[e + 64] >> 4) << 4
+                        | (q[e + 96] >> 4) << 6;
+                }
+            }
+            let meta = offsets(i).1;
+            for j in 0..16 {
+                blk[192 + j] = w[meta + D_BYTES + 32 * (j / 2) + 2 * rr + j % 2];
+            }
+            blk[208..210].copy_from_slice(&w[meta + 2 * rr..meta + 2 * rr + 2]);
+        }
+    }
+
     fn group(&self, g: usize) -> &[u8] {
         &self.data.as_slice()[g * self.stride..][..self.cols / QK_K * GROUP_BLOCK_BYTES]
     }
@@ -477,6 +502,12 @@ mod tests {
             .unwrap();
         }
         let packed = Q6KRepacked::new(&w, rows, cols).unwrap();
+        // Every row comes back as the file's bytes.
+        for r in 0..rows {
+            let mut native = vec![0u8; rb];
+            packed.native_row(r, &mut native);
+            assert_eq!(native, &w[r * rb..(r + 1) * rb], "row {r}");
+        }
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
         for t in [1usize, 2, 3, 5, 7, 8, 9, 13] {
             let mut acts = vec![0u8; t * ab];
