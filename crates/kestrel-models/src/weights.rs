@@ -45,8 +45,8 @@ pub fn repack_extra_bytes<'a>(
 
 impl Weight {
     /// Repacks a Q4_K / Q6_K matrix for the AVX-512 kernels when [`repacks`] says so and
-    /// releases its mapped pages (they fault back in from the page cache if the reference path
-    /// or an embedding lookup reads them).
+    /// releases its mapped pages as it goes; rows are read back from the repacked copy
+    /// ([`Weight::row_f32`]), so nothing faults them in again.
     pub fn repack(&mut self) -> Result<bool, ModelError> {
         if self.packed.is_some() || !repacks(self.ty, self.rows) {
             return Ok(false);
@@ -79,17 +79,6 @@ impl Weight {
             &mut release,
         )?;
         release(self.rows);
-        // Rows read back from the file later (embedding lookups of a tied output) fault in
-        // one page each, not a readahead window: the lookups must not bring the matrix back.
-        let (from, upto) = (
-            start.next_multiple_of(PAGE),
-            (start + self.rows * row_bytes) / PAGE * PAGE,
-        );
-        if upto > from {
-            let _ = self
-                .map
-                .advise_range(memmap2::Advice::Random, from, upto - from);
-        }
         self.packed = Some(packed);
         Ok(true)
     }
