@@ -18,7 +18,7 @@ pub struct Weight {
     row_bytes: usize,
     map: Arc<memmap2::Mmap>,
     start: usize,
-    /// Q4_K / Q6_K rows repacked for the AVX-512 kernels ([`Weight::repack`]); the mapped
+    /// Rows repacked for the AVX-512 kernels ([`Weight::repack`]); the mapped
     /// bytes stay the source of truth for every other reader (reference path, row lookups).
     packed: Option<kestrel_quant::repack::Repacked>,
 }
@@ -44,7 +44,7 @@ pub fn repack_extra_bytes<'a>(
 }
 
 impl Weight {
-    /// Repacks a Q4_K / Q6_K matrix for the AVX-512 kernels when [`repacks`] says so and
+    /// Repacks a Q4_K / Q6_K / Q8_0 / Q5_0 matrix for the AVX-512 kernels when [`repacks`] says so and
     /// releases its mapped pages as it goes; rows are read back from the repacked copy
     /// ([`Weight::row_f32`]), so nothing faults them in again.
     pub fn repack(&mut self) -> Result<bool, ModelError> {
