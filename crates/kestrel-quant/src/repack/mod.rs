@@ -14,6 +14,8 @@
 pub mod q32;
 pub mod q4k;
 pub mod q6k;
+#[cfg(test)]
+mod testing;
 
 pub use q32::{Q32Acts, Q32Repacked};
 pub use q4k::Q4KRepacked;

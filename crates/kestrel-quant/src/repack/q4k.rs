@@ -412,48 +412,19 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rng(seed: &mut u64) -> u64 {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    }
+    use crate::repack::testing::{assert_rows_round_trip, Rng};
 
     #[test]
     fn simd_equals_the_scalar_form_and_the_oracle_dot() {
         let (rows, cols) = (32, 512);
-        let mut seed = 0x1234_5678_9abc_def0u64;
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|_| (rng(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
-            .collect();
-        let rb = crate::row_bytes(GgmlType::Q4_K, cols).unwrap();
-        let mut w = vec![0u8; rows * rb];
-        for r in 0..rows {
-            crate::quantize_row(
-                GgmlType::Q4_K,
-                &x[r * cols..(r + 1) * cols],
-                &mut w[r * rb..(r + 1) * rb],
-            )
-            .unwrap();
-        }
+        let mut rng = Rng::new(0x1234_5678_9abc_def0);
+        let (w, rb) = rng.matrix(GgmlType::Q4_K, rows, cols);
         let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
-        // Every row comes back as the file's bytes.
-        for r in 0..rows {
-            let mut native = vec![0u8; rb];
-            packed.native_row(r, &mut native);
-            assert_eq!(native, &w[r * rb..(r + 1) * rb], "row {r}");
-        }
+        assert_rows_round_trip(&w, rb, |r, out| packed.native_row(r, out));
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
         // Up to 4 tokens: the scales unpacked in the kernel (decode); more: unpacked first.
         for t in [1usize, 2, 4, 7, 9] {
-            let mut acts = vec![0u8; t * ab];
-            for c in 0..t {
-                let y: Vec<f32> = (0..cols)
-                    .map(|_| (rng(&mut seed) % 2001) as f32 / 700.0 - 1.4)
-                    .collect();
-                crate::quantize_row(GgmlType::Q8_K, &y, &mut acts[c * ab..(c + 1) * ab]).unwrap();
-            }
+            let acts = rng.acts(GgmlType::Q8_K, t, cols);
             let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
             let gemm_upto = t - t % 4;
             for g in 0..rows / R {

@@ -327,6 +327,15 @@ mod avx512 {
         ]
     }
 
+    /// Super-block `i` of a group: its quants, the 16 rows' `d` as f32, its scales.
+    #[inline(always)]
+    unsafe fn super_block(w: &[u8], i: usize) -> (*const u8, __m512, *const u8) {
+        let (qs_at, meta) = offsets(i);
+        let dp = w.as_ptr().add(meta);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp as *const __m256i));
+        (w.as_ptr().add(qs_at), d, dp.add(D_BYTES))
+    }
+
     /// One quad's four chunks into their lanes `s`: `s[k] += sc * (levels_k . y_k)` per row.
     #[inline(always)]
     unsafe fn quad_lanes(
@@ -372,11 +381,7 @@ mod avx512 {
         let neg32 = _mm512_set1_epi16(-32);
         let mut acc = [[_mm512_setzero_ps(); 8]; N];
         for i in 0..nb {
-            let (qs_at, meta) = offsets(i);
-            let qs = w.as_ptr().add(qs_at);
-            let dp = w.as_ptr().add(meta);
-            let sp = dp.add(D_BYTES);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp as *const __m256i));
+            let (qs, d, sp) = super_block(w, i);
             // Per element group p: the scales of its two halves (low 16 bits of each lane),
             // and the pair times -32 for the offset seed.
             let mut sc = [[_mm512_setzero_si512(); 2]; 8];
@@ -426,11 +431,7 @@ mod avx512 {
         let neg32 = _mm512_set1_epi16(-32);
         let mut chain = [_mm512_setzero_ps(); N];
         for i in 0..nb {
-            let (qs_at, meta) = offsets(i);
-            let qs = w.as_ptr().add(qs_at);
-            let dp = w.as_ptr().add(meta);
-            let sp = dp.add(D_BYTES);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(dp as *const __m256i));
+            let (qs, d, sp) = super_block(w, i);
             let mut y = [std::ptr::null::<u8>(); N];
             let mut s = [_mm512_setzero_si512(); N];
             for p in 0..8 {
@@ -476,47 +477,18 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rng(seed: &mut u64) -> u64 {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        *seed
-    }
+    use crate::repack::testing::{assert_rows_round_trip, Rng};
 
     #[test]
     fn simd_equals_the_scalar_form_and_the_row_major_kernels() {
         let (rows, cols) = (32, 768);
-        let mut seed = 0x0bad_cafe_1234_5678u64;
-        let x: Vec<f32> = (0..rows * cols)
-            .map(|_| (rng(&mut seed) % 2001) as f32 / 1000.0 - 1.0)
-            .collect();
-        let rb = crate::row_bytes(GgmlType::Q6_K, cols).unwrap();
-        let mut w = vec![0u8; rows * rb];
-        for r in 0..rows {
-            crate::quantize_row(
-                GgmlType::Q6_K,
-                &x[r * cols..(r + 1) * cols],
-                &mut w[r * rb..(r + 1) * rb],
-            )
-            .unwrap();
-        }
+        let mut rng = Rng::new(0x0bad_cafe_1234_5678);
+        let (w, rb) = rng.matrix(GgmlType::Q6_K, rows, cols);
         let packed = Q6KRepacked::new(&w, rows, cols).unwrap();
-        // Every row comes back as the file's bytes.
-        for r in 0..rows {
-            let mut native = vec![0u8; rb];
-            packed.native_row(r, &mut native);
-            assert_eq!(native, &w[r * rb..(r + 1) * rb], "row {r}");
-        }
+        assert_rows_round_trip(&w, rb, |r, out| packed.native_row(r, out));
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
         for t in [1usize, 2, 3, 5, 7, 8, 9, 13] {
-            let mut acts = vec![0u8; t * ab];
-            for c in 0..t {
-                let y: Vec<f32> = (0..cols)
-                    .map(|_| (rng(&mut seed) % 2001) as f32 / 700.0 - 1.4)
-                    .collect();
-                crate::quantize_row(GgmlType::Q8_K, &y, &mut acts[c * ab..(c + 1) * ab]).unwrap();
-            }
+            let acts = rng.acts(GgmlType::Q8_K, t, cols);
             let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
             for g in 0..rows / R {
                 let mut got = vec![0f32; t * R];
