@@ -167,6 +167,26 @@ impl Repacked {
     }
 }
 
+/// The row size of a `rows` x `cols` matrix of `ty` held in `bytes`, checked for a repack
+/// (`rows` a multiple of 16, `bytes` exactly the rows).
+fn source_row_bytes(
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    what: &'static str,
+) -> Result<usize, QuantError> {
+    let row_bytes = crate::blocks::row_bytes(ty, cols)?;
+    if !rows.is_multiple_of(R) || bytes.len() != rows * row_bytes {
+        return Err(QuantError::Len {
+            what,
+            expected: rows.next_multiple_of(R) * row_bytes,
+            got: bytes.len(),
+        });
+    }
+    Ok(row_bytes)
+}
+
 /// Whether the SIMD kernels run here (repacking pays only where they do).
 pub fn avx512_available() -> bool {
     #[cfg(target_arch = "x86_64")]

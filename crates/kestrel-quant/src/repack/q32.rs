@@ -116,14 +116,13 @@ impl Q32Repacked {
         if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0) {
             return Err(QuantError::Unsupported { ty, op: "repack" });
         }
-        let row_bytes = crate::blocks::row_bytes(ty, cols)?;
-        if !rows.is_multiple_of(R) || bytes.len() != rows * row_bytes {
-            return Err(QuantError::Len {
-                what: "Q8_0 / Q5_0 repack (rows must be a multiple of 16)",
-                expected: rows.next_multiple_of(R) * row_bytes,
-                got: bytes.len(),
-            });
-        }
+        let row_bytes = super::source_row_bytes(
+            ty,
+            bytes,
+            rows,
+            cols,
+            "Q8_0 / Q5_0 repack (rows must be a multiple of 16)",
+        )?;
         let nb = cols / QK;
         let (levels, native) = (levels_bytes(ty), row_bytes / nb);
         let stride = (nb * group_block_bytes(ty)).next_multiple_of(64);
@@ -422,7 +421,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repack::testing::{assert_rows_round_trip, Rng};
+    use crate::repack::testing::{assert_rows_round_trip, assert_same_results, Rng};
 
     #[test]
     fn simd_equals_the_scalar_form_and_the_row_major_kernels() {
@@ -453,25 +452,7 @@ mod tests {
                         w[g * R * rb..(g + 1) * R * rb].chunks(rb).collect();
                     let mut row_major = vec![0f32; R * t];
                     crate::vec_dot_rows(ty, cols, &rows_here, &act_rows, &mut row_major).unwrap();
-                    for c in 0..t {
-                        for r in 0..R {
-                            let (a, b, m) = (got[c * R + r], want[c * R + r], row_major[r * t + c]);
-                            assert_eq!(
-                                a.to_bits(),
-                                b.to_bits(),
-                                "{ty} simd vs scalar t {t} g {g} c {c} r {r}"
-                            );
-                            if crate::dot::Backend::detect() == crate::dot::Backend::Avx512Vnni {
-                                assert_eq!(
-                                    a.to_bits(),
-                                    m.to_bits(),
-                                    "{ty} vs row-major {a} {m} t {t} g {g} c {c} r {r}"
-                                );
-                            } else {
-                                assert!((a - m).abs() <= 1e-3 * (1.0 + m.abs()), "{a} vs {m}");
-                            }
-                        }
-                    }
+                    assert_same_results(&got, &want, &row_major, t, &format!("{ty} t {t} g {g}"));
                 }
             }
             assert!(Q32Repacked::new(ty, &w[..rb * 8], 8, cols).is_err());

@@ -49,14 +49,13 @@ impl Q4KRepacked {
         cols: usize,
         done: &mut dyn FnMut(usize),
     ) -> Result<Self, QuantError> {
-        let row_bytes = crate::blocks::row_bytes(GgmlType::Q4_K, cols)?;
-        if !rows.is_multiple_of(R) || bytes.len() != rows * row_bytes {
-            return Err(QuantError::Len {
-                what: "Q4_K repack (rows must be a multiple of 16)",
-                expected: rows.next_multiple_of(R) * row_bytes,
-                got: bytes.len(),
-            });
-        }
+        let row_bytes = super::source_row_bytes(
+            GgmlType::Q4_K,
+            bytes,
+            rows,
+            cols,
+            "Q4_K repack (rows must be a multiple of 16)",
+        )?;
         let nb = cols / QK_K;
         let mut data = AlignedBytes::zeroed(rows / R * nb * GROUP_BLOCK_BYTES);
         for g in 0..rows / R {

@@ -94,14 +94,13 @@ impl Q6KRepacked {
         cols: usize,
         done: &mut dyn FnMut(usize),
     ) -> Result<Self, QuantError> {
-        let row_bytes = crate::blocks::row_bytes(GgmlType::Q6_K, cols)?;
-        if !rows.is_multiple_of(R) || bytes.len() != rows * row_bytes {
-            return Err(QuantError::Len {
-                what: "Q6_K repack (rows must be a multiple of 16)",
-                expected: rows.next_multiple_of(R) * row_bytes,
-                got: bytes.len(),
-            });
-        }
+        let row_bytes = super::source_row_bytes(
+            GgmlType::Q6_K,
+            bytes,
+            rows,
+            cols,
+            "Q6_K repack (rows must be a multiple of 16)",
+        )?;
         let nb = cols / QK_K;
         let stride = (nb * GROUP_BLOCK_BYTES).next_multiple_of(64);
         let mut data = AlignedBytes::zeroed(rows / R * stride);
@@ -477,7 +476,7 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repack::testing::{assert_rows_round_trip, Rng};
+    use crate::repack::testing::{assert_rows_round_trip, assert_same_results, Rng};
 
     #[test]
     fn simd_equals_the_scalar_form_and_the_row_major_kernels() {
@@ -508,25 +507,7 @@ mod tests {
                 let mut row_major = vec![0f32; R * t];
                 crate::vec_dot_rows(GgmlType::Q6_K, cols, &rows_here, &act_rows, &mut row_major)
                     .unwrap();
-                for c in 0..t {
-                    for r in 0..R {
-                        let (a, b, m) = (got[c * R + r], want[c * R + r], row_major[r * t + c]);
-                        assert_eq!(
-                            a.to_bits(),
-                            b.to_bits(),
-                            "simd vs scalar, t {t} g {g} c {c} r {r}"
-                        );
-                        if crate::dot::Backend::detect() == crate::dot::Backend::Avx512Vnni {
-                            assert_eq!(
-                                a.to_bits(),
-                                m.to_bits(),
-                                "vs row-major: {a} {m}, t {t} g {g} c {c} r {r}"
-                            );
-                        } else {
-                            assert!((a - m).abs() <= 1e-3 * (1.0 + m.abs()), "{a} vs {m}");
-                        }
-                    }
-                }
+                assert_same_results(&got, &want, &row_major, t, &format!("t {t} g {g}"));
             }
         }
         assert!(Q6KRepacked::new(&w[..rb * 8], 8, cols).is_err());

@@ -55,3 +55,42 @@ pub(crate) fn assert_rows_round_trip(w: &[u8], rb: usize, native_row: impl Fn(us
         assert_eq!(native, file_row, "row {r}");
     }
 }
+
+/// The SIMD results `got` (`[t][16]`) equal the scalar form `want` bit for bit, and the
+/// row-major kernels' `row_major` (`[16][t]`) too where those run their AVX-512 (llama.cpp)
+/// order; elsewhere they agree to 1e-3.
+pub(crate) fn assert_same_results(
+    got: &[f32],
+    want: &[f32],
+    row_major: &[f32],
+    t: usize,
+    what: &str,
+) {
+    let avx512 = crate::dot::Backend::detect() == crate::dot::Backend::Avx512Vnni;
+    for c in 0..t {
+        for r in 0..super::R {
+            let (a, b, m) = (
+                got[c * super::R + r],
+                want[c * super::R + r],
+                row_major[r * t + c],
+            );
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "{what}: simd vs scalar, token {c} row {r}"
+            );
+            if avx512 {
+                assert_eq!(
+                    a.to_bits(),
+                    m.to_bits(),
+                    "{what}: vs row-major {a} {m}, token {c} row {r}"
+                );
+            } else {
+                assert!(
+                    (a - m).abs() <= 1e-3 * (1.0 + m.abs()),
+                    "{what}: {a} vs {m}"
+                );
+            }
+        }
+    }
+}
