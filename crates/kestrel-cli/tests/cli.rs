@@ -20,7 +20,8 @@ fn tiny(arch: &str) -> PathBuf {
 }
 
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kestrel-cli-test-{}", std::process::id()));
+    // Cargo's per-target scratch dir: kept inside target/, not left behind in /tmp.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kestrel-cli-test");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }

@@ -321,24 +321,15 @@ fn matmul_repacked_fused(
         .map(|p| p.prepare(&act_rows))
         .collect::<Result<Vec<_>, _>>()?;
     let r = kestrel_quant::repack::R;
-    // Per matrix: (groups, groups per task, first task of the job).
-    let mut plan = Vec::with_capacity(ws.len());
-    let mut n_tasks = 0;
-    for w in ws {
-        let groups = w.rows / r;
-        let per_task = (groups / (pool.n_threads() * 4)).clamp(1, 64);
-        plan.push((groups, per_task, n_tasks));
-        n_tasks += groups.div_ceil(per_task);
-    }
+    let groups: Vec<usize> = ws.iter().map(|w| w.rows / r).collect();
+    let tasks = shrinking_tasks(&groups, pool.n_threads());
     let out_ptrs: Vec<SharedMut<f32>> = outs.iter_mut().map(|o| SharedMut::new(o)).collect();
     let failed = std::sync::atomic::AtomicUsize::new(usize::MAX);
-    pool.run(n_tasks, &|task| {
-        let i = plan.partition_point(|&(_, _, first)| first <= task) - 1;
-        let (groups, per_task, first) = plan[i];
+    pool.run(tasks.len(), &|task| {
+        let GroupRange { matrix: i, lo, hi } = tasks[task];
         let rows = ws[i].rows;
         let mut tmp = vec![0f32; t_len * r];
-        let lo = (task - first) * per_task;
-        for g in lo..(lo + per_task).min(groups) {
+        for g in lo..hi {
             if packed[i].dot_group(g, &prepared[i], &mut tmp).is_err() {
                 failed.store(i, std::sync::atomic::Ordering::Relaxed);
                 return;
@@ -354,6 +345,40 @@ fn matmul_repacked_fused(
         usize::MAX => Ok(()),
         i => Err(bad(ws[i])),
     }
+}
+
+/// Row groups `lo..hi` of one matrix of a fused job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct GroupRange {
+    matrix: usize,
+    lo: usize,
+    hi: usize,
+}
+
+/// Splits a job's row groups (`groups[i]` for matrix i, walked in order) into tasks that
+/// shrink towards the end: each takes `1 / (2 * n_threads)` of what is left (at least one
+/// group), so the first tasks are long sequential streams and the last are a group or two.
+/// Equal tasks left one thread idle for up to a whole task (~6% of a decode token in waits);
+/// small equal tasks cost every stream its prefetch ramp.
+fn shrinking_tasks(groups: &[usize], n_threads: usize) -> Vec<GroupRange> {
+    let total: usize = groups.iter().sum();
+    let mut tasks = Vec::new();
+    let (mut matrix, mut lo, mut done) = (0, 0, 0);
+    while done < total {
+        let mut take = ((total - done) / (2 * n_threads.max(1))).max(1);
+        done += take;
+        while take > 0 {
+            while lo == groups[matrix] {
+                matrix += 1;
+                lo = 0;
+            }
+            let hi = (lo + take).min(groups[matrix]);
+            tasks.push(GroupRange { matrix, lo, hi });
+            take -= hi - lo;
+            lo = hi;
+        }
+    }
+    tasks
 }
 
 /// Quantizes every activation row (`x: [T, cols]`) once, rows spread over the pool.
@@ -444,4 +469,41 @@ fn matmul_rows_tiled(
         }
         true
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every group of every matrix exactly once, in order, no task across two matrices.
+    fn assert_covers(groups: &[usize], tasks: &[GroupRange]) {
+        let mut expect = (0..groups.len()).flat_map(|m| (0..groups[m]).map(move |g| (m, g)));
+        for t in tasks {
+            assert!(t.lo < t.hi && t.hi <= groups[t.matrix], "{t:?}");
+            for g in t.lo..t.hi {
+                assert_eq!(expect.next(), Some((t.matrix, g)), "{t:?}");
+            }
+        }
+        assert_eq!(expect.next(), None);
+    }
+
+    #[test]
+    fn shrinking_tasks_cover_every_group_once() {
+        for groups in [&[560][..], &[96, 8, 8], &[1], &[3, 0, 5], &[0], &[7, 1, 1, 200]] {
+            for threads in 1..=4 {
+                assert_covers(groups, &shrinking_tasks(groups, threads));
+            }
+        }
+    }
+
+    #[test]
+    fn shrinking_tasks_start_long_and_end_with_single_groups() {
+        let tasks = shrinking_tasks(&[560], 2);
+        let sizes: Vec<usize> = tasks.iter().map(|t| t.hi - t.lo).collect();
+        assert_eq!(sizes[0], 140);
+        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
+        assert_eq!(sizes[sizes.len() - 4..], [1, 1, 1, 1]);
+        // Few claims per job: each costs a cross-core atomic.
+        assert!(tasks.len() < 40, "{}", tasks.len());
+    }
 }
