@@ -489,7 +489,14 @@ mod tests {
 
     #[test]
     fn shrinking_tasks_cover_every_group_once() {
-        for groups in [&[560][..], &[96, 8, 8], &[1], &[3, 0, 5], &[0], &[7, 1, 1, 200]] {
+        for groups in [
+            &[560][..],
+            &[96, 8, 8],
+            &[1],
+            &[3, 0, 5],
+            &[0],
+            &[7, 1, 1, 200],
+        ] {
             for threads in 1..=4 {
                 assert_covers(groups, &shrinking_tasks(groups, threads));
             }
