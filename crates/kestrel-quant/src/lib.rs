@@ -14,6 +14,7 @@
 //! All lengths are checked up front and reported as [`QuantError`]; rows are read with
 //! unaligned loads, so any `&[u8]` from a mapped GGUF works.
 
+pub mod amx;
 pub mod blocks;
 mod dequant;
 pub mod dot;

@@ -7,6 +7,10 @@
 //! - GEMM order (tokens in whole groups of four): the same per 64-element pair of sub-blocks;
 //! - the result is `A - M`.
 //!
+//! Where the CPU has AMX, matmuls over [`super::AMX_MIN_TOKENS`] tokens or more take their
+//! integer sums from tile products instead (`amx_kernel`); the sums are the same integers and
+//! the f32 steps the same, so the results are too.
+//!
 //! Layout of one group (16 rows) and super-block, 2,304 bytes, as many as the 16 native
 //! blocks: `d[16] f16, dmin[16] f16, scm[4][3][16] u8, qs[4][8][16][4] u8`. The f16 scales
 //! convert exactly; `scm[sb]` holds the 6-bit scales and mins of sub-blocks `2 sb` (j0) and
@@ -167,6 +171,34 @@ impl Q4KRepacked {
             }
         }
         let w = self.group(g);
+        #[cfg(target_arch = "x86_64")]
+        if acts.len() >= super::AMX_MIN_TOKENS && crate::amx::available() {
+            if let Some(stride) = super::uniform_stride(acts) {
+                thread_local! {
+                    static QUANTS: std::cell::RefCell<AlignedBytes> = std::cell::RefCell::new(AlignedBytes::zeroed(0));
+                }
+                QUANTS.with_borrow_mut(|bq| {
+                    if bq.len() < nb * amx_kernel::QUANT_BYTES {
+                        *bq = AlignedBytes::zeroed(nb * amx_kernel::QUANT_BYTES);
+                    }
+                    // SAFETY: AMX (and so AVX-512 VNNI) is available; every activation row was
+                    // length-checked and sits at `acts[0] + t * stride`; `bq` holds `nb` blocks.
+                    unsafe {
+                        amx_kernel::group(
+                            nb,
+                            w,
+                            acts[0].as_ptr(),
+                            stride,
+                            acts.len(),
+                            gemm_upto,
+                            out,
+                            bq.as_mut_slice(),
+                        )
+                    };
+                });
+                return Ok(());
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         if super::avx512_available() {
             if acts.len() <= 4 {
@@ -408,6 +440,194 @@ mod avx512 {
     }
 }
 
+/// The AMX form of the GEMM. The sub-block scales are folded into the B tiles, so a pair of
+/// sub-blocks (64 elements) is three full-depth tile products per 16 tokens x 16 rows, with the
+/// activations as A:
+/// - `B1 = q * (sc & 15)` and `B2 = q * (sc >> 4)` (both fit u8): `C1 + 16 C2` is the pair's
+///   `sc_j0 (q . y)_j0 + sc_j1 (q . y)_j1`;
+/// - `Bm = m`, each element's sub-block min: `Cm` is the pair's `m_j0 bsum_j0 + m_j1 bsum_j1`.
+///
+/// These are the VNNI kernel's integer sums exactly; the f32 steps are its own, per token.
+#[cfg(target_arch = "x86_64")]
+mod amx_kernel {
+    use super::*;
+    use crate::amx::{release, TileConfig};
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    /// Bytes of one super-block's B tiles: `[pair][B1, B2, Bm][16 x 64]`.
+    pub(super) const QUANT_BYTES: usize = 4 * 3 * 1024;
+
+    /// One super-block's tile sums, `[pair][C1, C2, Cm]`, each up to 16 tokens x 16 rows.
+    #[repr(C, align(64))]
+    struct Sums([[i32; 256]; 12]);
+
+    /// The group's B tiles for all `nb` super-blocks into `bq`. A B tile row `k` holds, for
+    /// each of the 16 rows, the 4 elements `4k .. 4k + 4` of the pair (rows 0..8: sub-block
+    /// j0, the low nibbles; rows 8..16: j1, the high ones), which is the layout's `qs` order.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    unsafe fn build_b(nb: usize, w: &[u8], bq: &mut [u8]) {
+        let m4 = _mm512_set1_epi8(0x0f);
+        let low_bytes = _mm512_set1_epi16(0x00ff);
+        // A row's u8 scale in all four bytes of its 32-bit lane.
+        let spread = |v: __m128i| {
+            _mm512_mullo_epi32(_mm512_cvtepu8_epi32(v), _mm512_set1_epi32(0x0101_0101))
+        };
+        // Bytes times per-lane factors (each product below 256).
+        let mul_bytes = |q: __m512i, f: __m512i| {
+            let lo = _mm512_mullo_epi16(
+                _mm512_and_si512(q, low_bytes),
+                _mm512_and_si512(f, low_bytes),
+            );
+            let hi = _mm512_mullo_epi16(_mm512_srli_epi16::<8>(q), _mm512_srli_epi16::<8>(f));
+            _mm512_or_si512(lo, _mm512_slli_epi16::<8>(hi))
+        };
+        for i in 0..nb {
+            let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
+            for sb in 0..4 {
+                let [s0, s1, mn0, mn1] = avx512::scales_pair(wb, sb);
+                let (s0, s1) = (spread(s0), spread(s1));
+                let lo4 = |s: __m512i| _mm512_and_si512(s, m4);
+                let hi2 = |s: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(s), m4);
+                let dst = bq.as_mut_ptr().add(i * QUANT_BYTES + sb * 3 * 1024);
+                let (m0, m1) = (spread(mn0), spread(mn1));
+                for k in 0..8 {
+                    let q = _mm512_loadu_si512(wb.add(QS_OFF + (sb * 8 + k) * R * 4) as *const _);
+                    let (ql, qh) = (
+                        _mm512_and_si512(q, m4),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4),
+                    );
+                    let row = |tile: usize, half: usize| {
+                        dst.add(tile * 1024 + (half * 8 + k) * 64) as *mut __m512i
+                    };
+                    _mm512_storeu_si512(row(0, 0), mul_bytes(ql, lo4(s0)));
+                    _mm512_storeu_si512(row(0, 1), mul_bytes(qh, lo4(s1)));
+                    _mm512_storeu_si512(row(1, 0), mul_bytes(ql, hi2(s0)));
+                    _mm512_storeu_si512(row(1, 1), mul_bytes(qh, hi2(s1)));
+                    _mm512_storeu_si512(row(2, 0), m0);
+                    _mm512_storeu_si512(row(2, 1), m1);
+                }
+            }
+        }
+    }
+
+    /// Super-block `i`, pair `sb` of the token tile at `a_tile` (rows `stride` apart): its
+    /// three tile products into `sums.0[3 sb ..]`.
+    #[inline(always)]
+    unsafe fn pair_products(
+        a_tile: *const u8,
+        stride: usize,
+        bq: *const u8,
+        i: usize,
+        sb: usize,
+        sums: &mut Sums,
+    ) {
+        let a = a_tile.add(i * Q8K_BYTES + 4 + 64 * sb);
+        let b = bq.add(i * QUANT_BYTES + sb * 3 * 1024);
+        let c = sums.0[3 * sb].as_mut_ptr();
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tileloadd tmm3, [{a} + {s} * 1]",
+            "tileloadd tmm4, [{b} + {s64} * 1]",
+            "tileloadd tmm5, [{b} + {s64} * 1 + 1024]",
+            "tileloadd tmm6, [{b} + {s64} * 1 + 2048]",
+            "tdpbsud tmm0, tmm3, tmm4",
+            "tdpbsud tmm1, tmm3, tmm5",
+            "tdpbsud tmm2, tmm3, tmm6",
+            "tilestored [{c} + {s64} * 1], tmm0",
+            "tilestored [{c} + {s64} * 1 + 1024], tmm1",
+            "tilestored [{c} + {s64} * 1 + 2048], tmm2",
+            a = in(reg) a, b = in(reg) b, c = in(reg) c,
+            s = in(reg) stride, s64 = in(reg) 64usize,
+            options(nostack),
+        );
+    }
+
+    /// Rows `16 g .. 16 g + 16` (`w`, the group) against `t_len` activation rows at
+    /// `a0 + t * stride`: `out[t * 16 + r]`, in the GEMM order for `t < gemm_upto` and the GEMV
+    /// order after, bit for bit as [`dot_scalar`]. `bq`: scratch of `nb * QUANT_BYTES`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn group(
+        nb: usize,
+        w: &[u8],
+        a0: *const u8,
+        stride: usize,
+        t_len: usize,
+        gemm_upto: usize,
+        out: &mut [f32],
+        bq: &mut [u8],
+    ) {
+        build_b(nb, w, bq);
+        let mut sums = Sums([[0; 256]; 12]);
+        let mut loaded = 0;
+        let mut t0 = 0;
+        while t0 < t_len {
+            let n = (t_len - t0).min(16);
+            if n != loaded {
+                // C tiles 0..3: n tokens x 16 rows i32; A tile 3: n tokens x 64 quants;
+                // B tiles 4..7: 16 x (16 rows x 4 quants).
+                let nr = n as u8;
+                TileConfig::new(&[
+                    (nr, 64),
+                    (nr, 64),
+                    (nr, 64),
+                    (nr, 64),
+                    (16, 64),
+                    (16, 64),
+                    (16, 64),
+                ])
+                .load();
+                loaded = n;
+            }
+            let a_tile = a0.add(t0 * stride);
+            let mut acc = [_mm512_setzero_ps(); 16];
+            let mut acc_min = [_mm512_setzero_ps(); 16];
+            for i in 0..nb {
+                for sb in 0..4 {
+                    pair_products(a_tile, stride, bq.as_ptr(), i, sb, &mut sums);
+                }
+                let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
+                let d = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(D_OFF) as *const __m256i));
+                let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(DMIN_OFF) as *const __m256i));
+                for t in 0..n {
+                    let y = a_tile.add(t * stride + i * Q8K_BYTES);
+                    let yd = _mm512_set1_ps((y as *const f32).read_unaligned());
+                    let (dyd, dmyd) = (_mm512_mul_ps(d, yd), _mm512_mul_ps(dmin, yd));
+                    let gemm = t0 + t < gemm_upto;
+                    let (mut isum, mut imin) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    for sb in 0..4 {
+                        let at = |k: usize| {
+                            _mm512_load_si512(sums.0[3 * sb + k][16 * t..].as_ptr() as *const _)
+                        };
+                        let isb = _mm512_add_epi32(at(0), _mm512_slli_epi32::<4>(at(1)));
+                        let imb = at(2);
+                        if gemm {
+                            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isb), dyd, acc[t]);
+                            acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imb), dmyd, acc_min[t]);
+                        } else {
+                            isum = _mm512_add_epi32(isum, isb);
+                            imin = _mm512_add_epi32(imin, imb);
+                        }
+                    }
+                    if !gemm {
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dyd, acc[t]);
+                        acc_min[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), dmyd, acc_min[t]);
+                    }
+                }
+            }
+            for t in 0..n {
+                let o = out.as_mut_ptr().add((t0 + t) * R);
+                _mm512_storeu_ps(o, _mm512_sub_ps(acc[t], acc_min[t]));
+            }
+            t0 += n;
+        }
+        release();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,7 +642,7 @@ mod tests {
         assert_rows_round_trip(&w, rb, |r, out| packed.native_row(r, out));
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
         // Up to 4 tokens: the scales unpacked in the kernel (decode); more: unpacked first.
-        for t in [1usize, 2, 4, 7, 9] {
+        for t in [1usize, 2, 4, 7, 9, 16, 19, 32, 35, 50] {
             let acts = rng.acts(GgmlType::Q8_K, t, cols);
             let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
             let gemm_upto = t - t % 4;
