@@ -26,9 +26,9 @@ pub mod repack;
 pub use blocks::row_bytes;
 pub use dequant::dequantize_row;
 pub use dot::{
-    has_vec_dot, matmul_few, matvec, try_vec_dot, vec_dot, vec_dot_multi, vec_dot_multi_with,
-    vec_dot_rows, vec_dot_rows_each, vec_dot_rows_each_with, vec_dot_rows_with, vec_dot_type,
-    Backend,
+    has_vec_dot, kernels_summary, matmul_few, matvec, try_vec_dot, vec_dot, vec_dot_multi,
+    vec_dot_multi_with, vec_dot_rows, vec_dot_rows_each, vec_dot_rows_each_with, vec_dot_rows_with,
+    vec_dot_type, Backend,
 };
 pub use error::QuantError;
 pub use kestrel_gguf::GgmlType;

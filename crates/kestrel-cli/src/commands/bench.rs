@@ -329,6 +329,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         json!({
             "model": args.model.display().to_string(),
             "threads": threads,
+            "kernels": kestrel_quant::kernels_summary(),
             "p": r.p, "n": r.n, "depth": r.d, "reps": args.reps,
             "prompt_tok_s": r.prompt_tok_s.json(),
             "decode_tok_s": r.decode_tok_s.json(),
@@ -365,6 +366,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
 
     println!("model     {}  ({} threads)", args.model.display(), threads);
+    println!("kernels   {}", kestrel_quant::kernels_summary());
     println!(
         "machine   read bandwidth {:.1} GB/s ({} threads, streaming read, this run); weights read per token {}; decode limit {:.1} tok/s",
         bandwidth / 1e9,

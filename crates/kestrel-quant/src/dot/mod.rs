@@ -112,6 +112,24 @@ impl Backend {
     }
 }
 
+/// The CPU kernels this process runs, in words (for `kestrel bench` and logs): the dot
+/// backend, and AMX where the prefill matmuls use it.
+pub fn kernels_summary() -> String {
+    let base = match Backend::detect() {
+        Backend::Generic => "portable (scalar)",
+        Backend::Avx2 => "AVX2",
+        Backend::Avx512Vnni => "AVX-512 VNNI (Q4_K, Q6_K, Q8_0, Q5_0 repacked)",
+    };
+    if crate::amx::available() {
+        format!(
+            "{base}; AMX int8 for Q4_K matmuls of {}+ tokens",
+            crate::repack::AMX_MIN_TOKENS
+        )
+    } else {
+        base.to_string()
+    }
+}
+
 /// Dot product of one weight row (`n` elements of `w`) with one activation row (`n` elements of
 /// `vec_dot_type(w)`), on the detected backend.
 ///

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""A GGUF of a real model's exact shapes and metadata with random weights, for timing on a
+machine the real file cannot reach (the lent GPU host has no network and a 64 MiB carry).
+
+    python3 scripts/synth_gguf.py extract MODEL.gguf DIR   # header (metadata, tensor table)
+    python3 scripts/synth_gguf.py build DIR OUT.gguf [SEED]  # header + random tensor data
+
+`extract` copies the file up to its tensor data (tokenizer and all: a few MB) and lists the
+tensors. `build` writes random quants with small block scales (so activations stay finite),
+norms of 1 and small f32 elsewhere. Speed depends on shapes and types only, so the file times
+like the real one; its text is meaningless (bench it with `--check-tokens 0`).
+"""
+import json, struct, sys
+from pathlib import Path
+
+# ggml type -> (block elements, block bytes, byte offsets of the block's f16 scales)
+TYPES = {
+    0: (1, 4, []),  # F32
+    1: (1, 2, []),  # F16
+    2: (32, 18, [0]),  # Q4_0
+    3: (32, 20, [0, 2]),  # Q4_1
+    6: (32, 22, [0]),  # Q5_0
+    7: (32, 24, [0, 2]),  # Q5_1
+    8: (32, 34, [0]),  # Q8_0
+    12: (256, 144, [0, 2]),  # Q4_K: d, dmin
+    13: (256, 176, [0, 2]),  # Q5_K
+    14: (256, 210, [208]),  # Q6_K: d last
+    30: (1, 2, []),  # BF16
+}
+
+
+def read_header(path):
+    f = open(path, "rb")
+
+    def rd(fmt):
+        return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+    def rstr():
+        return f.read(rd("Q")).decode("utf-8", "replace")
+
+    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+    def value(t):
+        if t == 8:
+            return rstr()
+        if t == 9:
+            et, n = rd("I"), rd("Q")
+            return [value(et) for _ in range(n)]
+        return rd(scalar[t])
+
+    if f.read(4) != b"GGUF":
+        sys.exit(f"{path}: not a GGUF file")
+    version, n_tensors, n_kv = rd("I"), rd("Q"), rd("Q")
+    align = 32
+    for _ in range(n_kv):
+        key, t = rstr(), rd("I")
+        v = value(t)
+        if key == "general.alignment":
+            align = v
+    tensors = []
+    for _ in range(n_tensors):
+        name = rstr()
+        dims = [rd("Q") for _ in range(rd("I"))]
+        ty, off = rd("I"), rd("Q")
+        n = 1
+        for d in dims:
+            n *= d
+        if ty not in TYPES:
+            sys.exit(f"{name}: ggml type {ty} not supported here")
+        blk, size, _ = TYPES[ty]
+        tensors.append({"name": name, "type": ty, "offset": off, "bytes": n // blk * size})
+    data_start = -(-f.tell() // align) * align
+    return version, data_start, tensors
+
+
+def extract(model, out):
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    version, start, tensors = read_header(model)
+    with open(model, "rb") as f:
+        (out / "header.bin").write_bytes(f.read(start))
+    (out / "tensors.json").write_text(json.dumps({"data_start": start, "tensors": tensors}))
+    print(f"GGUF v{version}: {len(tensors)} tensors, header {start} bytes -> {out}")
+
+
+def build(src, out, seed=0):
+    import numpy as np
+
+    src = Path(src)
+    meta = json.loads((src / "tensors.json").read_text())
+    rng = np.random.default_rng(seed)
+    with open(out, "wb") as f:
+        f.write((src / "header.bin").read_bytes())
+        base = meta["data_start"]
+        for t in sorted(meta["tensors"], key=lambda t: t["offset"]):
+            pad = base + t["offset"] - f.tell()
+            f.write(b"\0" * pad)
+            blk, size, scales = TYPES[t["type"]]
+            if t["type"] == 0:
+                n = t["bytes"] // 4
+                v = np.ones(n, np.float32) if "norm" in t["name"] else rng.normal(0, 0.02, n).astype(np.float32)
+                f.write(v.tobytes())
+                continue
+            if blk == 1:
+                n = t["bytes"] // 2
+                f.write(rng.normal(0, 0.02, n).astype(np.float16).tobytes())
+                continue
+            data = rng.integers(0, 256, t["bytes"], dtype=np.uint8).reshape(-1, size)
+            for at in scales:
+                # f16 scale in [0.0005, 0.002): finite, so layers stay finite
+                s = rng.uniform(0.0005, 0.002, data.shape[0]).astype(np.float16)
+                data[:, at:at + 2] = s.view(np.uint8).reshape(-1, 2)
+            f.write(data.tobytes())
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "extract":
+        extract(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "build":
+        build(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 0)
+    else:
+        sys.exit(__doc__)
