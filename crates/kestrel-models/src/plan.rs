@@ -78,8 +78,9 @@ impl MemoryPlan {
 pub fn scratch_bytes(cfg: &ModelConfig, batch: usize) -> u64 {
     // residual + normed copy + q + k + v + attention out + projection out + gate + up
     let per_token = 3 * cfg.dim + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.ffn_dim;
-    // + quantized copies of the widest activation, + the last token's logits
-    let floats = batch * per_token + batch * cfg.ffn_dim.max(cfg.dim) / 2 + cfg.vocab_size;
+    // + quantized copies of the widest activation (Q8_K rows, ~1.14 bytes per element, and
+    // where AMX runs the same quants as A tiles, 1 byte), + the last token's logits
+    let floats = batch * per_token + batch * cfg.ffn_dim.max(cfg.dim) * 3 / 4 + cfg.vocab_size;
     (floats * 4) as u64
 }
 

@@ -1,6 +1,7 @@
 //! Prefill matmuls alone: random matrices of a model's shapes, repacked as at load, against a
-//! batch of quantized activation rows, groups of 16 rows spread over threads as the engine
-//! does. Prints each shape's best time and integer-op rate (2 x rows x cols x tokens).
+//! batch of quantized activation rows, prepared once per matmul (one thread) and then groups of
+//! 16 rows spread over threads as the engine does. Prints each shape's best time and
+//! integer-op rate (2 x rows x cols x tokens).
 //!
 //! `cargo run --release -p kestrel-quant --example prefill_matmul -- [tokens] [threads] [type]`
 //! (defaults: 512 tokens, 2 threads, q4_k; `q6_k`, `q8_0`, `q5_0` also). The shapes are one
@@ -63,12 +64,13 @@ fn main() {
             kestrel_quant::quantize_activation_row(act_ty, &x, dst).expect("quantize");
         }
         let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
-        let prepared = packed.prepare(&act_rows).expect("prepare");
         let groups = rows / R;
         let mut best = f64::MAX;
         for _ in 0..5 {
             let next = AtomicUsize::new(0);
             let start = Instant::now();
+            // Timed too: it builds the AMX panel where AMX runs.
+            let prepared = packed.prepare(&act_rows).expect("prepare");
             std::thread::scope(|s| {
                 for _ in 0..threads {
                     s.spawn(|| {

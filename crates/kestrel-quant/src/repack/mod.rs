@@ -18,7 +18,7 @@ pub mod q6k;
 mod testing;
 
 pub use q32::{Q32Acts, Q32Repacked};
-pub use q4k::Q4KRepacked;
+pub use q4k::{AmxPanel, Q4KRepacked};
 pub use q6k::Q6KRepacked;
 
 use crate::QuantError;
@@ -39,7 +39,8 @@ pub enum Repacked {
 /// A matmul's activation rows, quantized to [`Repacked::act_type`] and prepared once for
 /// every group ([`Repacked::prepare`]).
 pub enum PreparedActs<'a> {
-    Q8K(&'a [&'a [u8]]),
+    /// Q8_K rows, and for Q4_K where AMX runs, the same rows as A tiles.
+    Q8K(&'a [&'a [u8]], Option<q4k::AmxPanel>),
     Q8_0(Q32Acts<'a>),
 }
 
@@ -141,7 +142,8 @@ impl Repacked {
     /// `cols`) once for every group.
     pub fn prepare<'a>(&self, rows: &'a [&'a [u8]]) -> Result<PreparedActs<'a>, QuantError> {
         match self {
-            Self::Q4K(_) | Self::Q6K(_) => Ok(PreparedActs::Q8K(rows)),
+            Self::Q4K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows))),
+            Self::Q6K(_) => Ok(PreparedActs::Q8K(rows, None)),
             Self::Q32(p) => Ok(PreparedActs::Q8_0(p.prepare(rows)?)),
         }
     }
@@ -155,8 +157,10 @@ impl Repacked {
         out: &mut [f32],
     ) -> Result<(), QuantError> {
         match (self, acts) {
-            (Self::Q4K(p), PreparedActs::Q8K(a)) => p.dot_group(g, a, a.len() - a.len() % 4, out),
-            (Self::Q6K(p), PreparedActs::Q8K(a)) => p.dot_group(g, a, out),
+            (Self::Q4K(p), PreparedActs::Q8K(a, panel)) => {
+                p.dot_group(g, a, panel.as_ref(), a.len() - a.len() % 4, out)
+            }
+            (Self::Q6K(p), PreparedActs::Q8K(a, _)) => p.dot_group(g, a, out),
             (Self::Q32(p), PreparedActs::Q8_0(a)) => p.dot_group(g, a, out),
             _ => Err(QuantError::Len {
                 what: "activations prepared for another repacked type",
@@ -192,17 +196,6 @@ fn source_row_bytes(
 /// does not pay: one 1.5B layer's Q4_K matmuls took 7.0 ms with AMX against 6.7 with VNNI at
 /// 16 tokens, 9.5 against 11.7 at 32 (`examples/prefill_matmul`, Xeon, 2 threads).
 pub const AMX_MIN_TOKENS: usize = 32;
-
-/// The distance between consecutive activation rows when they are evenly spaced (one buffer),
-/// as tile loads need; `None` otherwise (or for fewer than two rows).
-fn uniform_stride(acts: &[&[u8]]) -> Option<usize> {
-    let base = acts.first()?.as_ptr() as usize;
-    let stride = (acts.get(1)?.as_ptr() as usize).checked_sub(base)?;
-    acts.iter()
-        .enumerate()
-        .all(|(t, a)| a.as_ptr() as usize == base + t * stride)
-        .then_some(stride)
-}
 
 /// Whether the SIMD kernels run here (repacking pays only where they do).
 pub fn avx512_available() -> bool {

@@ -145,11 +145,13 @@ impl Q4KRepacked {
 
     /// Rows `16 g .. 16 g + 16` against every activation row (Q8_K rows of `cols`):
     /// `out[t * 16 + r]`. Tokens `t < gemm_upto` take llama.cpp's GEMM order, the rest its GEMV
-    /// order (pass `T - T % 4` for a matmul over `T` tokens).
+    /// order (pass `T - T % 4` for a matmul over `T` tokens). With `panel` (the same rows as
+    /// A tiles, [`Self::amx_panel`]) the integer sums come from AMX tile products.
     pub fn dot_group(
         &self,
         g: usize,
         acts: &[&[u8]],
+        panel: Option<&AmxPanel>,
         gemm_upto: usize,
         out: &mut [f32],
     ) -> Result<(), QuantError> {
@@ -172,32 +174,30 @@ impl Q4KRepacked {
         }
         let w = self.group(g);
         #[cfg(target_arch = "x86_64")]
-        if acts.len() >= super::AMX_MIN_TOKENS && crate::amx::available() {
-            if let Some(stride) = super::uniform_stride(acts) {
-                thread_local! {
-                    static QUANTS: std::cell::RefCell<AlignedBytes> = std::cell::RefCell::new(AlignedBytes::zeroed(0));
-                }
-                QUANTS.with_borrow_mut(|bq| {
-                    if bq.len() < nb * amx_kernel::QUANT_BYTES {
-                        *bq = AlignedBytes::zeroed(nb * amx_kernel::QUANT_BYTES);
-                    }
-                    // SAFETY: AMX (and so AVX-512 VNNI) is available; every activation row was
-                    // length-checked and sits at `acts[0] + t * stride`; `bq` holds `nb` blocks.
-                    unsafe {
-                        amx_kernel::group(
-                            nb,
-                            w,
-                            acts[0].as_ptr(),
-                            stride,
-                            acts.len(),
-                            gemm_upto,
-                            out,
-                            bq.as_mut_slice(),
-                        )
-                    };
-                });
-                return Ok(());
+        if let Some(panel) = panel.filter(|p| p.tokens == acts.len() && p.nb == nb) {
+            thread_local! {
+                static QUANTS: std::cell::RefCell<AlignedBytes> = std::cell::RefCell::new(AlignedBytes::zeroed(0));
             }
+            QUANTS.with_borrow_mut(|bq| {
+                if bq.len() < nb * amx_kernel::QUANT_BYTES {
+                    *bq = AlignedBytes::zeroed(nb * amx_kernel::QUANT_BYTES);
+                }
+                // SAFETY: a panel exists only where AMX (and so AVX-512 VNNI) is available; it
+                // holds these `acts` (same count, same `nb`), whose lengths were checked above;
+                // `bq` holds `nb` super-blocks of B tiles.
+                unsafe {
+                    amx_kernel::group(
+                        nb,
+                        w,
+                        acts,
+                        panel.data.as_slice(),
+                        gemm_upto,
+                        out,
+                        bq.as_mut_slice(),
+                    )
+                };
+            });
+            return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
         if super::avx512_available() {
@@ -246,6 +246,54 @@ impl Q4KRepacked {
             dot_scalar(nb, w, a, t < gemm_upto, &mut out[t * R..(t + 1) * R]);
         }
         Ok(())
+    }
+}
+
+/// A matmul's Q8_K activation rows laid out as AMX A tiles, built once per matmul where AMX
+/// runs ([`Q4KRepacked::amx_panel`]): per 16-token tile, super-block and sub-block pair, the
+/// pair's 64 quants of each token, 1 KiB (`[tile][nb][pair][16 tokens][64]`). Tile loads then
+/// read whole cache lines instead of 64 bytes straddling two lines of every activation row
+/// (that cost 15-25% of the AMX matmul time).
+pub struct AmxPanel {
+    data: AlignedBytes,
+    tokens: usize,
+    nb: usize,
+}
+
+impl AmxPanel {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+impl Q4KRepacked {
+    /// The panel for these activation rows, when AMX runs here and the matmul is long enough
+    /// for it ([`super::AMX_MIN_TOKENS`]); `None` otherwise (or for rows of the wrong length,
+    /// which [`Self::dot_group`] then reports).
+    pub fn amx_panel(&self, acts: &[&[u8]]) -> Option<AmxPanel> {
+        let nb = self.cols / QK_K;
+        if acts.len() < super::AMX_MIN_TOKENS
+            || !crate::amx::available()
+            || acts.iter().any(|a| a.len() != nb * Q8K_BYTES)
+        {
+            return None;
+        }
+        let mut data = AlignedBytes::zeroed(acts.len().div_ceil(16) * nb * 4 * 1024);
+        let d = data.as_mut_slice();
+        for (t, a) in acts.iter().enumerate() {
+            for i in 0..nb {
+                for sb in 0..4 {
+                    let at = (((t / 16) * nb + i) * 4 + sb) * 1024 + (t % 16) * 64;
+                    d[at..at + 64].copy_from_slice(&a[i * Q8K_BYTES + 4 + 64 * sb..][..64]);
+                }
+            }
+        }
+        Some(AmxPanel {
+            data,
+            tokens: acts.len(),
+            nb,
+        })
     }
 }
 
@@ -511,25 +559,24 @@ mod amx_kernel {
         }
     }
 
-    /// Super-block `i`, pair `sb` of the token tile at `a_tile` (rows `stride` apart): its
+    /// Super-block `i`, pair `sb` of the token tile whose panel part starts at `a_tile`: its
     /// three tile products into `sums.0[3 sb ..]`.
     #[inline(always)]
     unsafe fn pair_products(
         a_tile: *const u8,
-        stride: usize,
         bq: *const u8,
         i: usize,
         sb: usize,
         sums: &mut Sums,
     ) {
-        let a = a_tile.add(i * Q8K_BYTES + 4 + 64 * sb);
+        let a = a_tile.add((i * 4 + sb) * 1024);
         let b = bq.add(i * QUANT_BYTES + sb * 3 * 1024);
         let c = sums.0[3 * sb].as_mut_ptr();
         asm!(
             "tilezero tmm0",
             "tilezero tmm1",
             "tilezero tmm2",
-            "tileloadd tmm3, [{a} + {s} * 1]",
+            "tileloadd tmm3, [{a} + {s64} * 1]",
             "tileloadd tmm4, [{b} + {s64} * 1]",
             "tileloadd tmm5, [{b} + {s64} * 1 + 1024]",
             "tileloadd tmm6, [{b} + {s64} * 1 + 2048]",
@@ -539,27 +586,27 @@ mod amx_kernel {
             "tilestored [{c} + {s64} * 1], tmm0",
             "tilestored [{c} + {s64} * 1 + 1024], tmm1",
             "tilestored [{c} + {s64} * 1 + 2048], tmm2",
-            a = in(reg) a, b = in(reg) b, c = in(reg) c,
-            s = in(reg) stride, s64 = in(reg) 64usize,
+            a = in(reg) a, b = in(reg) b, c = in(reg) c, s64 = in(reg) 64usize,
             options(nostack),
         );
     }
 
-    /// Rows `16 g .. 16 g + 16` (`w`, the group) against `t_len` activation rows at
-    /// `a0 + t * stride`: `out[t * 16 + r]`, in the GEMM order for `t < gemm_upto` and the GEMV
-    /// order after, bit for bit as [`dot_scalar`]. `bq`: scratch of `nb * QUANT_BYTES`.
+    /// Rows `16 g .. 16 g + 16` (`w`, the group) against the activation rows `acts` (their
+    /// quants also in `panel`, [`AmxPanel`]): `out[t * 16 + r]`, in the GEMM order for
+    /// `t < gemm_upto` and the GEMV order after, bit for bit as [`dot_scalar`]. `bq`: scratch
+    /// of `nb * QUANT_BYTES`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn group(
         nb: usize,
         w: &[u8],
-        a0: *const u8,
-        stride: usize,
-        t_len: usize,
+        acts: &[&[u8]],
+        panel: &[u8],
         gemm_upto: usize,
         out: &mut [f32],
         bq: &mut [u8],
     ) {
+        let t_len = acts.len();
+        debug_assert!(panel.len() >= t_len.div_ceil(16) * nb * 4 * 1024);
         build_b(nb, w, bq);
         let mut sums = Sums([[0; 256]; 12]);
         let mut loaded = 0;
@@ -582,18 +629,18 @@ mod amx_kernel {
                 .load();
                 loaded = n;
             }
-            let a_tile = a0.add(t0 * stride);
+            let a_tile = panel.as_ptr().add(t0 / 16 * nb * 4 * 1024);
             let mut acc = [_mm512_setzero_ps(); 16];
             let mut acc_min = [_mm512_setzero_ps(); 16];
             for i in 0..nb {
                 for sb in 0..4 {
-                    pair_products(a_tile, stride, bq.as_ptr(), i, sb, &mut sums);
+                    pair_products(a_tile, bq.as_ptr(), i, sb, &mut sums);
                 }
                 let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(D_OFF) as *const __m256i));
                 let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(DMIN_OFF) as *const __m256i));
                 for t in 0..n {
-                    let y = a_tile.add(t * stride + i * Q8K_BYTES);
+                    let y = acts[t0 + t].as_ptr().add(i * Q8K_BYTES);
                     let yd = _mm512_set1_ps((y as *const f32).read_unaligned());
                     let (dyd, dmyd) = (_mm512_mul_ps(d, yd), _mm512_mul_ps(dmin, yd));
                     let gemm = t0 + t < gemm_upto;
@@ -641,14 +688,39 @@ mod tests {
         let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
         assert_rows_round_trip(&w, rb, |r, out| packed.native_row(r, out));
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
-        // Up to 4 tokens: the scales unpacked in the kernel (decode); more: unpacked first.
+        // Up to 4 tokens: the scales unpacked in the kernel (decode); more: unpacked first;
+        // from AMX_MIN_TOKENS, through AMX tiles where the CPU has them.
         for t in [1usize, 2, 4, 7, 9, 16, 19, 32, 35, 50] {
             let acts = rng.acts(GgmlType::Q8_K, t, cols);
-            let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+            // Each row its own allocation (rows need not be evenly spaced).
+            let owned: Vec<Vec<u8>> = acts.chunks_exact(ab).map(|r| r.to_vec()).collect();
+            let act_rows: Vec<&[u8]> = owned.iter().map(|r| r.as_slice()).collect();
             let gemm_upto = t - t % 4;
+            let panel = packed.amx_panel(&act_rows);
+            let amx = t >= super::super::AMX_MIN_TOKENS && crate::amx::available();
+            assert_eq!(panel.is_some(), amx, "{t} tokens");
             for g in 0..rows / R {
                 let mut got = vec![0f32; t * R];
-                packed.dot_group(g, &act_rows, gemm_upto, &mut got).unwrap();
+                packed
+                    .dot_group(g, &act_rows, panel.as_ref(), gemm_upto, &mut got)
+                    .unwrap();
+                if amx && g == 0 {
+                    // A panel built for other rows is ignored (the kernels without it run).
+                    let fewer = &act_rows[..t - 1];
+                    let upto = (t - 1) - (t - 1) % 4;
+                    let (mut with, mut without) =
+                        (vec![0f32; (t - 1) * R], vec![0f32; (t - 1) * R]);
+                    packed
+                        .dot_group(g, fewer, panel.as_ref(), upto, &mut with)
+                        .unwrap();
+                    packed
+                        .dot_group(g, fewer, None, upto, &mut without)
+                        .unwrap();
+                    assert!(with
+                        .iter()
+                        .zip(&without)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
                 let mut want = vec![0f32; t * R];
                 for (c, a) in act_rows.iter().enumerate() {
                     dot_scalar(
