@@ -122,7 +122,7 @@ pub fn kernels_summary() -> String {
     };
     if crate::amx::available() {
         format!(
-            "{base}; AMX int8 for Q4_K matmuls of {}+ tokens",
+            "{base}; AMX int8 for Q4_K and Q6_K matmuls of {}+ tokens",
             crate::repack::AMX_MIN_TOKENS
         )
     } else {

@@ -18,7 +18,7 @@ pub mod q6k;
 mod testing;
 
 pub use q32::{Q32Acts, Q32Repacked};
-pub use q4k::{AmxPanel, Q4KRepacked};
+pub use q4k::Q4KRepacked;
 pub use q6k::Q6KRepacked;
 
 use crate::QuantError;
@@ -40,7 +40,7 @@ pub enum Repacked {
 /// every group ([`Repacked::prepare`]).
 pub enum PreparedActs<'a> {
     /// Q8_K rows, and for Q4_K where AMX runs, the same rows as A tiles.
-    Q8K(&'a [&'a [u8]], Option<q4k::AmxPanel>),
+    Q8K(&'a [&'a [u8]], Option<AmxPanel>),
     Q8_0(Q32Acts<'a>),
 }
 
@@ -143,7 +143,7 @@ impl Repacked {
     pub fn prepare<'a>(&self, rows: &'a [&'a [u8]]) -> Result<PreparedActs<'a>, QuantError> {
         match self {
             Self::Q4K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows))),
-            Self::Q6K(_) => Ok(PreparedActs::Q8K(rows, None)),
+            Self::Q6K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows))),
             Self::Q32(p) => Ok(PreparedActs::Q8_0(p.prepare(rows)?)),
         }
     }
@@ -160,7 +160,7 @@ impl Repacked {
             (Self::Q4K(p), PreparedActs::Q8K(a, panel)) => {
                 p.dot_group(g, a, panel.as_ref(), a.len() - a.len() % 4, out)
             }
-            (Self::Q6K(p), PreparedActs::Q8K(a, _)) => p.dot_group(g, a, out),
+            (Self::Q6K(p), PreparedActs::Q8K(a, panel)) => p.dot_group(g, a, panel.as_ref(), out),
             (Self::Q32(p), PreparedActs::Q8_0(a)) => p.dot_group(g, a, out),
             _ => Err(QuantError::Len {
                 what: "activations prepared for another repacked type",
@@ -196,6 +196,61 @@ fn source_row_bytes(
 /// does not pay: one 1.5B layer's Q4_K matmuls took 7.0 ms with AMX against 6.7 with VNNI at
 /// 16 tokens, 9.5 against 11.7 at 32 (`examples/prefill_matmul`, Xeon, 2 threads).
 pub const AMX_MIN_TOKENS: usize = 32;
+
+/// A matmul's Q8_K activation rows laid out as AMX A tiles, built once per matmul where AMX
+/// runs: per 16-token tile, super-block and 64-element chunk, the chunk's quants of each token,
+/// 1 KiB (`[tile][nb][chunk][16 tokens][64]`). Tile loads then read whole cache lines instead
+/// of 64 bytes straddling two lines of every activation row (that cost 15-25% of the Q4_K AMX
+/// matmul). Both K-quant layouts take their A tiles from it.
+pub struct AmxPanel {
+    data: AlignedBytes,
+    tokens: usize,
+    nb: usize,
+}
+
+impl AmxPanel {
+    /// The panel of `acts` (Q8_K rows of `nb` super-blocks), when AMX runs here and the matmul
+    /// is long enough for it ([`AMX_MIN_TOKENS`]); `None` otherwise (or for rows of the wrong
+    /// length, which the kernels then report).
+    pub fn new(acts: &[&[u8]], nb: usize) -> Option<AmxPanel> {
+        if acts.len() < AMX_MIN_TOKENS
+            || !crate::amx::available()
+            || acts.iter().any(|a| a.len() != nb * Q8K_BYTES)
+        {
+            return None;
+        }
+        let mut data = AlignedBytes::zeroed(acts.len().div_ceil(16) * nb * 4 * 1024);
+        let d = data.as_mut_slice();
+        for (t, a) in acts.iter().enumerate() {
+            for i in 0..nb {
+                for kc in 0..4 {
+                    let at = (((t / 16) * nb + i) * 4 + kc) * 1024 + (t % 16) * 64;
+                    d[at..at + 64].copy_from_slice(&a[i * Q8K_BYTES + 4 + 64 * kc..][..64]);
+                }
+            }
+        }
+        Some(AmxPanel {
+            data,
+            tokens: acts.len(),
+            nb,
+        })
+    }
+
+    /// Whether this panel holds a matmul's `tokens` rows of `nb` super-blocks.
+    pub(crate) fn fits(&self, tokens: usize, nb: usize) -> bool {
+        self.tokens == tokens && self.nb == nb
+    }
+
+    /// The 16-token tile starting at token `t0` (a multiple of 16): `nb * 4` KiB.
+    pub(crate) fn tile(&self, t0: usize) -> *const u8 {
+        self.data.as_slice()[t0 / 16 * self.nb * 4 * 1024..].as_ptr()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+}
 
 /// Whether the SIMD kernels run here (repacking pays only where they do).
 pub fn avx512_available() -> bool {

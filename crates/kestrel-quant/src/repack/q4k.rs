@@ -19,7 +19,7 @@
 //! `qs[sb][k][r]` holds bytes `32 sb + 4k .. 32 sb + 4k + 4` of row r's native `qs`: low
 //! nibbles are sub-block `2 sb`, high nibbles sub-block `2 sb + 1`, elements `4k .. 4k + 4`.
 
-use super::{f16_at, f32_at, i16_at, AlignedBytes, Q8K_BYTES, R};
+use super::{f16_at, f32_at, i16_at, AlignedBytes, AmxPanel, Q8K_BYTES, R};
 use crate::blocks::{scale_min_k4, BlockQ4K, QK_K};
 use crate::QuantError;
 use kestrel_gguf::GgmlType;
@@ -174,7 +174,7 @@ impl Q4KRepacked {
         }
         let w = self.group(g);
         #[cfg(target_arch = "x86_64")]
-        if let Some(panel) = panel.filter(|p| p.tokens == acts.len() && p.nb == nb) {
+        if let Some(panel) = panel.filter(|p| p.fits(acts.len(), nb)) {
             thread_local! {
                 static QUANTS: std::cell::RefCell<AlignedBytes> = std::cell::RefCell::new(AlignedBytes::zeroed(0));
             }
@@ -185,17 +185,7 @@ impl Q4KRepacked {
                 // SAFETY: a panel exists only where AMX (and so AVX-512 VNNI) is available; it
                 // holds these `acts` (same count, same `nb`), whose lengths were checked above;
                 // `bq` holds `nb` super-blocks of B tiles.
-                unsafe {
-                    amx_kernel::group(
-                        nb,
-                        w,
-                        acts,
-                        panel.data.as_slice(),
-                        gemm_upto,
-                        out,
-                        bq.as_mut_slice(),
-                    )
-                };
+                unsafe { amx_kernel::group(nb, w, acts, panel, gemm_upto, out, bq.as_mut_slice()) };
             });
             return Ok(());
         }
@@ -249,51 +239,10 @@ impl Q4KRepacked {
     }
 }
 
-/// A matmul's Q8_K activation rows laid out as AMX A tiles, built once per matmul where AMX
-/// runs ([`Q4KRepacked::amx_panel`]): per 16-token tile, super-block and sub-block pair, the
-/// pair's 64 quants of each token, 1 KiB (`[tile][nb][pair][16 tokens][64]`). Tile loads then
-/// read whole cache lines instead of 64 bytes straddling two lines of every activation row
-/// (that cost 15-25% of the AMX matmul time).
-pub struct AmxPanel {
-    data: AlignedBytes,
-    tokens: usize,
-    nb: usize,
-}
-
-impl AmxPanel {
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.data.len()
-    }
-}
-
 impl Q4KRepacked {
-    /// The panel for these activation rows, when AMX runs here and the matmul is long enough
-    /// for it ([`super::AMX_MIN_TOKENS`]); `None` otherwise (or for rows of the wrong length,
-    /// which [`Self::dot_group`] then reports).
+    /// The AMX panel of these activation rows ([`AmxPanel::new`]).
     pub fn amx_panel(&self, acts: &[&[u8]]) -> Option<AmxPanel> {
-        let nb = self.cols / QK_K;
-        if acts.len() < super::AMX_MIN_TOKENS
-            || !crate::amx::available()
-            || acts.iter().any(|a| a.len() != nb * Q8K_BYTES)
-        {
-            return None;
-        }
-        let mut data = AlignedBytes::zeroed(acts.len().div_ceil(16) * nb * 4 * 1024);
-        let d = data.as_mut_slice();
-        for (t, a) in acts.iter().enumerate() {
-            for i in 0..nb {
-                for sb in 0..4 {
-                    let at = (((t / 16) * nb + i) * 4 + sb) * 1024 + (t % 16) * 64;
-                    d[at..at + 64].copy_from_slice(&a[i * Q8K_BYTES + 4 + 64 * sb..][..64]);
-                }
-            }
-        }
-        Some(AmxPanel {
-            data,
-            tokens: acts.len(),
-            nb,
-        })
+        AmxPanel::new(acts, self.cols / QK_K)
     }
 }
 
@@ -600,13 +549,13 @@ mod amx_kernel {
         nb: usize,
         w: &[u8],
         acts: &[&[u8]],
-        panel: &[u8],
+        panel: &AmxPanel,
         gemm_upto: usize,
         out: &mut [f32],
         bq: &mut [u8],
     ) {
         let t_len = acts.len();
-        debug_assert!(panel.len() >= t_len.div_ceil(16) * nb * 4 * 1024);
+        debug_assert!(panel.fits(t_len, nb));
         build_b(nb, w, bq);
         let mut sums = Sums([[0; 256]; 12]);
         let mut loaded = 0;
@@ -629,7 +578,7 @@ mod amx_kernel {
                 .load();
                 loaded = n;
             }
-            let a_tile = panel.as_ptr().add(t0 / 16 * nb * 4 * 1024);
+            let a_tile = panel.tile(t0);
             let mut acc = [_mm512_setzero_ps(); 16];
             let mut acc_min = [_mm512_setzero_ps(); 16];
             for i in 0..nb {
