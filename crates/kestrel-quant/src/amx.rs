@@ -1,6 +1,7 @@
 //! Intel AMX (Advanced Matrix Extensions): eight 1 KiB tile registers and a unit that
 //! multiplies int8 tiles into i32 tiles (`tdpb*d`: a 16 x 64 by 64 x 16 byte product per
-//! instruction). Prefill's repacked matmuls use it for their integer sums when it is here.
+//! instruction). Prefill's repacked Q4_K and Q6_K matmuls use it for their integer sums when
+//! it is here.
 //!
 //! Three things must hold before a tile instruction may run, or the process dies of SIGILL:
 //! the CPU reports AMX-TILE and AMX-INT8 (CPUID leaf 7), the OS saves tile state (XCR0 bits

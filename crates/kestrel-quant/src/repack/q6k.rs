@@ -8,7 +8,9 @@
 //!   a `vpdpbusd` gives 4 products per row, a `vpdpwssd` adds them times the row's scale (the
 //!   4-product sum fits 16 bits: 4 * 63 * 128 < 2^15).
 //! - 8 tokens or more, its tiled K-quant matmul: one integer sum per super-block,
-//!   `chain = fma(float(isum) * d, yd, chain)`.
+//!   `chain = fma(float(isum) * d, yd, chain)`. Where the CPU has AMX, matmuls of
+//!   [`super::AMX_MIN_TOKENS`] tokens or more take that integer sum from tile products
+//!   (`amx_kernel`), the same integer, so the same results.
 //!
 //! Layout of one group (16 rows), `nb` super-blocks of 3,360 bytes each, as many as the 16
 //! native blocks, in pairs `[quants 2p][meta 2p][meta 2p+1][quants 2p+1]` (one stream whose
