@@ -252,6 +252,22 @@ impl AmxPanel {
     }
 }
 
+/// Runs `f` on this thread's scratch for a group's AMX B tiles, `len` bytes on a cache line
+/// (kept between calls: a matmul makes one per row group).
+#[cfg(target_arch = "x86_64")]
+fn with_b_tiles<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+    thread_local! {
+        static B_TILES: std::cell::RefCell<AlignedBytes> =
+            std::cell::RefCell::new(AlignedBytes::zeroed(0));
+    }
+    B_TILES.with_borrow_mut(|bq| {
+        if bq.len() < len {
+            *bq = AlignedBytes::zeroed(len);
+        }
+        f(&mut bq.as_mut_slice()[..len])
+    })
+}
+
 /// Whether the SIMD kernels run here (repacking pays only where they do).
 pub fn avx512_available() -> bool {
     #[cfg(target_arch = "x86_64")]

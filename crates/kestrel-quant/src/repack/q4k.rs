@@ -175,17 +175,11 @@ impl Q4KRepacked {
         let w = self.group(g);
         #[cfg(target_arch = "x86_64")]
         if let Some(panel) = panel.filter(|p| p.fits(acts.len(), nb)) {
-            thread_local! {
-                static QUANTS: std::cell::RefCell<AlignedBytes> = std::cell::RefCell::new(AlignedBytes::zeroed(0));
-            }
-            QUANTS.with_borrow_mut(|bq| {
-                if bq.len() < nb * amx_kernel::QUANT_BYTES {
-                    *bq = AlignedBytes::zeroed(nb * amx_kernel::QUANT_BYTES);
-                }
+            super::with_b_tiles(nb * amx_kernel::QUANT_BYTES, |bq| {
                 // SAFETY: a panel exists only where AMX (and so AVX-512 VNNI) is available; it
                 // holds these `acts` (same count, same `nb`), whose lengths were checked above;
                 // `bq` holds `nb` super-blocks of B tiles.
-                unsafe { amx_kernel::group(nb, w, acts, panel, gemm_upto, out, bq.as_mut_slice()) };
+                unsafe { amx_kernel::group(nb, w, acts, panel, gemm_upto, out, bq) };
             });
             return Ok(());
         }
