@@ -213,10 +213,15 @@ impl AmxPanel {
     /// is long enough for it ([`AMX_MIN_TOKENS`]); `None` otherwise (or for rows of the wrong
     /// length, which the kernels then report).
     pub fn new(acts: &[&[u8]], nb: usize) -> Option<AmxPanel> {
-        if acts.len() < AMX_MIN_TOKENS
-            || !crate::amx::available()
-            || acts.iter().any(|a| a.len() != nb * Q8K_BYTES)
-        {
+        if acts.len() < AMX_MIN_TOKENS || !crate::amx::available() {
+            return None;
+        }
+        Self::build(acts, nb)
+    }
+
+    /// The layout itself, on any CPU (`None` for rows of the wrong length).
+    fn build(acts: &[&[u8]], nb: usize) -> Option<AmxPanel> {
+        if acts.iter().any(|a| a.len() != nb * Q8K_BYTES) {
             return None;
         }
         let mut data = AlignedBytes::zeroed(acts.len().div_ceil(16) * nb * 4 * 1024);
@@ -316,4 +321,38 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
 
 fn i16_at(b: &[u8], at: usize) -> i32 {
     i16::from_le_bytes([b[at], b[at + 1]]) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testing::Rng;
+
+    #[test]
+    fn the_amx_panel_holds_each_tokens_chunks_where_its_tile_reads_them() {
+        let (nb, t_len) = (3, 37);
+        let ab = nb * Q8K_BYTES;
+        let acts = Rng::new(7).acts(GgmlType::Q8_K, t_len, nb * 256);
+        let rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+        let panel = AmxPanel::build(&rows, nb).unwrap();
+        assert!(panel.fits(t_len, nb) && !panel.fits(t_len - 1, nb));
+        assert_eq!(panel.bytes(), t_len.div_ceil(16) * nb * 4 * 1024);
+        for (t, row) in rows.iter().enumerate() {
+            // SAFETY: `tile` points into the panel; every offset stays inside its 16-token tile.
+            let tile = panel.tile(t / 16 * 16);
+            for i in 0..nb {
+                for kc in 0..4 {
+                    let at = (i * 4 + kc) * 1024 + (t % 16) * 64;
+                    let got = unsafe { std::slice::from_raw_parts(tile.add(at), 64) };
+                    assert_eq!(
+                        got,
+                        &row[i * Q8K_BYTES + 4 + 64 * kc..][..64],
+                        "t {t} i {i} kc {kc}"
+                    );
+                }
+            }
+        }
+        let short: Vec<&[u8]> = rows.iter().map(|r| &r[..ab - 1]).collect();
+        assert!(AmxPanel::build(&short, nb).is_none());
+    }
 }
