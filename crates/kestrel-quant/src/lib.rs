@@ -10,6 +10,8 @@
 //! - [`dot`]: `vec_dot(weight row, activation row)`, with a scalar oracle for every pair and
 //!   AVX2 / AVX-512 VNNI kernels chosen once at run time; [`vec_dot_multi`] runs one weight row
 //!   against several activation rows, decoding each weight block once (batched prefill).
+//! - [`repack`]: weights regrouped at load for the AVX-512 kernels; prefill's K-quant matmuls
+//!   take their integer sums from [`amx`] tiles where the CPU and OS allow it.
 //!
 //! All lengths are checked up front and reported as [`QuantError`]; rows are read with
 //! unaligned loads, so any `&[u8]` from a mapped GGUF works.
