@@ -20,7 +20,7 @@ pub const QK_K: usize = 256;
 /// Bytes of packed 6-bit scales and mins in Q4_K / Q5_K.
 pub const K_SCALE_SIZE: usize = 12;
 
-/// `x[i] = d * (q[i] - 8)`, q 4-bit. qs[j] holds element j (low nibble) and j+16 (high).
+/// `x[i] = d * (q[i] - 8)`, q 4-bit. `qs[j]` holds element j (low nibble) and j+16 (high).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ4_0 {
@@ -37,7 +37,7 @@ pub struct BlockQ4_1 {
     pub qs: [u8; QK4_1 / 2],
 }
 
-/// `x[i] = d * (q[i] - 16)`, q 5-bit: low nibbles as Q4_0, bit i of `qh` (LE u32) is bit 4 of q[i].
+/// `x[i] = d * (q[i] - 16)`, q 5-bit: low nibbles as Q4_0, bit i of `qh` (LE u32) is bit 4 of `q[i]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BlockQ5_0 {
