@@ -316,10 +316,11 @@ fn matmul_repacked_fused(
     let mut acts = vec![0u8; t_len * act_row];
     quantize_activations(pool, act_ty, x, cols, &mut acts, act_row)?;
     let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
-    let prepared = packed
-        .iter()
-        .map(|p| p.prepare(&act_rows))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut prepared = Vec::with_capacity(packed.len());
+    for p in &packed {
+        let acts = p.prepare_after(&act_rows, &prepared)?;
+        prepared.push(acts);
+    }
     let r = kestrel_quant::repack::R;
     let groups: Vec<usize> = ws.iter().map(|w| w.rows / r).collect();
     let tasks = shrinking_tasks(&groups, pool.n_threads());

@@ -22,6 +22,7 @@ pub use q4k::Q4KRepacked;
 pub use q6k::Q6KRepacked;
 
 use crate::QuantError;
+use std::sync::Arc;
 use kestrel_gguf::GgmlType;
 
 /// Rows per group.
@@ -39,8 +40,9 @@ pub enum Repacked {
 /// A matmul's activation rows, quantized to [`Repacked::act_type`] and prepared once for
 /// every group ([`Repacked::prepare`]).
 pub enum PreparedActs<'a> {
-    /// Q8_K rows, and for Q4_K where AMX runs, the same rows as A tiles.
-    Q8K(&'a [&'a [u8]], Option<AmxPanel>),
+    /// Q8_K rows, and where AMX runs, the same rows as A tiles (shared by the K-quant
+    /// matrices of a fused job: [`Repacked::prepare_after`]).
+    Q8K(&'a [&'a [u8]], Option<Arc<AmxPanel>>),
     Q8_0(Q32Acts<'a>),
 }
 
@@ -142,10 +144,31 @@ impl Repacked {
     /// `cols`) once for every group.
     pub fn prepare<'a>(&self, rows: &'a [&'a [u8]]) -> Result<PreparedActs<'a>, QuantError> {
         match self {
-            Self::Q4K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows))),
-            Self::Q6K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows))),
+            Self::Q4K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows).map(Arc::new))),
+            Self::Q6K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows).map(Arc::new))),
             Self::Q32(p) => Ok(PreparedActs::Q8_0(p.prepare(rows)?)),
         }
+    }
+
+    /// [`Repacked::prepare`] for a matrix that shares its input with matrices already
+    /// prepared (`earlier`, the q/k/v or gate/up of one job): a K-quant matrix takes the AMX
+    /// panel of an earlier K-quant matrix of the same rows instead of building its own copy.
+    pub fn prepare_after<'a>(
+        &self,
+        rows: &'a [&'a [u8]],
+        earlier: &[PreparedActs<'a>],
+    ) -> Result<PreparedActs<'a>, QuantError> {
+        if matches!(self, Self::Q4K(_) | Self::Q6K(_)) {
+            let same_rows = |a: &&[&[u8]]| std::ptr::eq(*a, rows);
+            let shared = earlier.iter().find_map(|e| match e {
+                PreparedActs::Q8K(a, Some(panel)) if same_rows(a) => Some(panel),
+                _ => None,
+            });
+            if let Some(panel) = shared {
+                return Ok(PreparedActs::Q8K(rows, Some(Arc::clone(panel))));
+            }
+        }
+        self.prepare(rows)
     }
 
     /// Rows `16 g .. 16 g + 16` against every activation row of a matmul: `out[t * 16 + r]`.
@@ -158,9 +181,11 @@ impl Repacked {
     ) -> Result<(), QuantError> {
         match (self, acts) {
             (Self::Q4K(p), PreparedActs::Q8K(a, panel)) => {
-                p.dot_group(g, a, panel.as_ref(), a.len() - a.len() % 4, out)
+                p.dot_group(g, a, panel.as_deref(), a.len() - a.len() % 4, out)
             }
-            (Self::Q6K(p), PreparedActs::Q8K(a, panel)) => p.dot_group(g, a, panel.as_ref(), out),
+            (Self::Q6K(p), PreparedActs::Q8K(a, panel)) => {
+                p.dot_group(g, a, panel.as_deref(), out)
+            }
             (Self::Q32(p), PreparedActs::Q8_0(a)) => p.dot_group(g, a, out),
             _ => Err(QuantError::Len {
                 what: "activations prepared for another repacked type",
@@ -354,5 +379,38 @@ mod tests {
         }
         let short: Vec<&[u8]> = rows.iter().map(|r| &r[..ab - 1]).collect();
         assert!(AmxPanel::build(&short, nb).is_none());
+    }
+
+    #[test]
+    fn k_quant_matrices_of_one_job_share_one_amx_panel() {
+        let (nb, t_len) = (2, 40);
+        let cols = nb * 256;
+        let mut rng = Rng::new(11);
+        let (w6, _) = rng.matrix(GgmlType::Q6_K, R, cols);
+        let (w8, _) = rng.matrix(GgmlType::Q8_0, R, cols);
+        let q6 = Repacked::new(GgmlType::Q6_K, &w6, R, cols).unwrap();
+        let q8 = Repacked::new(GgmlType::Q8_0, &w8, R, cols).unwrap();
+        let acts = rng.acts(GgmlType::Q8_K, t_len, cols);
+        let rows: Vec<&[u8]> = acts.chunks_exact(nb * Q8K_BYTES).collect();
+        let copy = rows.clone();
+        // Built by hand so that the sharing is tested on any CPU; never handed to a kernel.
+        let earlier = [PreparedActs::Q8K(
+            &rows,
+            AmxPanel::build(&rows, nb).map(Arc::new),
+        )];
+        let panel_of = |p: &PreparedActs| match p {
+            PreparedActs::Q8K(_, Some(panel)) => Some(Arc::clone(panel)),
+            _ => None,
+        };
+        let first = panel_of(&earlier[0]).unwrap();
+        let shared = q6.prepare_after(&rows, &earlier).unwrap();
+        assert!(Arc::ptr_eq(&panel_of(&shared).unwrap(), &first));
+        // Other rows (equal bytes, another slice) get their own panel, where AMX runs at all.
+        match panel_of(&q6.prepare_after(&copy, &earlier).unwrap()) {
+            Some(own) => assert!(!Arc::ptr_eq(&own, &first)),
+            None => assert!(!crate::amx::available()),
+        }
+        // A Q8_0-activation layout takes no K-quant panel: it checks the rows as its own.
+        assert!(q8.prepare_after(&rows, &earlier).is_err());
     }
 }
