@@ -80,9 +80,10 @@ fn main() {
     let bytes = 2.0 * layers as f64 * (depth + 1) as f64 * kv_dim as f64 * 2.0;
     println!(
         "depth {depth}, {layers} layers, {heads}/{kv_heads} heads x {head_dim}, {threads} threads: \
-         {:.2} ms per token, K/V read {:.1} GB/s (checksum {:.4})",
+         {:.2} ms per token, K/V read {:.1} GB/s (checksum {:.4}; vector expf = libm's: {})",
         per_token * 1e3,
         bytes / per_token / 1e9,
-        out.iter().sum::<f32>()
+        out.iter().sum::<f32>(),
+        kestrel_models::libm_exp::matches_libm()
     );
 }
