@@ -45,6 +45,7 @@ pub fn plan(
             human(plan.total_bytes),
             plan.limit_bytes.map_or(String::new(), |l| format!(" (limit {})", human(l)))
         );
+        eprintln!("kernels: {}", kestrel_quant::kernels_summary());
     }
     Ok(plan)
 }

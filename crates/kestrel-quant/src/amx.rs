@@ -12,43 +12,81 @@
 //! Stable Rust has no AMX intrinsics, so the instructions are written as inline assembly; the
 //! compiler never touches tile registers itself, so none are clobbered behind its back.
 
+/// Why AMX does or does not run in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmxState {
+    /// Detected and granted: the tile kernels run.
+    On,
+    /// The CPU and OS have it, and `KESTREL_AMX=0` (or `off`) turned it off.
+    TurnedOff,
+    /// The CPU reports no AMX-TILE / AMX-INT8 (or no AVX-512 VNNI, which the kernels use too).
+    NotInCpu,
+    /// The CPU has AMX but the OS does not save tile state (XCR0 bits 17 and 18).
+    NotEnabledByOs,
+    /// Linux refused the tile data (`arch_prctl` error number: EINVAL before Linux 5.16,
+    /// ENOSPC when a signal stack is too small for the tile state).
+    Refused(i64),
+}
+
+impl std::fmt::Display for AmxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::On => write!(f, "on"),
+            Self::TurnedOff => write!(f, "turned off by KESTREL_AMX"),
+            Self::NotInCpu => write!(f, "not in this CPU"),
+            Self::NotEnabledByOs => write!(f, "in the CPU, but the OS does not enable tile state"),
+            Self::Refused(errno) => {
+                write!(
+                    f,
+                    "in the CPU, but Linux refused the tile data (arch_prctl errno {errno})"
+                )
+            }
+        }
+    }
+}
+
 /// Whether the AMX int8 kernels may run in this process (detected and requested once).
 pub fn available() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        if std::env::var("KESTREL_AMX").is_ok_and(|v| v == "0" || v == "off") {
-            return false;
-        }
-        detect_and_request()
+    state() == AmxState::On
+}
+
+/// This process's AMX state, decided once (the first call asks Linux for the tile data).
+pub fn state() -> AmxState {
+    static STATE: std::sync::OnceLock<AmxState> = std::sync::OnceLock::new();
+    *STATE.get_or_init(|| {
+        let turned_off = std::env::var("KESTREL_AMX").is_ok_and(|v| v == "0" || v == "off");
+        detect_and_request(turned_off)
     })
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn detect_and_request() -> bool {
+fn detect_and_request(turned_off: bool) -> AmxState {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
     if __cpuid(0).eax < 7 {
-        return false;
+        return AmxState::NotInCpu;
     }
     let leaf7 = __cpuid_count(7, 0);
     let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
     if !tile || !int8 || !crate::repack::avx512_available() {
-        return false;
+        return AmxState::NotInCpu;
     }
     // XCR0 via XGETBV, valid once CPUID.1:ECX.OSXSAVE (bit 27) says the OS enabled it.
     let osxsave = __cpuid(1).ecx >> 27 & 1 == 1;
-    if !osxsave {
-        return false;
+    if !osxsave || xgetbv0() >> 17 & 3 != 3 {
+        return AmxState::NotEnabledByOs;
     }
-    let xcr0 = xgetbv0();
-    if xcr0 >> 17 & 3 != 3 {
-        return false;
+    if turned_off {
+        return AmxState::TurnedOff;
     }
-    request_tile_data()
+    match request_tile_data() {
+        0 => AmxState::On,
+        ret => AmxState::Refused(-ret),
+    }
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn detect_and_request() -> bool {
-    false
+fn detect_and_request(_turned_off: bool) -> AmxState {
+    AmxState::NotInCpu
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -63,9 +101,10 @@ fn xgetbv0() -> u64 {
 }
 
 /// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`: asks Linux for the tile data state
-/// (process-wide). Older kernels answer EINVAL, and then AMX stays off.
+/// (process-wide): 0, or minus the error number. Older kernels answer EINVAL, and then AMX
+/// stays off.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-fn request_tile_data() -> bool {
+fn request_tile_data() -> i64 {
     const SYS_ARCH_PRCTL: i64 = 158;
     const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
     const XFEATURE_XTILEDATA: i64 = 18;
@@ -79,7 +118,7 @@ fn request_tile_data() -> bool {
             lateout("rcx") _, lateout("r11") _,
             options(nostack));
     }
-    ret == 0
+    ret
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]

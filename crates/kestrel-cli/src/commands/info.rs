@@ -130,6 +130,7 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
             "no"
         }
     );
+    println!("CPU kernels   {}", kestrel_quant::kernels_summary());
     println!();
     println!(
         "memory plan (weights + KV + scratch of a {}-token step)",

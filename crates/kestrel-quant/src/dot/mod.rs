@@ -120,13 +120,13 @@ pub fn kernels_summary() -> String {
         Backend::Avx2 => "AVX2",
         Backend::Avx512Vnni => "AVX-512 VNNI (Q4_K, Q6_K, Q8_0, Q5_0 repacked)",
     };
-    if crate::amx::available() {
-        format!(
+    match crate::amx::state() {
+        crate::amx::AmxState::On => format!(
             "{base}; AMX int8 for Q4_K and Q6_K matmuls of {}+ tokens",
             crate::repack::AMX_MIN_TOKENS
-        )
-    } else {
-        base.to_string()
+        ),
+        crate::amx::AmxState::NotInCpu => base.to_string(),
+        other => format!("{base}; AMX {other}"),
     }
 }
 

@@ -22,8 +22,8 @@ pub use q4k::Q4KRepacked;
 pub use q6k::Q6KRepacked;
 
 use crate::QuantError;
-use std::sync::Arc;
 use kestrel_gguf::GgmlType;
+use std::sync::Arc;
 
 /// Rows per group.
 pub const R: usize = 16;
@@ -183,9 +183,7 @@ impl Repacked {
             (Self::Q4K(p), PreparedActs::Q8K(a, panel)) => {
                 p.dot_group(g, a, panel.as_deref(), a.len() - a.len() % 4, out)
             }
-            (Self::Q6K(p), PreparedActs::Q8K(a, panel)) => {
-                p.dot_group(g, a, panel.as_deref(), out)
-            }
+            (Self::Q6K(p), PreparedActs::Q8K(a, panel)) => p.dot_group(g, a, panel.as_deref(), out),
             (Self::Q32(p), PreparedActs::Q8_0(a)) => p.dot_group(g, a, out),
             _ => Err(QuantError::Len {
                 what: "activations prepared for another repacked type",
