@@ -194,6 +194,33 @@ impl Repacked {
     }
 }
 
+/// The arguments of a K-quant layout's `dot_group`, checked: group `g` of `groups`, `out` of 16
+/// floats per activation row, and every activation row a Q8_K row of `nb` super-blocks.
+fn check_q8k_group(
+    what: &'static str,
+    g: usize,
+    groups: usize,
+    nb: usize,
+    acts: &[&[u8]],
+    out: &[f32],
+) -> Result<(), QuantError> {
+    if g >= groups || out.len() != acts.len() * R {
+        return Err(QuantError::Len {
+            what,
+            expected: acts.len() * R,
+            got: out.len(),
+        });
+    }
+    match acts.iter().find(|a| a.len() != nb * Q8K_BYTES) {
+        Some(a) => Err(QuantError::Len {
+            what: "Q8_K activation row",
+            expected: nb * Q8K_BYTES,
+            got: a.len(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The row size of a `rows` x `cols` matrix of `ty` held in `bytes`, checked for a repack
 /// (`rows` a multiple of 16, `bytes` exactly the rows).
 fn source_row_bytes(

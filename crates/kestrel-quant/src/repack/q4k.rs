@@ -156,22 +156,14 @@ impl Q4KRepacked {
         out: &mut [f32],
     ) -> Result<(), QuantError> {
         let nb = self.cols / QK_K;
-        if g >= self.rows / R || out.len() != acts.len() * R {
-            return Err(QuantError::Len {
-                what: "Q4_K repacked group output",
-                expected: acts.len() * R,
-                got: out.len(),
-            });
-        }
-        for a in acts {
-            if a.len() != nb * Q8K_BYTES {
-                return Err(QuantError::Len {
-                    what: "Q8_K activation row",
-                    expected: nb * Q8K_BYTES,
-                    got: a.len(),
-                });
-            }
-        }
+        super::check_q8k_group(
+            "Q4_K repacked group output",
+            g,
+            self.rows / R,
+            nb,
+            acts,
+            out,
+        )?;
         let w = self.group(g);
         #[cfg(target_arch = "x86_64")]
         if let Some(panel) = panel.filter(|p| p.fits(acts.len(), nb)) {

@@ -204,22 +204,14 @@ impl Q6KRepacked {
         out: &mut [f32],
     ) -> Result<(), QuantError> {
         let nb = self.cols / QK_K;
-        if g >= self.rows / R || out.len() != acts.len() * R {
-            return Err(QuantError::Len {
-                what: "Q6_K repacked group output",
-                expected: acts.len() * R,
-                got: out.len(),
-            });
-        }
-        for a in acts {
-            if a.len() != nb * Q8K_BYTES {
-                return Err(QuantError::Len {
-                    what: "Q8_K activation row",
-                    expected: nb * Q8K_BYTES,
-                    got: a.len(),
-                });
-            }
-        }
+        super::check_q8k_group(
+            "Q6_K repacked group output",
+            g,
+            self.rows / R,
+            nb,
+            acts,
+            out,
+        )?;
         let w = self.group(g);
         let batched = acts.len() >= BATCHED_MIN_TOKENS;
         #[cfg(target_arch = "x86_64")]
