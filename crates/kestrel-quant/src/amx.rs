@@ -161,6 +161,25 @@ pub(crate) unsafe fn release() {
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
+    use super::AmxState;
+
+    #[test]
+    fn the_kernels_line_says_why_amx_is_off_where_the_cpu_has_it() {
+        let line = crate::kernels_summary();
+        match super::state() {
+            AmxState::On => assert!(super::available() && line.contains("AMX int8"), "{line}"),
+            AmxState::NotInCpu => assert!(!super::available() && !line.contains("AMX"), "{line}"),
+            other => {
+                assert!(!super::available());
+                assert!(line.ends_with(&format!("AMX {other}")), "{line}");
+            }
+        }
+        assert_eq!(
+            AmxState::Refused(28).to_string(),
+            "in the CPU, but Linux refused the tile data (arch_prctl errno 28)"
+        );
+    }
+
     #[test]
     fn a_signed_by_unsigned_tile_product_is_the_integer_product() {
         if !super::available() {
