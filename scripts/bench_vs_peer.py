@@ -101,7 +101,7 @@ def main():
                   f"{ours / (theirs / 2**20):.2f} (lower is better) |")
         tokens = (all(r["kestrel"].get("tokens_match_reference") for r in rows)
                   if a.check_tokens else "not checked")
-        bw = [r["kestrel"].get("decode_bandwidth_fraction", {}).get("median", 0) for r in rows]
+        bw = [(r["kestrel"].get("decode_bandwidth_fraction") or {}).get("median", 0) for r in rows]
         print(f"| {Path(m).name} | fast path tokens = reference | {tokens} | | "
               f"decode/bandwidth {' / '.join(f'{x:.0%}' for x in bw)} | |")
 

@@ -72,6 +72,13 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// An interactive conversation that keeps the KV cache between turns.
     Chat(commands::chat::ChatArgs),
+    /// The machine's streaming read bandwidth in bytes/s. `bench` runs it as a child process
+    /// next to each decode repetition, so its buffer never counts in the bench's peak RSS.
+    #[command(hide = true)]
+    ReadBandwidth {
+        #[arg(short, long, default_value_t = 1)]
+        threads: usize,
+    },
     /// Write the logits of every prompt position to a safetensors file.
     Logits {
         #[arg(short, long)]
@@ -136,6 +143,10 @@ fn main() -> ExitCode {
         Command::Chat(args) => commands::chat::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::ReadBandwidth { threads } => {
+            println!("{}", commands::bench::read_bandwidth(threads));
+            Ok(())
+        }
         Command::Logits {
             model,
             prompt_ids,

@@ -269,3 +269,55 @@ fn tokenize_detokenize_and_template_round_trip() {
         "hello world <|im_start|>"
     );
 }
+
+/// `bench --json`: every figure as median/min/max, and the read bandwidth measured after each
+/// decode repetition by a child process, so its buffer (512 MiB or more) stays out of the
+/// bench's own peak RSS.
+#[test]
+fn bench_measures_bandwidth_outside_its_own_memory() {
+    let model = tiny("llama").join("llama-f32.gguf");
+    let out = kestrel(&[
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "--check-tokens",
+        "0",
+        "--json",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+    let stat = |key: &str| -> [f64; 3] {
+        ["min", "median", "max"].map(|k| v[key][k].as_f64().unwrap_or(-1.0))
+    };
+    for key in [
+        "prompt_tok_s",
+        "decode_tok_s",
+        "read_bandwidth",
+        "decode_bandwidth_fraction",
+    ] {
+        let [lo, mid, hi] = stat(key);
+        assert!(0.0 < lo && lo <= mid && mid <= hi, "{key}: {lo} {mid} {hi}");
+    }
+    assert_eq!(
+        v["read_bandwidth_bytes_s"].as_f64(),
+        Some(stat("read_bandwidth")[1])
+    );
+    let [_, _, rss] = stat("peak_rss_bytes");
+    assert!(
+        rss < 512.0 * 1024.0 * 1024.0,
+        "peak RSS {rss} holds the bandwidth buffer"
+    );
+}

@@ -10,7 +10,7 @@
 
 use crate::commands::info::human;
 use crate::source::ModelSource;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use kestrel_models::{KvType, LoadOptions, Logits, MatmulPath, Model};
 use serde_json::json;
 use std::path::PathBuf;
@@ -96,6 +96,10 @@ struct Row {
     ttft_ms: Stat,
     wall_s: Stat,
     peak_rss: Stat,
+    /// The read bandwidth measured right after each decode repetition (bytes/s), and each
+    /// repetition's decode rate as a fraction of it; `None` without decode.
+    read_bandwidth: Option<Stat>,
+    decode_fraction: Option<Stat>,
 }
 
 fn list(s: &str, what: &str) -> Result<Vec<usize>> {
@@ -149,6 +153,27 @@ pub fn peak_rss() -> u64 {
             })
         })
         .unwrap_or(0)
+}
+
+/// [`read_bandwidth`] measured now by a child process (`kestrel read-bandwidth`), so that its
+/// buffer never counts in this process's peak RSS. Measured after every decode repetition:
+/// shared machines change their bandwidth from minute to minute (30–55 GB/s seen on one VM),
+/// and a single figure for the whole run made decode fractions from 90% to 123%.
+fn read_bandwidth_now(threads: usize) -> Result<f64> {
+    let exe = std::env::current_exe().context("locating the kestrel binary")?;
+    let out = std::process::Command::new(exe)
+        .args(["read-bandwidth", "--threads", &threads.to_string()])
+        .output()
+        .context("running `kestrel read-bandwidth`")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "`kestrel read-bandwidth` failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse::<f64>()
+        .context("reading the output of `kestrel read-bandwidth`")
 }
 
 /// Streaming read bandwidth with `threads` threads, bytes/s (best of 3).
@@ -254,6 +279,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let mut ttft = Vec::new();
                 let mut wall = Vec::new();
                 let mut rss = Vec::new();
+                let mut bw = Vec::new();
+                let mut frac = Vec::new();
                 // The first repetition warms caches and is not counted (as the peer's bench does).
                 for rep in 0..=args.reps {
                     let counted = rep > 0;
@@ -294,6 +321,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     if counted {
                         wall.push(r0.elapsed().as_secs_f64());
                         rss.push(peak_rss() as f64);
+                        // Outside the repetition's wall time.
+                        if let (true, Some(&rate)) = (n > 0, tg.last()) {
+                            let b = read_bandwidth_now(threads)?;
+                            bw.push(b);
+                            frac.push(rate * bytes_per_token as f64 / b);
+                        }
                     }
                 }
                 rows.push(Row {
@@ -306,6 +339,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     ttft_ms: Stat::of(&ttft),
                     wall_s: Stat::of(&wall),
                     peak_rss: Stat::of(&rss),
+                    read_bandwidth: (!bw.is_empty()).then(|| Stat::of(&bw)),
+                    decode_fraction: (!frac.is_empty()).then(|| Stat::of(&frac)),
                 });
             }
         }
@@ -320,12 +355,30 @@ pub fn run(args: BenchArgs) -> Result<()> {
     } else {
         (None, None)
     };
-    // After the rows, so its buffer does not count in their peak RSS.
-    let bandwidth = read_bandwidth(threads);
-    let limit_tok_s = bandwidth / bytes_per_token as f64;
+    // The machine's read bandwidth: what each decode repetition measured after itself, or,
+    // for a run without decode, one measurement now.
+    let measured: Vec<&Stat> = rows
+        .iter()
+        .filter_map(|r| r.read_bandwidth.as_ref())
+        .collect();
+    let overall = if measured.is_empty() {
+        let b = read_bandwidth_now(threads)?;
+        Stat {
+            median: b,
+            min: b,
+            max: b,
+        }
+    } else {
+        let medians: Vec<f64> = measured.iter().map(|s| s.median).collect();
+        Stat {
+            median: Stat::of(&medians).median,
+            min: measured.iter().map(|s| s.min).fold(f64::INFINITY, f64::min),
+            max: measured.iter().map(|s| s.max).fold(0.0, f64::max),
+        }
+    };
 
     let row_json = |r: &Row| {
-        let frac = |s: f64| s * bytes_per_token as f64 / bandwidth;
+        let bandwidth = r.read_bandwidth.as_ref().unwrap_or(&overall);
         json!({
             "model": args.model.display().to_string(),
             "threads": threads,
@@ -341,13 +394,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "tokens_match_reference": matches,
             "first_divergence": first_div,
             "weight_bytes_per_token": bytes_per_token,
-            "read_bandwidth_bytes_s": bandwidth,
-            "decode_limit_tok_s": limit_tok_s,
-            "decode_bandwidth_fraction": Stat {
-                median: frac(r.decode_tok_s.median),
-                min: frac(r.decode_tok_s.min),
-                max: frac(r.decode_tok_s.max),
-            }.json(),
+            "read_bandwidth_bytes_s": bandwidth.median,
+            "read_bandwidth": bandwidth.json(),
+            "decode_limit_tok_s": bandwidth.median / bytes_per_token as f64,
+            "decode_bandwidth_fraction": r.decode_fraction.as_ref().map(Stat::json),
         })
     };
 
@@ -368,11 +418,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("model     {}  ({} threads)", args.model.display(), threads);
     println!("kernels   {}", kestrel_quant::kernels_summary());
     println!(
-        "machine   read bandwidth {:.1} GB/s ({} threads, streaming read, this run); weights read per token {}; decode limit {:.1} tok/s",
-        bandwidth / 1e9,
+        "machine   read bandwidth {:.1} GB/s ({:.1}–{:.1}; {} threads, streaming read, after each decode repetition); weights read per token {}; decode limit {:.1} tok/s",
+        overall.median / 1e9,
+        overall.min / 1e9,
+        overall.max / 1e9,
         threads,
         human(bytes_per_token),
-        limit_tok_s
+        overall.median / bytes_per_token as f64
     );
     match matches {
         Some(true) => println!(
@@ -403,14 +455,24 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         if r.n > 0 {
             line("decode tok/s", &r.decode_tok_s);
-            let f = |x: f64| 100.0 * x * bytes_per_token as f64 / bandwidth;
-            println!(
-                "{:<34} {:>11.1}% {:>11.1}% {:>11.1}%",
-                "decode % of read bandwidth",
-                f(r.decode_tok_s.median),
-                f(r.decode_tok_s.min),
-                f(r.decode_tok_s.max)
-            );
+            if let (Some(bw), Some(f)) = (&r.read_bandwidth, &r.decode_fraction) {
+                println!(
+                    "{:<34} {:>11.1}% {:>11.1}% {:>11.1}%",
+                    "decode % of read bandwidth",
+                    100.0 * f.median,
+                    100.0 * f.min,
+                    100.0 * f.max
+                );
+                let gb = |x: f64| x / 1e9;
+                line(
+                    "read bandwidth GB/s (after each)",
+                    &Stat {
+                        median: gb(bw.median),
+                        min: gb(bw.min),
+                        max: gb(bw.max),
+                    },
+                );
+            }
             line("generated tok/s incl. prefill", &r.e2e_tok_s);
         }
         line("wall s per repetition", &r.wall_s);
