@@ -397,7 +397,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "read_bandwidth_bytes_s": bandwidth.median,
             "read_bandwidth": bandwidth.json(),
             "decode_limit_tok_s": bandwidth.median / bytes_per_token as f64,
-            "decode_bandwidth_fraction": r.decode_fraction.as_ref().map(Stat::json),
+            // Zeros for a row without decode, as its decode_tok_s.
+            "decode_bandwidth_fraction": r.decode_fraction.as_ref().unwrap_or(&Stat::of(&[])).json(),
         })
     };
 
@@ -418,11 +419,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("model     {}  ({} threads)", args.model.display(), threads);
     println!("kernels   {}", kestrel_quant::kernels_summary());
     println!(
-        "machine   read bandwidth {:.1} GB/s ({:.1}–{:.1}; {} threads, streaming read, after each decode repetition); weights read per token {}; decode limit {:.1} tok/s",
+        "machine   read bandwidth {:.1} GB/s ({:.1}–{:.1}; {} threads, streaming read, {}); weights read per token {}; decode limit {:.1} tok/s",
         overall.median / 1e9,
         overall.min / 1e9,
         overall.max / 1e9,
         threads,
+        if measured.is_empty() {
+            "after the rows"
+        } else {
+            "after each decode repetition"
+        },
         human(bytes_per_token),
         overall.median / bytes_per_token as f64
     );
