@@ -9,6 +9,9 @@
 #   bash DIR/run.sh check                        # quant unit tests (AMX where present) + AMX on/off logits
 #   bash DIR/run.sh bench qwen05 2 0             # bench_vs_peer.py: model, reps, depths
 #   bash DIR/run.sh bench qwen15 1 4096
+#   bash DIR/run.sh ab qwen15 4096 0 8 16        # kestrel alone, decode at a depth per KESTREL_PREFETCH
+#   bash DIR/run.sh attn 1,0 2,1                 # decode attention alone (1.5B shape, depth 4096,
+#                                                # K/V cold), per KESTREL_KV_PREFETCH setting
 #
 # Results go to $OUT (or /tmp) as JSON lines. Needs: the models fetched, the peers venv
 # (python3 ../shared/peers/llamacpp_bench.py installs it), numpy on the target's python3 (or PY=...).
@@ -22,8 +25,10 @@ rm -rf "$dir" && mkdir -p "$dir/pysite"
 cargo build --release -p kestrel-cli
 cargo test --release -p kestrel-quant --lib --no-run 2>&1 | tee /tmp/pack-tests.log >/dev/null
 tests=$(grep -o 'target/release/deps/kestrel_quant-[0-9a-f]*' /tmp/pack-tests.log | head -1)
+cargo build --release -p kestrel-models --example attention_decode
 cp target/release/kestrel "$dir/kestrel" && cp "$tests" "$dir/quant-tests"
-strip "$dir/kestrel" "$dir/quant-tests"
+cp target/release/examples/attention_decode "$dir/attention_decode"
+strip "$dir/kestrel" "$dir/quant-tests" "$dir/attention_decode"
 cp scripts/synth_gguf.py scripts/bench_vs_peer.py ../shared/peers/llamacpp_bench.py "$dir/"
 for m in qwen05:qwen2.5-coder-0.5b-instruct-q4_k_m qwen15:qwen2.5-coder-1.5b-instruct-q4_k_m; do
   python3 scripts/synth_gguf.py extract "models/${m#*:}.gguf" "$dir/${m%%:*}" >/dev/null
@@ -37,7 +42,7 @@ gomp=$(ldconfig -p | awk '/libgomp.so.1 /{p = $NF} END {print p}')
 cp "$gomp" "$dir/pysite/libgomp.so.1"
 cat > "$dir/run.sh" <<'RUN'
 #!/bin/bash
-# run.sh check | run.sh bench MODEL REPS DEPTHS [CHECK_TOKENS]   (see scripts/pack-offline-bench.sh)
+# run.sh check | bench MODEL REPS DEPTHS [CHECK_TOKENS] | ab MODEL DEPTH SETTINGS.. | attn SETTINGS..  (see scripts/pack-offline-bench.sh)
 cd "$(dirname "$0")"
 out="${OUT:-/tmp}"
 PY="${PY:-python3}"  # needs numpy
@@ -48,6 +53,7 @@ synth() { [ -f "/tmp/$1.gguf" ] || "$PY" synth_gguf.py build "$1" "/tmp/$1.gguf"
 case "$1" in
 check)
   grep -m1 "model name" /proc/cpuinfo
+  echo "LLC: $(cat /sys/devices/system/cpu/cpu0/cache/index3/size 2>/dev/null)"
   ./quant-tests 2>&1 | grep -E "test result|panicked|FAILED"
   synth qwen15
   ids=$("$PY" -c "import random; r=random.Random(5); print(','.join(str(r.randrange(1000, 100000)) for _ in range(100)))")
@@ -59,7 +65,21 @@ bench)
   "$PY" bench_vs_peer.py "/tmp/$2.gguf" --kestrel "$PWD/kestrel" --peer "$PWD/llamacpp_bench.py" \
     --rounds 1 -r "$3" --depths "$4" --check-tokens "${5:-0}" --log "$out/$2-d$4-$(date +%H%M%S).jsonl"
   ;;
-*) echo "usage: run.sh check | run.sh bench MODEL REPS DEPTHS [CHECK_TOKENS]"; exit 2 ;;
+attn)
+  shift
+  for s in "$@"; do
+    echo "KESTREL_KV_PREFETCH=$s: $(KESTREL_KV_PREFETCH=$s KESTREL_COLD=${COLD:-33} ./attention_decode 4096 28 12 2 128 ${THREADS:-2} 64)"
+  done
+  ;;
+ab)
+  synth "$2"
+  m=$2 d=$3; shift 3
+  for s in "$@"; do
+    KESTREL_PREFETCH=$s ./kestrel bench -m "/tmp/$m.gguf" -p 0 -n 32 -d "$d" -r 1 -t 2 >"$out/ab-$m-$s-$(date +%H%M%S).txt" 2>&1
+    echo "$(date +%T) KESTREL_PREFETCH=$s $(ls -t "$out"/ab-* | head -1 | xargs grep -E '^(decode tok|read bandwidth GB)' | awk '{printf "%s ", $(NF-2)}')"
+  done
+  ;;
+*) echo "usage: run.sh check | bench MODEL REPS DEPTHS [CHECK_TOKENS] | ab MODEL DEPTH SETTINGS.. | attn SETTINGS.."; exit 2 ;;
 esac
 RUN
 chmod +x "$dir/run.sh"

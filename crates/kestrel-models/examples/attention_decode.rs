@@ -5,6 +5,9 @@
 //! `cargo run --release -p kestrel-models --example attention_decode -- [depth] [layers]
 //! [heads] [kv_heads] [head_dim] [threads] [block_size]` (default: the 1.5B model's shape at
 //! depth 4096, blocks of 16 positions as the server's pool; `kestrel run/bench` use 64).
+//! With `KESTREL_COLD=MIB`, each layer's attention follows a read of MIB fresh MiB (default
+//! off; 33 is one 1.5B layer's weights), as in the model, where the weights' stream evicts the
+//! K/V between tokens: the printed time is then the attention's alone, with cold K/V.
 
 use kestrel_models::attention::{causal_attention, TokenKv};
 use kestrel_models::kv::{KvPool, KvType};
@@ -61,27 +64,57 @@ fn main() {
         pos: depth,
         blocks: &blocks,
     }];
+    let cold_mib: usize = std::env::var("KESTREL_COLD")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    // Layer slices of a buffer larger than any cache, each read before its layer's attention.
+    let evict = vec![1u8; (cold_mib << 20) * layers.max(1)];
+    let read_slice = |layer: usize| {
+        let slice = &evict[(cold_mib << 20) * layer..(cold_mib << 20) * (layer + 1)];
+        let sums: Vec<std::sync::atomic::AtomicU64> = (0..threads)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect();
+        let part = slice.len().div_ceil(threads.max(1)).max(1);
+        pool.run(threads, &|i| {
+            let s: u64 = slice
+                .chunks(part)
+                .nth(i)
+                .unwrap_or(&[])
+                .iter()
+                .step_by(64)
+                .map(|&b| b as u64)
+                .sum();
+            sums[i].store(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        std::hint::black_box(sums);
+    };
+    // Seconds of attention (all layers) for one token.
     let step = |out: &mut [f32]| {
+        let mut t = 0.0;
         for layer in 0..layers {
+            if cold_mib > 0 {
+                read_slice(layer);
+            }
+            let start = Instant::now();
             causal_attention(
                 &pool, &kv, layer, &q, &tokens, heads, kv_heads, head_dim, out,
             );
+            t += start.elapsed().as_secs_f64();
         }
+        t
     };
     step(&mut out);
     // The fastest of 20 tokens: the machine's neighbours only ever add time.
     let per_token = (0..20)
-        .map(|_| {
-            let t = Instant::now();
-            step(&mut out);
-            t.elapsed().as_secs_f64()
-        })
+        .map(|_| step(&mut out))
         .fold(f64::INFINITY, f64::min);
     let bytes = 2.0 * layers as f64 * (depth + 1) as f64 * kv_dim as f64 * 2.0;
     println!(
         "depth {depth}, {layers} layers, {heads}/{kv_heads} heads x {head_dim}, {threads} threads: \
-         {:.2} ms per token, K/V read {:.1} GB/s (checksum {:.4}; vector expf = libm's: {})",
+         {:.2} ms per token{}, K/V read {:.1} GB/s (checksum {:.4}; vector expf = libm's: {})",
         per_token * 1e3,
+        if cold_mib > 0 { format!(" (K/V cold: {cold_mib} MiB read before each layer)") } else { String::new() },
         bytes / per_token / 1e9,
         out.iter().sum::<f32>(),
         kestrel_models::libm_exp::matches_libm()

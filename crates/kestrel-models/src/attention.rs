@@ -451,28 +451,35 @@ impl Span<'_> {
         }
     }
 
-    /// Calls `f(first_row, n, next_row)` for each run of contiguous pool rows from `first` on,
-    /// in order (one per block, at most `block_size` rows); `next_row` starts the next block
-    /// (this block's start for the last), for prefetching.
+    /// Calls `f(pos, first_row, n)` for each run of up to 16 positions from `first` on, in
+    /// order, each inside one block (runs start 16-aligned within their block).
     #[inline]
-    fn for_each_block(&self, mut f: impl FnMut(usize, usize, usize)) {
+    fn for_each_chunk16(&self, mut f: impl FnMut(usize, usize, usize)) {
         let mut pos = 0;
-        for (i, &b) in self.blocks.iter().enumerate() {
+        for &b in self.blocks {
             if pos >= self.n_pos {
                 break;
             }
             let n = (self.n_pos - pos).min(self.block_size);
-            let skip = self.first.saturating_sub(pos).min(n);
             let start = b as usize * self.block_size;
-            if skip < n {
-                let next = match self.blocks.get(i + 1) {
-                    Some(&nb) if pos + n < self.n_pos => nb as usize * self.block_size,
-                    _ => start,
-                };
-                f(start + skip, n - skip, next);
+            let mut c = self.first.saturating_sub(pos).min(n);
+            while c < n {
+                let len = (n - c).min(16 - c % 16);
+                f(pos + c, start + c, len);
+                c += len;
             }
             pos += n;
         }
+    }
+
+    /// The pool row of position `pos`, if the span holds it.
+    #[inline]
+    fn row_of(&self, pos: usize) -> Option<usize> {
+        if pos >= self.n_pos {
+            return None;
+        }
+        let b = *self.blocks.get(pos / self.block_size)?;
+        Some(b as usize * self.block_size + pos % self.block_size)
     }
 
     /// Calls `f(row)` for every position from `first` in order, without a division per position.
@@ -620,6 +627,19 @@ fn write_normalized(out: &mut [f32], acc: &[f32], sum: &[f32], d: usize) {
     }
 }
 
+/// Decode attention's K/V prefetch: chunks of 16 positions ahead, and the hint (0: T0, 1: T1).
+/// `KESTREL_KV_PREFETCH=DIST,HINT` (diagnostics).
+fn kv_prefetch_tuning() -> (usize, u8) {
+    static T: std::sync::OnceLock<(usize, u8)> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        let v = std::env::var("KESTREL_KV_PREFETCH").unwrap_or_default();
+        let mut it = v.split(',').map(|s| s.trim().parse::<usize>().ok());
+        let dist = it.next().flatten().unwrap_or(1);
+        let hint = it.next().flatten().unwrap_or(0).min(1) as u8;
+        (dist, hint)
+    })
+}
+
 /// The unnormalized state of the online softmax over a span, per query head.
 struct Partial {
     max: Vec<f32>,
@@ -691,19 +711,24 @@ unsafe fn attend_ggml_blocks<const NV: usize>(
     let mut vrows = [[_mm512_setzero_ps(); NV]; 16];
     let mut exps = [[0f32; 16]; 16];
     let mut new_maxes = [0u32; 16];
-    let mut block = |row0: usize, n: usize, next: usize| {
+    let (dist, hint) = kv_prefetch_tuning();
+    // `ahead`: the first row and count of the chunk `dist` chunks on, to prefetch.
+    let mut block = |row0: usize, n: usize, ahead_row: usize, ahead: usize| {
         let (k_run, v_run) = rows.run(row0, n);
-        // The next rows (of this block or the next), one chunk ahead of use.
-        let ahead = n.min(rows.block_size - next % rows.block_size);
-        let (k_next, v_next) = rows.run(next, ahead);
+        let (k_next, v_next) = rows.run(ahead_row, ahead);
         for p in 0..n {
             let kp = k_run.as_ptr().add(p * d) as *const __m256i;
             let vp = v_run.as_ptr().add(p * d) as *const __m256i;
             if p < ahead {
                 let (kn, vn) = (k_next.as_ptr().add(p * d), v_next.as_ptr().add(p * d));
                 for line in (0..d).step_by(32) {
-                    _mm_prefetch::<_MM_HINT_T0>(kn.add(line) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(vn.add(line) as *const i8);
+                    if hint == 1 {
+                        _mm_prefetch::<_MM_HINT_T1>(kn.add(line) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T1>(vn.add(line) as *const i8);
+                    } else {
+                        _mm_prefetch::<_MM_HINT_T0>(kn.add(line) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T0>(vn.add(line) as *const i8);
+                    }
                 }
             }
             let mut k = [_mm512_setzero_ps(); NV];
@@ -787,10 +812,11 @@ unsafe fn attend_ggml_blocks<const NV: usize>(
             h += pair;
         }
     };
-    span.for_each_block(|row0, n, next| {
-        for c in (0..n).step_by(16) {
-            let at = if c + 16 < n { row0 + c + 16 } else { next };
-            block(row0 + c, (n - c).min(16), at);
+    span.for_each_chunk16(|pos, row0, n| {
+        let at = pos + 16 * dist;
+        match span.row_of(at) {
+            Some(r) => block(row0, n, r, (span.n_pos - at).min(16)),
+            None => block(row0, n, row0, 0),
         }
     });
 }
