@@ -627,17 +627,38 @@ fn write_normalized(out: &mut [f32], acc: &[f32], sum: &[f32], d: usize) {
     }
 }
 
-/// Decode attention's K/V prefetch: chunks of 16 positions ahead, and the hint (0: T0, 1: T1).
-/// `KESTREL_KV_PREFETCH=DIST,HINT` (diagnostics).
+/// Decode attention's K/V prefetch: how many chunks of 16 positions ahead, and the hint
+/// (0: T0, into L1; 1: T1, into L2). Measured with `examples/attention_decode` and cold K/V
+/// (BENCHMARKS.md, tenth session): on the AMD EPYC VM, T1 took 10.4–11.5 ms per token against
+/// 12.1–12.3 for T0 at any distance; on the Xeon, T1 two chunks ahead was no faster than T0
+/// one chunk ahead (12.2 against 11.6–14.9 ms), so AMD gets (2, T1) and others keep (1, T0).
+/// `KESTREL_KV_PREFETCH=DIST,HINT` overrides both.
 fn kv_prefetch_tuning() -> (usize, u8) {
     static T: std::sync::OnceLock<(usize, u8)> = std::sync::OnceLock::new();
     *T.get_or_init(|| {
+        let default = if cpu_is_amd() { (2, 1) } else { (1, 0) };
         let v = std::env::var("KESTREL_KV_PREFETCH").unwrap_or_default();
         let mut it = v.split(',').map(|s| s.trim().parse::<usize>().ok());
-        let dist = it.next().flatten().unwrap_or(1);
-        let hint = it.next().flatten().unwrap_or(0).min(1) as u8;
+        let dist = it.next().flatten().unwrap_or(default.0);
+        let hint = it.next().flatten().map_or(default.1, |h| h.min(1) as u8);
         (dist, hint)
     })
+}
+
+/// Whether CPUID names AMD as the vendor.
+fn cpu_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0 exists on every x86-64 CPU.
+        let r = std::arch::x86_64::__cpuid(0);
+        let mut vendor = [0u8; 12];
+        vendor[0..4].copy_from_slice(&r.ebx.to_le_bytes());
+        vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        vendor[8..12].copy_from_slice(&r.ecx.to_le_bytes());
+        &vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// The unnormalized state of the online softmax over a span, per query head.
