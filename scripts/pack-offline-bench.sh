@@ -9,7 +9,9 @@
 #   bash DIR/run.sh check                        # quant unit tests (AMX where present) + AMX on/off logits
 #   bash DIR/run.sh bench qwen05 2 0             # bench_vs_peer.py: model, reps, depths
 #   bash DIR/run.sh bench qwen15 1 4096
-#   bash DIR/run.sh ab qwen15 4096 0 8 16        # kestrel alone, decode at a depth per KESTREL_PREFETCH
+#   bash DIR/run.sh ab qwen15 0 KESTREL_WEIGHT_PREFETCH 0 4096   # kestrel alone, decode at a depth,
+#                                                # once per value of an environment variable
+#   bash DIR/run.sh mv KESTREL_WEIGHT_PREFETCH 0 1024 4096     # decode kernels alone (matvec_bench)
 #   bash DIR/run.sh attn 1,0 2,1                 # decode attention alone (1.5B shape, depth 4096,
 #                                                # K/V cold), per KESTREL_KV_PREFETCH setting
 #
@@ -26,9 +28,10 @@ cargo build --release -p kestrel-cli
 cargo test --release -p kestrel-quant --lib --no-run 2>&1 | tee /tmp/pack-tests.log >/dev/null
 tests=$(grep -o 'target/release/deps/kestrel_quant-[0-9a-f]*' /tmp/pack-tests.log | head -1)
 cargo build --release -p kestrel-models --example attention_decode
+cargo build --release -p kestrel-quant --example matvec_bench
 cp target/release/kestrel "$dir/kestrel" && cp "$tests" "$dir/quant-tests"
-cp target/release/examples/attention_decode "$dir/attention_decode"
-strip "$dir/kestrel" "$dir/quant-tests" "$dir/attention_decode"
+cp target/release/examples/attention_decode target/release/examples/matvec_bench "$dir/"
+strip "$dir/kestrel" "$dir/quant-tests" "$dir/attention_decode" "$dir/matvec_bench"
 cp scripts/synth_gguf.py scripts/bench_vs_peer.py ../shared/peers/llamacpp_bench.py "$dir/"
 for m in qwen05:qwen2.5-coder-0.5b-instruct-q4_k_m qwen15:qwen2.5-coder-1.5b-instruct-q4_k_m; do
   python3 scripts/synth_gguf.py extract "models/${m#*:}.gguf" "$dir/${m%%:*}" >/dev/null
@@ -42,7 +45,7 @@ gomp=$(ldconfig -p | awk '/libgomp.so.1 /{p = $NF} END {print p}')
 cp "$gomp" "$dir/pysite/libgomp.so.1"
 cat > "$dir/run.sh" <<'RUN'
 #!/bin/bash
-# run.sh check | bench MODEL REPS DEPTHS [CHECK_TOKENS] | ab MODEL DEPTH SETTINGS.. | attn SETTINGS..  (see scripts/pack-offline-bench.sh)
+# run.sh check | bench MODEL REPS DEPTHS [CHECK_TOKENS] | ab MODEL DEPTH VAR VALUES.. | mv VAR VALUES.. | attn SETTINGS..  (see scripts/pack-offline-bench.sh)
 cd "$(dirname "$0")"
 out="${OUT:-/tmp}"
 PY="${PY:-python3}"  # needs numpy
@@ -73,13 +76,18 @@ attn)
   ;;
 ab)
   synth "$2"
-  m=$2 d=$3; shift 3
+  m=$2 d=$3 var=$4; shift 4
   for s in "$@"; do
-    KESTREL_PREFETCH=$s ./kestrel bench -m "/tmp/$m.gguf" -p 0 -n 32 -d "$d" -r 1 -t 2 >"$out/ab-$m-$s-$(date +%H%M%S).txt" 2>&1
-    echo "$(date +%T) KESTREL_PREFETCH=$s $(ls -t "$out"/ab-* | head -1 | xargs grep -E '^(decode tok|read bandwidth GB)' | awk '{printf "%s ", $(NF-2)}')"
+    f="$out/ab-$m-d$d-$s-$(date +%H%M%S).txt"
+    env "$var=$s" ./kestrel bench -m "/tmp/$m.gguf" -p 0 -n 64 -d "$d" -r 2 -t 2 --check-tokens 0 >"$f" 2>&1
+    echo "$(date +%T) $var=$s decode tok/s, bandwidth GB/s: $(grep -E '^(decode tok|read bandwidth GB)' "$f" | awk '{printf "%s ", $(NF-2)}')"
   done
   ;;
-*) echo "usage: run.sh check | bench MODEL REPS DEPTHS [CHECK_TOKENS] | ab MODEL DEPTH SETTINGS.. | attn SETTINGS.."; exit 2 ;;
+mv)
+  var=$2; shift 2
+  for s in "$@"; do echo "$var=$s"; env "$var=$s" ./matvec_bench Q4_K Q6_K --no-prefill --backend avx512 | grep repacked; done
+  ;;
+*) echo "usage: run.sh check | bench MODEL REPS DEPTHS [CHECK_TOKENS] | ab MODEL DEPTH VAR VALUES.. | mv VAR VALUES.. | attn SETTINGS.."; exit 2 ;;
 esac
 RUN
 chmod +x "$dir/run.sh"

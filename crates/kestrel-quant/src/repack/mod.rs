@@ -333,6 +333,40 @@ pub fn avx512_available() -> bool {
     false
 }
 
+/// How many bytes ahead of its reads a decode kernel (one to four tokens) prefetches the weight
+/// stream into L2, every line: `KESTREL_WEIGHT_PREFETCH=BYTES`, default 0 (off). The hardware
+/// prefetchers stop at 4 KiB pages; on the AMD VM a software prefetch 4 or 16 KiB ahead made
+/// decode slower (BENCHMARKS.md, ninth session), so it is off unless asked for, to measure it
+/// elsewhere (`run.sh ab` of scripts/pack-offline-bench.sh).
+pub fn weight_prefetch_ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        std::env::var("KESTREL_WEIGHT_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    })
+}
+
+/// Prefetches `len` bytes from `ahead` bytes past `p` into L2, a line at a time (nothing when
+/// `ahead` is 0). Addresses past the matrix are fine: a prefetch never faults.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead(p: *const u8, ahead: usize, len: usize) {
+    if ahead == 0 {
+        return;
+    }
+    let mut at = 0;
+    while at < len {
+        let q = p.wrapping_add(ahead + at);
+        // SAFETY: a prefetch is a hint and never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(q as *const i8)
+        };
+        at += 64;
+    }
+}
+
 /// Zeroed bytes whose start is on a 64-byte boundary, so a group's 64-byte vectors never
 /// straddle two cache lines (a plain `Vec<u8>` of this size starts 16 bytes into a page).
 pub(crate) struct AlignedBytes {
