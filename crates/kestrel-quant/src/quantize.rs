@@ -42,7 +42,7 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         GgmlType::Q8_1 => blocks(src, dst, q8_1),
         GgmlType::Q4_K => blocks(src, dst, q4_k),
         GgmlType::Q6_K => blocks(src, dst, q6_k),
-        GgmlType::Q8_K => blocks(src, dst, q8_k),
+        GgmlType::Q8_K => q8_k_row(src, dst),
         _ => {
             return Err(QuantError::Unsupported {
                 ty,
@@ -285,6 +285,92 @@ fn q8_k(x: &[f32]) -> BlockQ8K {
     }
     y.d = 1.0 / iscale;
     y
+}
+
+/// Q8_K blocks of a row: [`q8_k`]'s bits, with AVX-512 where the CPU has it (decode quantizes
+/// every K-quant matmul's input this way on one thread while the memory bus idles: 9.7 us for
+/// 8,960 values in scalar code on the AMD VM).
+fn q8_k_row(src: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if q8k_simd::available() {
+        for (x, y) in src
+            .chunks_exact(QK_K)
+            .zip(dst.chunks_exact_mut(Q8K_BLOCK_BYTES))
+        {
+            // SAFETY: AVX-512 F/BW are available; `x` holds 256 values and `y` 292 bytes.
+            unsafe { q8k_simd::block(x, y) };
+        }
+        return;
+    }
+    blocks(src, dst, q8_k)
+}
+
+/// Bytes of a Q8_K block: `d` f32, 256 `qs` i8, 16 `bsums` i16.
+const Q8K_BLOCK_BYTES: usize = 4 + QK_K + 2 * (QK_K / 16);
+
+#[cfg(target_arch = "x86_64")]
+mod q8k_simd {
+    use super::QK_K;
+    use std::arch::x86_64::*;
+
+    pub(super) fn available() -> bool {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+        })
+    }
+
+    /// [`super::q8_k`] of `x` (256 values) written as its bytes to `y`, with the same float
+    /// operations per element: the same bits.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn block(x: &[f32], y: &mut [u8]) {
+        debug_assert!(x.len() == QK_K && y.len() == super::Q8K_BLOCK_BYTES);
+        let p = x.as_ptr();
+        // amax: `max_ps(|v|, acc)` keeps `acc` where |v| is NaN, as the scalar `>` skips it.
+        let mut acc = _mm512_setzero_ps();
+        for c in 0..QK_K / 16 {
+            acc = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(p.add(16 * c))), acc);
+        }
+        let amax = _mm512_reduce_max_ps(acc);
+        y.fill(0);
+        if amax == 0.0 || amax.is_nan() {
+            // The scalar form returns the zero block when no |v| exceeds 0.
+            return;
+        }
+        // max: the first value whose magnitude is amax (the scalar loop's strict `>`).
+        let target = _mm512_set1_ps(amax);
+        let mut max = 0f32;
+        for c in 0..QK_K / 16 {
+            let v = _mm512_loadu_ps(p.add(16 * c));
+            let hit = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_abs_ps(v), target);
+            if hit != 0 {
+                max = x[16 * c + hit.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let (vs, magic) = (_mm512_set1_ps(iscale), _mm512_set1_ps(12582912.0));
+        let (mant, bias, top) = (
+            _mm512_set1_epi32(0x007f_ffff),
+            _mm512_set1_epi32(0x0040_0000),
+            _mm512_set1_epi32(127),
+        );
+        let q = y.as_mut_ptr().add(4);
+        let bsums = y.as_mut_ptr().add(4 + QK_K) as *mut i16;
+        for c in 0..QK_K / 16 {
+            // nearest_int(iscale * v).min(127)
+            let t = _mm512_add_ps(_mm512_mul_ps(vs, _mm512_loadu_ps(p.add(16 * c))), magic);
+            let i = _mm512_sub_epi32(_mm512_and_si512(_mm512_castps_si512(t), mant), bias);
+            let i = _mm512_min_epi32(i, top);
+            _mm_storeu_si128(q.add(16 * c) as *mut __m128i, _mm512_cvtepi32_epi8(i));
+            // The sum of the stored bytes (`as i8`), as the scalar form sums them.
+            let stored = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(i));
+            bsums
+                .add(c)
+                .write_unaligned(_mm512_reduce_add_epi32(stored) as i16);
+        }
+        y[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
 }
 
 /// ggml's `make_qkx2_quants`: a scale and a min for one group, by trying `nstep + 1` grids and
@@ -553,6 +639,52 @@ fn q6_k(x: &[f32]) -> BlockQ6K {
 
 #[cfg(test)]
 mod tests {
+
+    /// The AVX-512 Q8_K quantizer against the scalar one, bit for bit: random rows, ties of
+    /// magnitude with either sign first, zeros, infinities and NaNs.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q8_k_simd_equals_scalar() {
+        if !super::q8k_simd::available() {
+            return;
+        }
+        let mut seed = 0x2545F4914F6CDD1Du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        for scale in [1e-30f32, 1e-3, 1.0, 7.5, 1e4] {
+            rows.push((0..QK_K).map(|_| rnd() * scale).collect());
+        }
+        let mut tie = vec![0.5f32; QK_K];
+        tie[17] = -3.0;
+        tie[200] = 3.0;
+        rows.push(tie.clone());
+        tie[17] = 3.0;
+        tie[200] = -3.0;
+        rows.push(tie);
+        rows.push(vec![0.0; QK_K]);
+        rows.push(vec![-0.0; QK_K]);
+        let mut odd: Vec<f32> = (0..QK_K).map(|_| rnd()).collect();
+        odd[3] = f32::NAN;
+        rows.push(odd.clone());
+        odd[100] = f32::INFINITY;
+        rows.push(odd);
+        rows.push(vec![f32::NAN; QK_K]);
+        // Values that round to exactly +-127.5 / half-way levels.
+        rows.push((0..QK_K).map(|i| (i as f32 - 128.0) * 0.5).collect());
+        for (n, x) in rows.iter().enumerate() {
+            let mut want = vec![0u8; Q8K_BLOCK_BYTES];
+            write_block(&q8_k(x), &mut want);
+            let mut got = vec![0u8; Q8K_BLOCK_BYTES];
+            // SAFETY: checked available above; sizes match.
+            unsafe { super::q8k_simd::block(x, &mut got) };
+            assert_eq!(got, want, "row {n}");
+        }
+    }
     use super::*;
 
     #[test]
