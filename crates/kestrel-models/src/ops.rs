@@ -357,16 +357,19 @@ struct GroupRange {
 }
 
 /// Splits a job's row groups (`groups[i]` for matrix i, walked in order) into tasks that
-/// shrink towards the end: each takes `1 / (2 * n_threads)` of what is left (at least one
-/// group), so the first tasks are long sequential streams and the last are a group or two.
+/// shrink towards the end: each takes `1 / n_threads` of what is left (at least one group),
+/// so the first tasks are long sequential streams and the last are a group or two.
 /// Equal tasks left one thread idle for up to a whole task (~6% of a decode token in waits);
-/// small equal tasks cost every stream its prefetch ramp.
+/// small equal tasks cost every stream its prefetch ramp. With `1 / (2 n_threads)` (twice the
+/// tasks) the small matrices ran slower: on the AMD VM the 0.5B's q/k/v and attn_output
+/// took 28.6 / 40.0 µs a call against 20.5–21.4 / 29.4–31.4 µs, and its decode was 74–85
+/// tok/s against 85–94, four alternations (BENCHMARKS.md, tenth session).
 fn shrinking_tasks(groups: &[usize], n_threads: usize) -> Vec<GroupRange> {
     let total: usize = groups.iter().sum();
     let mut tasks = Vec::new();
     let (mut matrix, mut lo, mut done) = (0, 0, 0);
     while done < total {
-        let mut take = ((total - done) / (2 * n_threads.max(1))).max(1);
+        let mut take = ((total - done) / n_threads.max(1)).max(1);
         done += take;
         while take > 0 {
             while lo == groups[matrix] {
@@ -508,9 +511,9 @@ mod tests {
     fn shrinking_tasks_start_long_and_end_with_single_groups() {
         let tasks = shrinking_tasks(&[560], 2);
         let sizes: Vec<usize> = tasks.iter().map(|t| t.hi - t.lo).collect();
-        assert_eq!(sizes[0], 140);
-        assert!(sizes.windows(2).all(|w| w[0] >= w[1]), "{sizes:?}");
-        assert_eq!(sizes[sizes.len() - 4..], [1, 1, 1, 1]);
+        assert_eq!(sizes, [280, 140, 70, 35, 17, 9, 4, 2, 1, 1, 1]);
+        // One thread: one stream.
+        assert_eq!(shrinking_tasks(&[560], 1).len(), 1);
         // Few claims per job: each costs a cross-core atomic.
         assert!(tasks.len() < 40, "{}", tasks.len());
     }
