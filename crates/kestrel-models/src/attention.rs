@@ -636,29 +636,17 @@ fn write_normalized(out: &mut [f32], acc: &[f32], sum: &[f32], d: usize) {
 fn kv_prefetch_tuning() -> (usize, u8) {
     static T: std::sync::OnceLock<(usize, u8)> = std::sync::OnceLock::new();
     *T.get_or_init(|| {
-        let default = if cpu_is_amd() { (2, 1) } else { (1, 0) };
+        let default = if kestrel_quant::cpu_is_amd() {
+            (2, 1)
+        } else {
+            (1, 0)
+        };
         let v = std::env::var("KESTREL_KV_PREFETCH").unwrap_or_default();
         let mut it = v.split(',').map(|s| s.trim().parse::<usize>().ok());
         let dist = it.next().flatten().unwrap_or(default.0);
         let hint = it.next().flatten().map_or(default.1, |h| h.min(1) as u8);
         (dist, hint)
     })
-}
-
-/// Whether CPUID names AMD as the vendor.
-fn cpu_is_amd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // CPUID leaf 0 exists on every x86-64 CPU.
-        let r = std::arch::x86_64::__cpuid(0);
-        let mut vendor = [0u8; 12];
-        vendor[0..4].copy_from_slice(&r.ebx.to_le_bytes());
-        vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
-        vendor[8..12].copy_from_slice(&r.ecx.to_le_bytes());
-        &vendor == b"AuthenticAMD"
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// The unnormalized state of the online softmax over a span, per query head.

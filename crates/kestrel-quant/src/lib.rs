@@ -35,3 +35,21 @@ pub use dot::{
 pub use error::QuantError;
 pub use kestrel_gguf::GgmlType;
 pub use quantize::{quantize_activation_row, quantize_row};
+
+/// Whether CPUID names AMD as the vendor: some prefetch settings are tuned per vendor, as
+/// measured (the weight stream's in [`repack::weight_prefetch_ahead`], the K/V cache's in
+/// decode attention).
+pub fn cpu_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0 exists on every x86-64 CPU.
+        let r = std::arch::x86_64::__cpuid(0);
+        let mut vendor = [0u8; 12];
+        vendor[0..4].copy_from_slice(&r.ebx.to_le_bytes());
+        vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        vendor[8..12].copy_from_slice(&r.ecx.to_le_bytes());
+        &vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}

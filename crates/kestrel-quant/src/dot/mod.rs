@@ -116,16 +116,24 @@ impl Backend {
 /// backend, and AMX where the prefill matmuls use it.
 pub fn kernels_summary() -> String {
     let base = match Backend::detect() {
-        Backend::Generic => "portable (scalar)",
-        Backend::Avx2 => "AVX2",
-        Backend::Avx512Vnni => "AVX-512 VNNI (Q4_K, Q6_K, Q8_0, Q5_0 repacked)",
+        Backend::Generic => "portable (scalar)".to_string(),
+        Backend::Avx2 => "AVX2".to_string(),
+        Backend::Avx512Vnni => {
+            let ahead = crate::repack::weight_prefetch_ahead();
+            let prefetch = if ahead == 0 {
+                "no weight prefetch".to_string()
+            } else {
+                format!("K-quant decode prefetches weights {ahead} B ahead")
+            };
+            format!("AVX-512 VNNI (Q4_K, Q6_K, Q8_0, Q5_0 repacked; {prefetch})")
+        }
     };
     match crate::amx::state() {
         crate::amx::AmxState::On => format!(
             "{base}; AMX int8 for Q4_K and Q6_K matmuls of {}+ tokens",
             crate::repack::AMX_MIN_TOKENS
         ),
-        crate::amx::AmxState::NotInCpu => base.to_string(),
+        crate::amx::AmxState::NotInCpu => base,
         other => format!("{base}; AMX {other}"),
     }
 }

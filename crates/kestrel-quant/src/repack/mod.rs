@@ -334,17 +334,20 @@ pub fn avx512_available() -> bool {
 }
 
 /// How many bytes ahead of its reads a decode kernel (one to four tokens) prefetches the weight
-/// stream into L2, every line: `KESTREL_WEIGHT_PREFETCH=BYTES`, default 0 (off). The hardware
-/// prefetchers stop at 4 KiB pages; on the AMD VM a software prefetch 4 or 16 KiB ahead made
-/// decode slower (BENCHMARKS.md, ninth session), so it is off unless asked for, to measure it
-/// elsewhere (`run.sh ab` of scripts/pack-offline-bench.sh).
+/// stream into L2, every line: `KESTREL_WEIGHT_PREFETCH=BYTES` (0 turns it off). The hardware
+/// prefetchers stop at 4 KiB pages and keep too few lines in flight for one core to reach the
+/// memory's bandwidth on Intel server cores. Measured (BENCHMARKS.md, eleventh session): on the
+/// Xeon, 4 KiB ahead took the 1.5B's decode from 13.3–13.5 to 21.1–21.2 tok/s (8 KiB: 20.9); on
+/// the AMD EPYC VM it made decode slower (ninth session), so AMD CPUs default to 0 and others
+/// to 4096.
 pub fn weight_prefetch_ahead() -> usize {
     static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *AHEAD.get_or_init(|| {
+        let default = if crate::cpu_is_amd() { 0 } else { 4096 };
         std::env::var("KESTREL_WEIGHT_PREFETCH")
             .ok()
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+            .unwrap_or(default)
     })
 }
 

@@ -247,7 +247,14 @@ impl Q32Repacked {
         let w = self.group(g);
         #[cfg(target_arch = "x86_64")]
         if super::avx512_available() {
-            let run = |w: &[u8], five: bool, out: &mut [f32]| {
+            // The weight stream is prefetched for decode (few tokens) reading the group from
+            // memory; an unpacked Q5_0 group is already in L2.
+            let ahead = if t_len <= 4 {
+                super::weight_prefetch_ahead()
+            } else {
+                0
+            };
+            let run = |w: &[u8], five: bool, ahead: usize, out: &mut [f32]| {
                 let mut c = 0;
                 while c < t_len {
                     let n = (t_len - c).min(2);
@@ -256,19 +263,19 @@ impl Q32Repacked {
                     // their preparation were length-checked above.
                     unsafe {
                         match (five, n) {
-                            (true, 2) => avx512::lanes::<2, true>(nb, w, acts, c, o),
-                            (true, _) => avx512::lanes::<1, true>(nb, w, acts, c, o),
-                            (false, 2) => avx512::lanes::<2, false>(nb, w, acts, c, o),
-                            (false, _) => avx512::lanes::<1, false>(nb, w, acts, c, o),
+                            (true, 2) => avx512::lanes::<2, true>(nb, w, ahead, acts, c, o),
+                            (true, _) => avx512::lanes::<1, true>(nb, w, ahead, acts, c, o),
+                            (false, 2) => avx512::lanes::<2, false>(nb, w, ahead, acts, c, o),
+                            (false, _) => avx512::lanes::<1, false>(nb, w, ahead, acts, c, o),
                         }
                     }
                     c += n;
                 }
             };
             if self.ty == GgmlType::Q8_0 {
-                run(w, false, out);
+                run(w, false, ahead, out);
             } else if t_len < UNPACK_MIN_TOKENS {
-                run(w, true, out);
+                run(w, true, ahead, out);
             } else {
                 thread_local! {
                     static UNPACKED: std::cell::RefCell<AlignedBytes> = std::cell::RefCell::new(AlignedBytes::zeroed(0));
@@ -282,7 +289,7 @@ impl Q32Repacked {
                     // SAFETY: AVX-512 VNNI is available; `dst` holds the Q8_0 form of `nb`
                     // blocks and `w` the Q5_0 form.
                     unsafe { avx512::unpack_q5(nb, w, dst) };
-                    run(dst, false, out);
+                    run(dst, false, 0, out);
                 });
             }
             return Ok(());
@@ -362,11 +369,13 @@ mod avx512 {
         (u, w.add(dp))
     }
 
-    /// 16 rows x `N` tokens (`t0..t0 + N` of `acts`).
+    /// 16 rows x `N` tokens (`t0..t0 + N` of `acts`), prefetching the group `ahead` bytes
+    /// ahead of its reads (0: not at all).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     pub(super) unsafe fn lanes<const N: usize, const FIVE: bool>(
         nb: usize,
         w: &[u8],
+        ahead: usize,
         acts: &Q32Acts,
         t0: usize,
         out: &mut [f32],
@@ -376,7 +385,17 @@ mod avx512 {
         let dy: [*const f32; N] = std::array::from_fn(|c| acts.dy.as_ptr().add((t0 + c) * nb));
         let seed: [*const i32; N] =
             std::array::from_fn(|c| acts.seed.as_ptr().add((t0 + c) * nb * 8));
+        let block_bytes = if FIVE {
+            group_block_bytes(GgmlType::Q5_0)
+        } else {
+            group_block_bytes(GgmlType::Q8_0)
+        };
         for i in 0..nb {
+            super::super::prefetch_ahead(
+                w.as_ptr().wrapping_add(i * block_bytes),
+                ahead,
+                block_bytes,
+            );
             let (u, dp) = chunks::<FIVE>(w.as_ptr(), i);
             let dx = _mm512_cvtph_ps(_mm256_loadu_si256(dp as *const __m256i));
             for c in 0..N {
