@@ -123,7 +123,7 @@ pub fn kernels_summary() -> String {
             let prefetch = if ahead == 0 {
                 "no weight prefetch".to_string()
             } else {
-                format!("K-quant decode prefetches weights {ahead} B ahead")
+                format!("decode prefetches weights {ahead} B ahead")
             };
             format!("AVX-512 VNNI (Q4_K, Q6_K, Q8_0, Q5_0 repacked; {prefetch})")
         }

@@ -416,6 +416,24 @@ mod tests {
     use testing::Rng;
 
     #[test]
+    fn the_weight_prefetch_default_follows_the_vendor_and_the_summary_names_it() {
+        if std::env::var_os("KESTREL_WEIGHT_PREFETCH").is_some() {
+            return; // set by hand: the default is not in play
+        }
+        let ahead = weight_prefetch_ahead();
+        assert_eq!(ahead, if crate::cpu_is_amd() { 0 } else { 4096 });
+        if avx512_available() {
+            let summary = crate::kernels_summary();
+            let named = if ahead == 0 {
+                "no weight prefetch".to_string()
+            } else {
+                format!("prefetches weights {ahead} B ahead")
+            };
+            assert!(summary.contains(&named), "{summary}");
+        }
+    }
+
+    #[test]
     fn the_amx_panel_holds_each_tokens_chunks_where_its_tile_reads_them() {
         let (nb, t_len) = (3, 37);
         let ab = nb * Q8K_BYTES;
