@@ -11,7 +11,7 @@
 //!              ─► backend.rs    Backend::submit → Generation (events + cancel-on-drop guard)
 //!              ─► sse.rs        streamed: engine events → chunk JSON → `data:` lines, [DONE]
 //!                               or collected into one response
-//!                 tool_calls.rs Qwen `<tool_call>` output → OpenAI `tool_calls` (streaming)
+//!                 tool_calls/   Qwen tool calls (JSON, XML, bare) → OpenAI `tool_calls`
 //!                 metrics.rs    counters, TTFT / decode histograms, engine gauges
 //! ```
 //!
@@ -57,17 +57,20 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Tokens of one request (prompt + generated), as the engine's `EngineConfig::ctx_size`.
     pub ctx_size: usize,
+    /// The model's own context length (trained maximum): `max_tokens` up to it is accepted.
+    pub model_context: usize,
     /// Largest request body accepted (default [`DEFAULT_MAX_BODY_BYTES`], 8 MiB).
     pub max_body_bytes: usize,
 }
 
 impl ServerConfig {
-    /// No API key, 8 MiB body limit.
+    /// No API key, 8 MiB body limit, the model's context taken to be `ctx_size`.
     pub fn new(model_name: impl Into<String>, ctx_size: usize) -> Self {
         ServerConfig {
             model_name: model_name.into(),
             api_key: None,
             ctx_size,
+            model_context: ctx_size,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }

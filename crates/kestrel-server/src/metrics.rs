@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::backend::{BackendStats, Usage};
+use crate::backend::{BackendStats, FinishReason, Usage};
 
 /// Upper bounds (seconds) of the time-to-first-token histogram.
 const TTFT_BUCKETS: &[f64] = &[
@@ -106,8 +106,18 @@ impl Metrics {
         *m.entry((route.to_string(), status)).or_insert(0) += 1;
     }
 
-    /// Records a generation that ran to its end.
-    pub fn record_finished(&self, usage: &Usage) {
+    /// Records a generation that ran to its end, and logs it as one line (`request finished
+    /// prompt_tokens=... cached_tokens=... ttft_ms=...`: what an agent's turns cost).
+    pub fn record_finished(&self, usage: &Usage, finish: FinishReason) {
+        tracing::info!(
+            prompt_tokens = usage.prompt_tokens,
+            cached_tokens = usage.cached_tokens,
+            completion_tokens = usage.completion_tokens,
+            ttft_ms = format_args!("{:.0}", usage.ttft_ms),
+            decode_ms = format_args!("{:.0}", usage.decode_ms),
+            finish = ?finish,
+            "request finished"
+        );
         self.finished.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens
             .fetch_add(usage.prompt_tokens as u64, Ordering::Relaxed);
@@ -121,6 +131,7 @@ impl Metrics {
 
     /// Records a generation whose client went away before it finished.
     pub fn record_cancelled(&self) {
+        tracing::info!("request cancelled (client went away)");
         self.cancelled.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -232,13 +243,16 @@ mod tests {
         m.record_http("/v1/chat/completions", 200);
         m.record_http("/v1/chat/completions", 200);
         m.record_http("/v1/chat/completions", 400);
-        m.record_finished(&Usage {
-            prompt_tokens: 10,
-            cached_tokens: 4,
-            completion_tokens: 5,
-            ttft_ms: 30.0,
-            decode_ms: 200.0,
-        });
+        m.record_finished(
+            &Usage {
+                prompt_tokens: 10,
+                cached_tokens: 4,
+                completion_tokens: 5,
+                ttft_ms: 30.0,
+                decode_ms: 200.0,
+            },
+            FinishReason::Stop,
+        );
         m.record_cancelled();
         let stats = BackendStats {
             kv_blocks_used: 3,

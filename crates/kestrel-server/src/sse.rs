@@ -60,7 +60,7 @@ impl<A: Assembler> Driver<A> {
                 }
             }
             Some(Event::Done { finish, usage }) => {
-                self.metrics.record_finished(&usage);
+                self.metrics.record_finished(&usage, finish);
                 for chunk in self.assembler.done(finish, &usage) {
                     self.queue.push_back(frame(&chunk));
                 }
@@ -167,7 +167,7 @@ pub async fn collect(
             }
             Some(Event::Done { finish, usage }) => {
                 guard.armed = false;
-                metrics.record_finished(&usage);
+                metrics.record_finished(&usage, finish);
                 out.finish = Some(finish);
                 out.usage = usage;
                 return Ok(out);

@@ -25,6 +25,8 @@ pub struct GenOptions {
     pub stop: Vec<String>,
     /// `max_completion_tokens` or `max_tokens`; `None`: whatever the context leaves.
     pub max_tokens: Option<u32>,
+    /// The field `max_tokens` came in, for errors that blame it.
+    pub max_tokens_param: &'static str,
     pub ignore_eos: bool,
     /// Top-N alternatives per token; `None` = no logprobs.
     pub logprobs: Option<usize>,
@@ -184,7 +186,7 @@ fn check_response_format(v: Option<&Value>) -> Result<(), ApiError> {
 fn common(
     c: &CommonFields,
     max_tokens: Option<u32>,
-    max_param: &str,
+    max_param: &'static str,
     logprobs: Option<usize>,
 ) -> Result<GenOptions, ApiError> {
     match c.n {
@@ -245,6 +247,7 @@ fn common(
         sampling,
         stop: stop_strings(c.stop.as_ref())?,
         max_tokens,
+        max_tokens_param: max_param,
         ignore_eos: c.ignore_eos.unwrap_or(false),
         logprobs,
         stream,
@@ -515,12 +518,20 @@ fn prompt_input(v: &Value) -> Result<PromptInput, ApiError> {
     }
 }
 
-/// The number of tokens to generate: what was asked, if the context has room for it; else
-/// what the context leaves after the prompt. `prompt_param` names the field to blame.
+/// The number of tokens to generate.
+///
+/// `max_tokens` may be anything up to the model's context length (`model_ctx`, or the serving
+/// context if that is larger): agent clients ask for the whole context and expect generation to
+/// run until it is full, as llama-server and Ollama do. What the serving context leaves after
+/// the prompt caps it; the response then ends with `finish_reason: "length"`. A value above the
+/// model's context is the client's error and names the field it came in (`max_param`).
+/// `prompt_param` names the field to blame for a prompt that leaves no room.
 pub fn token_budget(
     prompt_len: usize,
     max_tokens: Option<u32>,
+    max_param: &str,
     ctx_size: usize,
+    model_ctx: usize,
     prompt_param: &str,
 ) -> Result<usize, ApiError> {
     if prompt_len == 0 {
@@ -536,13 +547,14 @@ pub fn token_budget(
         .with_code("context_length_exceeded"));
     }
     let room = ctx_size - prompt_len;
+    let limit = model_ctx.max(ctx_size);
     match max_tokens {
         None => Ok(room),
-        Some(m) if m as usize <= room => Ok(m as usize),
+        Some(m) if m as usize <= limit => Ok(room.min(m as usize)),
         Some(m) => Err(ApiError::invalid_param(
-            "max_tokens",
+            max_param,
             format!(
-                "max_tokens = {m} with a {prompt_len}-token prompt exceeds the {ctx_size}-token context; at most {room} tokens can be generated"
+                "`{max_param}` = {m} exceeds the model's {limit}-token context; with this {prompt_len}-token prompt at most {room} tokens can be generated (up to {limit} is accepted and stops where the context is full)"
             ),
         )
         .with_code("context_length_exceeded")),
@@ -810,15 +822,25 @@ mod tests {
 
     #[test]
     fn budget() {
-        assert_eq!(token_budget(10, None, 100, "prompt").unwrap(), 90);
-        assert_eq!(token_budget(10, Some(5), 100, "prompt").unwrap(), 5);
-        let e = token_budget(10, Some(95), 100, "prompt").unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let b = |len, max, param| token_budget(len, max, param, 100, 150, "prompt");
+        assert_eq!(b(10, None, "max_tokens").unwrap(), 90);
+        assert_eq!(b(10, Some(5), "max_tokens").unwrap(), 5);
+        // Up to the model's context is accepted and capped at what the serving context leaves.
+        assert_eq!(b(10, Some(95), "max_tokens").unwrap(), 90);
+        assert_eq!(b(10, Some(150), "max_tokens").unwrap(), 90);
+        let e = b(10, Some(151), "max_completion_tokens").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
         assert!(e.message.contains("at most 90"), "{}", e.message);
-        let e = token_budget(100, None, 100, "messages").unwrap_err();
+        assert!(e.message.contains("150-token context"), "{}", e.message);
+        // A serving context above the model's own is the limit then.
+        assert_eq!(
+            token_budget(10, Some(100), "max_tokens", 100, 50, "prompt").unwrap(),
+            90
+        );
+        let e = token_budget(100, None, "max_tokens", 100, 150, "messages").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages"));
         assert_eq!(e.code, Some("context_length_exceeded"));
-        assert!(token_budget(0, None, 100, "prompt").is_err());
+        assert!(b(0, None, "max_tokens").is_err());
         assert!(check_model(Some("x"), "y").is_err());
         assert!(check_model(None, "y").is_ok());
         assert!(check_model(Some("y"), "y").is_ok());

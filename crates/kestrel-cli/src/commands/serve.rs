@@ -33,6 +33,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    init_logging();
     let src = ModelSource::open(&args.engine.model)?;
     let ctx = args.engine.context(&src)?;
     let kv_type = args.engine.kv_type(&src)?;
@@ -58,6 +59,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
     let config = ServerConfig {
         api_key: args.api_key.clone(),
+        model_context: src.config.max_context,
         ..ServerConfig::new(name.clone(), ctx)
     };
     let tokenizer = src.tokenizer.clone();
@@ -82,4 +84,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .await?;
         Ok(())
     })
+}
+
+/// Server logs on stderr: one line per finished request (tokens, cached tokens, TTFT) and the
+/// errors. `RUST_LOG` overrides the level (e.g. `RUST_LOG=kestrel_server=debug`).
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("kestrel_server=info,warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
 }

@@ -20,7 +20,7 @@ use crate::openai_types::{
     ChatMessageBody, ChatRequest, FunctionBody, ToolCallBody, UsageBody, SYSTEM_FINGERPRINT,
 };
 use crate::sse::{self, Assembler};
-use crate::tool_calls::{self, ParsedToolCall, Segment, ToolCallParser};
+use crate::tool_calls::{self, End, ParsedToolCall, Segment, ToolCallParser, ToolSpec};
 use crate::validate::{self, token_budget};
 use crate::AppState;
 
@@ -46,16 +46,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
         )
     })?;
     let parse_tools = plan.tools.is_some();
-    let tool_names: Vec<String> = plan
-        .tools
-        .iter()
-        .flatten()
-        .filter_map(|t| {
-            t.pointer("/function/name")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .collect();
+    let tool_specs = ToolSpec::from_tools(plan.tools.as_deref().unwrap_or_default());
     let tokenizer = shared.tokenizer.clone();
     let (messages, tools) = (plan.messages, plan.tools);
     let prompt =
@@ -63,7 +54,9 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     let max_tokens = token_budget(
         prompt.len(),
         plan.options.max_tokens,
+        plan.options.max_tokens_param,
         shared.config.ctx_size,
+        shared.config.model_context,
         "messages",
     )?;
     let generation = submit(shared, prompt, max_tokens, &plan.options)?;
@@ -77,7 +70,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     if plan.options.stream {
         let assembler = ChatStream {
             base,
-            parser: parse_tools.then(|| ToolCallParser::with_tools(tool_names.clone())),
+            parser: parse_tools.then(|| ToolCallParser::with_tools(tool_specs.clone())),
             tokenizer,
             want_logprobs,
             pending_logprobs: vec![],
@@ -91,8 +84,9 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
         ));
     }
     let out = sse::collect(generation, shared.metrics.clone()).await?;
+    let end = parser_end(out.finish.unwrap_or(FinishReason::Stop));
     let segments = if parse_tools {
-        tool_calls::parse_all_with(ToolCallParser::with_tools(tool_names), &out.text)
+        tool_calls::parse_all_with(ToolCallParser::with_tools(tool_specs), &out.text, end)
     } else {
         vec![Segment::Content(out.text)]
     };
@@ -164,6 +158,14 @@ pub(crate) fn finish_reason(finish: FinishReason, had_tool_calls: bool) -> &'sta
         FinishReason::Length => "length",
         FinishReason::Stop | FinishReason::Cancelled if had_tool_calls => "tool_calls",
         FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+/// A reply cut by the token limit may end inside a call whose last value is truncated.
+fn parser_end(finish: FinishReason) -> End {
+    match finish {
+        FinishReason::Length => End::Cut,
+        FinishReason::Stop | FinishReason::Cancelled => End::Stopped,
     }
 }
 
@@ -279,7 +281,7 @@ impl Assembler for ChatStream {
         let rest = self
             .parser
             .as_mut()
-            .map(ToolCallParser::finish)
+            .map(|p| p.finish(parser_end(finish)))
             .unwrap_or_default();
         let mut out = self.segments(rest);
         let reason = finish_reason(finish, self.tool_calls > 0);

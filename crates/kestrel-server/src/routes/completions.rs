@@ -58,7 +58,9 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     let max_tokens = token_budget(
         prompt.len(),
         plan.options.max_tokens,
+        plan.options.max_tokens_param,
         shared.config.ctx_size,
+        shared.config.model_context,
         "prompt",
     )?;
     let generation = submit(shared, prompt, max_tokens, &plan.options)?;
