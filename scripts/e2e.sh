@@ -7,7 +7,9 @@
 #   - Qwen2.5-Coder 0.5B with an API key: the official SDK checks (tests/e2e/openai_client.py),
 #     the API-key checks and a logprobs-vs-logits check;
 #   - SmolLM2 135M with --parallel 8: the load test (tests/e2e/load_test.py), then the API
-#     behaviour checks (tests/e2e/api_checks.py).
+#     behaviour checks (tests/e2e/api_checks.py);
+#   - Qwen2.5-Coder 0.5B with a 20k context: Qwen Code's recorded requests (a 17.5k-token first
+#     turn, then the next turn from the prefix cache; tests/e2e/agent_request.py).
 # The servers are always killed on exit. Exits non-zero if any check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,7 @@ QWEN=$ROOT/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
 SMOL=$ROOT/models/smollm2-135m-instruct-q4_1.gguf
 OPENAI_VERSION=${OPENAI_VERSION:-3.57.0}
 SMOL_CTX=2048
+AGENT_CTX=20480
 
 if [[ ! -x $BIN ]]; then
     echo "e2e: $BIN is missing; build it first: cargo build --release -p kestrel-cli" >&2
@@ -66,9 +69,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # Free loopback ports (bound, then released; the servers bind them right after).
-read -r QWEN_PORT SMOL_PORT < <("$PY" - <<'EOF'
+read -r QWEN_PORT SMOL_PORT AGENT_PORT < <("$PY" - <<'EOF'
 import socket
-socks = [socket.socket() for _ in range(2)]
+socks = [socket.socket() for _ in range(3)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -83,6 +86,9 @@ QWEN_PID=$!
 "$BIN" serve -m "$SMOL" --port "$SMOL_PORT" --parallel 8 --ctx-size "$SMOL_CTX" >"$WORK/smol.log" 2>&1 &
 PIDS+=($!)
 SMOL_PID=$!
+"$BIN" serve -m "$QWEN" --port "$AGENT_PORT" --parallel 1 --ctx-size "$AGENT_CTX" >"$WORK/agent.log" 2>&1 &
+PIDS+=($!)
+AGENT_PID=$!
 
 wait_health() { # name pid port
     local deadline=$(($(date +%s) + 180))
@@ -104,6 +110,7 @@ wait_health() { # name pid port
 }
 wait_health qwen "$QWEN_PID" "$QWEN_PORT"
 wait_health smollm2 "$SMOL_PID" "$SMOL_PORT"
+wait_health agent "$AGENT_PID" "$AGENT_PORT"
 
 step() { # name command...
     local name=$1 t0
@@ -126,7 +133,11 @@ step "API checks (SmolLM2; key and logprobs on qwen 0.5B)" \
     "$PY" tests/e2e/api_checks.py "http://127.0.0.1:$SMOL_PORT" --model "$SMOL" --kestrel "$BIN" \
     --ctx-size "$SMOL_CTX" --keyed-url "http://127.0.0.1:$QWEN_PORT" --api-key "$API_KEY" --keyed-model "$QWEN"
 
-for pid in "$QWEN_PID" "$SMOL_PID"; do
+step "agent requests (Qwen Code's recorded turns on qwen 0.5B; max_tokens to the context on SmolLM2)" \
+    "$PY" tests/e2e/agent_request.py "http://127.0.0.1:$AGENT_PORT" --ctx-size "$AGENT_CTX" \
+    --small-url "http://127.0.0.1:$SMOL_PORT" --small-ctx "$SMOL_CTX" --small-model-ctx 8192
+
+for pid in "$QWEN_PID" "$SMOL_PID" "$AGENT_PID"; do
     if ! kill -0 "$pid" 2>/dev/null; then
         FAILED+=("server (pid $pid) exited during the tests")
     fi

@@ -148,7 +148,12 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::error!(status = %self.status, message = %self.message, "request failed");
         } else {
-            tracing::debug!(status = %self.status, message = %self.message, "request rejected");
+            tracing::info!(
+                status = %self.status,
+                param = self.param.as_deref().unwrap_or(""),
+                message = %self.message,
+                "request rejected"
+            );
         }
         (
             self.status,

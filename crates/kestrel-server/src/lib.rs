@@ -49,7 +49,7 @@ pub use routes::router;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// Server settings, built once by the front end (`kestrel serve`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     /// The name `/v1/models` lists and requests must use (a request may also omit `model`).
     pub model_name: String,
@@ -59,6 +59,10 @@ pub struct ServerConfig {
     pub ctx_size: usize,
     /// The model's own context length (trained maximum): `max_tokens` up to it is accepted.
     pub model_context: usize,
+    /// Sampling for what a request leaves out (OpenAI's defaults unless the operator chose).
+    pub sampling_defaults: kestrel_sampler::SamplingParams,
+    /// Longest silence on a stream before a keep-alive chunk (default [`sse::KEEPALIVE`]).
+    pub keepalive: std::time::Duration,
     /// Largest request body accepted (default [`DEFAULT_MAX_BODY_BYTES`], 8 MiB).
     pub max_body_bytes: usize,
 }
@@ -71,6 +75,8 @@ impl ServerConfig {
             api_key: None,
             ctx_size,
             model_context: ctx_size,
+            sampling_defaults: validate::openai_sampling_defaults(),
+            keepalive: sse::KEEPALIVE,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }

@@ -108,8 +108,9 @@ impl Metrics {
 
     /// Records a generation that ran to its end, and logs it as one line (`request finished
     /// prompt_tokens=... cached_tokens=... ttft_ms=...`: what an agent's turns cost).
-    pub fn record_finished(&self, usage: &Usage, finish: FinishReason) {
+    pub fn record_finished(&self, id: &str, usage: &Usage, finish: FinishReason) {
         tracing::info!(
+            id,
             prompt_tokens = usage.prompt_tokens,
             cached_tokens = usage.cached_tokens,
             completion_tokens = usage.completion_tokens,
@@ -130,8 +131,12 @@ impl Metrics {
     }
 
     /// Records a generation whose client went away before it finished.
-    pub fn record_cancelled(&self) {
-        tracing::info!("request cancelled (client went away)");
+    pub fn record_cancelled(&self, id: &str, elapsed: std::time::Duration) {
+        tracing::info!(
+            id,
+            elapsed_ms = elapsed.as_millis() as u64,
+            "request cancelled (client went away)"
+        );
         self.cancelled.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -244,6 +249,7 @@ mod tests {
         m.record_http("/v1/chat/completions", 200);
         m.record_http("/v1/chat/completions", 400);
         m.record_finished(
+            "chatcmpl-x",
             &Usage {
                 prompt_tokens: 10,
                 cached_tokens: 4,
@@ -253,7 +259,7 @@ mod tests {
             },
             FinishReason::Stop,
         );
-        m.record_cancelled();
+        m.record_cancelled("chatcmpl-y", std::time::Duration::from_millis(5));
         let stats = BackendStats {
             kv_blocks_used: 3,
             kv_blocks_cached: 2,

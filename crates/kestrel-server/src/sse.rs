@@ -7,6 +7,10 @@
 //! data: {first chunk}\n\n ... data: {last chunk}\n\n data: [DONE]\n\n
 //! ```
 //!
+//! While nothing else goes out (a long prompt's prefill, a wait in the queue), a keep-alive
+//! chunk with no text goes out every few seconds ([`KEEPALIVE`] by default): agent clients abandon a stream that is
+//! silent for a few minutes (Qwen Code: 240 s), and SSE comments do not count for them.
+//!
 //! The stream owns the [`Generation`], so when hyper drops the body (the client went away) the
 //! request is cancelled. An engine error after the headers went out becomes one
 //! `data: {"error": {...}}` event, which the OpenAI SDKs raise as an API error.
@@ -14,6 +18,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::http::header;
@@ -32,7 +37,12 @@ pub trait Assembler: Send + 'static {
     fn token(&mut self, id: u32, text: &str, logprob: Option<TokenLogprob>) -> Vec<String>;
     /// Closing chunks: the finish reason, and usage if asked for.
     fn done(&mut self, finish: FinishReason, usage: &Usage) -> Vec<String>;
+    /// A chunk that adds nothing (no text, no finish), sent to show the stream is alive.
+    fn keepalive(&mut self) -> String;
 }
+
+/// Longest silence on a stream before a keep-alive chunk (the server's default).
+pub const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// One SSE event carrying `data`.
 pub fn frame(data: &str) -> Bytes {
@@ -48,19 +58,33 @@ struct Driver<A: Assembler> {
     metrics: Arc<Metrics>,
     queue: VecDeque<Bytes>,
     finished: bool,
+    /// The response id (logged with the request's figures).
+    id: String,
+    started: Instant,
+    keepalive: Duration,
 }
 
 impl<A: Assembler> Driver<A> {
-    /// Waits for the next engine event and queues the frames it produces.
+    /// Waits for the next engine event and queues the frames it produces; a keep-alive chunk
+    /// if none comes within `keepalive`.
     async fn step(&mut self) {
-        match self.generation.events.recv().await {
+        let event = match tokio::time::timeout(self.keepalive, self.generation.events.recv()).await
+        {
+            Ok(event) => event,
+            Err(_) => {
+                let chunk = self.assembler.keepalive();
+                self.queue.push_back(frame(&chunk));
+                return;
+            }
+        };
+        match event {
             Some(Event::Token { id, text, logprob }) => {
                 for chunk in self.assembler.token(id, &text, logprob) {
                     self.queue.push_back(frame(&chunk));
                 }
             }
             Some(Event::Done { finish, usage }) => {
-                self.metrics.record_finished(&usage, finish);
+                self.metrics.record_finished(&self.id, &usage, finish);
                 for chunk in self.assembler.done(finish, &usage) {
                     self.queue.push_back(frame(&chunk));
                 }
@@ -83,16 +107,19 @@ impl<A: Assembler> Driver<A> {
 impl<A: Assembler> Drop for Driver<A> {
     fn drop(&mut self) {
         if !self.finished {
-            self.metrics.record_cancelled();
+            self.metrics
+                .record_cancelled(&self.id, self.started.elapsed());
         }
     }
 }
 
-/// The SSE response for a submitted generation.
+/// The SSE response for a submitted generation; `id` is the response's id.
 pub fn event_stream<A: Assembler>(
     generation: Generation,
     mut assembler: A,
     metrics: Arc<Metrics>,
+    id: String,
+    keepalive: Duration,
 ) -> Response {
     let queue: VecDeque<Bytes> = assembler.start().iter().map(|c| frame(c)).collect();
     let driver = Driver {
@@ -101,6 +128,9 @@ pub fn event_stream<A: Assembler>(
         metrics,
         queue,
         finished: false,
+        id,
+        started: Instant::now(),
+        keepalive,
     };
     let body = stream::unfold(driver, |mut d| async move {
         loop {
@@ -137,12 +167,15 @@ pub struct Collected {
 struct CancelCounter {
     metrics: Arc<Metrics>,
     armed: bool,
+    id: String,
+    started: Instant,
 }
 
 impl Drop for CancelCounter {
     fn drop(&mut self) {
         if self.armed {
-            self.metrics.record_cancelled();
+            self.metrics
+                .record_cancelled(&self.id, self.started.elapsed());
         }
     }
 }
@@ -152,10 +185,13 @@ impl Drop for CancelCounter {
 pub async fn collect(
     mut generation: Generation,
     metrics: Arc<Metrics>,
+    id: &str,
 ) -> Result<Collected, ApiError> {
     let mut guard = CancelCounter {
         metrics: metrics.clone(),
         armed: true,
+        id: id.to_string(),
+        started: Instant::now(),
     };
     let mut out = Collected::default();
     loop {
@@ -167,7 +203,7 @@ pub async fn collect(
             }
             Some(Event::Done { finish, usage }) => {
                 guard.armed = false;
-                metrics.record_finished(&usage, finish);
+                metrics.record_finished(id, &usage, finish);
                 out.finish = Some(finish);
                 out.usage = usage;
                 return Ok(out);

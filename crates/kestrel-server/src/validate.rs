@@ -1,8 +1,9 @@
 //! Request validation: OpenAI request bodies → what the engine runs.
 //!
-//! OpenAI's defaults apply where the request is silent: temperature 1, top_p 1, and the
-//! llama.cpp extensions off (top_k 0, min_p 0, repeat_penalty 1), so an OpenAI client gets
-//! OpenAI semantics rather than llama.cpp's. Every rejection names the field at fault.
+//! Where the request is silent, the server's sampling defaults apply: OpenAI's unless the
+//! operator set others (`kestrel serve --temp ...`): temperature 1, top_p 1, and the llama.cpp
+//! extensions off (top_k 0, min_p 0, repeat_penalty 1), so an OpenAI client gets OpenAI
+//! semantics rather than llama.cpp's. Every rejection names the field at fault.
 
 use serde_json::Value;
 
@@ -17,6 +18,21 @@ pub const MAX_TOP_LOGPROBS: u32 = 20;
 pub const MAX_STOP_STRINGS: usize = 16;
 /// How many recent tokens presence / frequency penalties look at (llama.cpp's default).
 pub const PENALTY_WINDOW: i32 = 64;
+
+/// OpenAI's sampling defaults (the server's unless the operator sets others).
+pub fn openai_sampling_defaults() -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: 0,
+        min_p: 0.0,
+        repeat_penalty: 1.0,
+        repeat_last_n: PENALTY_WINDOW,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        seed: None,
+    }
+}
 
 /// Generation options shared by chat and text completions.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,7 +81,7 @@ pub fn check_model(requested: Option<&str>, served: &str) -> Result<(), ApiError
     }
 }
 
-pub fn chat(req: ChatRequest) -> Result<ChatPlan, ApiError> {
+pub fn chat(req: ChatRequest, defaults: &SamplingParams) -> Result<ChatPlan, ApiError> {
     if req.functions.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(ApiError::unsupported("functions", "use `tools` instead"));
     }
@@ -106,7 +122,7 @@ pub fn chat(req: ChatRequest) -> Result<ChatPlan, ApiError> {
     } else {
         "max_tokens"
     };
-    let options = common(&req.common(), max, param, top)?;
+    let options = common(&req.common(), defaults, max, param, top)?;
 
     if req.messages.is_empty() {
         return Err(ApiError::invalid_param(
@@ -128,7 +144,10 @@ pub fn chat(req: ChatRequest) -> Result<ChatPlan, ApiError> {
     })
 }
 
-pub fn completion(req: CompletionRequest) -> Result<CompletionPlan, ApiError> {
+pub fn completion(
+    req: CompletionRequest,
+    defaults: &SamplingParams,
+) -> Result<CompletionPlan, ApiError> {
     if req.echo == Some(true) {
         return Err(ApiError::unsupported(
             "echo",
@@ -151,7 +170,7 @@ pub fn completion(req: CompletionRequest) -> Result<CompletionPlan, ApiError> {
         Some(k) => Some(check_top_logprobs("logprobs", k)?),
         None => None,
     };
-    let options = common(&req.common(), req.max_tokens, "max_tokens", top)?;
+    let options = common(&req.common(), defaults, req.max_tokens, "max_tokens", top)?;
     let prompt = prompt_input(&req.prompt)?;
     Ok(CompletionPlan { prompt, options })
 }
@@ -185,6 +204,7 @@ fn check_response_format(v: Option<&Value>) -> Result<(), ApiError> {
 
 fn common(
     c: &CommonFields,
+    d: &SamplingParams,
     max_tokens: Option<u32>,
     max_param: &'static str,
     logprobs: Option<usize>,
@@ -229,14 +249,14 @@ fn common(
         }),
     };
     let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(1.0),
-        top_p: c.top_p.unwrap_or(1.0),
-        top_k: c.top_k.unwrap_or(0),
-        min_p: c.min_p.unwrap_or(0.0),
-        repeat_penalty: c.repeat_penalty.unwrap_or(1.0),
+        temperature: c.temperature.unwrap_or(d.temperature),
+        top_p: c.top_p.unwrap_or(d.top_p),
+        top_k: c.top_k.unwrap_or(d.top_k),
+        min_p: c.min_p.unwrap_or(d.min_p),
+        repeat_penalty: c.repeat_penalty.unwrap_or(d.repeat_penalty),
         repeat_last_n: PENALTY_WINDOW,
-        presence_penalty: c.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: c.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: c.frequency_penalty.unwrap_or(d.frequency_penalty),
         seed,
     };
     sampling.validate().map_err(|e| match &e {
@@ -568,7 +588,10 @@ mod tests {
     use serde_json::json;
 
     fn chat_req(v: Value) -> Result<ChatPlan, ApiError> {
-        chat(parse_json::<ChatRequest>(v.to_string().as_bytes())?)
+        chat(
+            parse_json::<ChatRequest>(v.to_string().as_bytes())?,
+            &openai_sampling_defaults(),
+        )
     }
 
     fn user() -> Value {
@@ -779,7 +802,12 @@ mod tests {
 
     #[test]
     fn completion_prompts() {
-        let c = |v: Value| completion(parse_json::<CompletionRequest>(v.to_string().as_bytes())?);
+        let c = |v: Value| {
+            completion(
+                parse_json::<CompletionRequest>(v.to_string().as_bytes())?,
+                &openai_sampling_defaults(),
+            )
+        };
         assert_eq!(
             c(json!({"prompt": "x"})).unwrap().prompt,
             PromptInput::Text("x".into())
@@ -818,6 +846,31 @@ mod tests {
         }
         let e = c(json!({})).unwrap_err();
         assert!(e.message.contains("prompt"), "{}", e.message);
+    }
+
+    #[test]
+    fn operator_defaults_fill_what_the_request_leaves_out() {
+        let d = SamplingParams {
+            temperature: 0.7,
+            top_p: 0.8,
+            top_k: 20,
+            repeat_penalty: 1.05,
+            ..openai_sampling_defaults()
+        };
+        let req = |v: Value| parse_json::<ChatRequest>(v.to_string().as_bytes()).unwrap();
+        let p = chat(req(json!({"messages": user()})), &d).unwrap();
+        let s = &p.options.sampling;
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k, s.repeat_penalty),
+            (0.7, 0.8, 20, 1.05)
+        );
+        let p = chat(
+            req(json!({"messages": user(), "temperature": 0.0, "top_k": 0})),
+            &d,
+        )
+        .unwrap();
+        let s = &p.options.sampling;
+        assert_eq!((s.temperature, s.top_p, s.top_k), (0.0, 0.8, 0));
     }
 
     #[test]

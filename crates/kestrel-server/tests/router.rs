@@ -769,3 +769,49 @@ async fn disconnect_cancels() {
         r.body
     );
 }
+
+/// While the engine is silent (a long prefill), a stream gets keep-alive chunks that add
+/// nothing: agent clients drop streams that send no data for minutes.
+#[tokio::test]
+async fn silent_streams_get_keepalive_chunks() {
+    let srv = start(|c| c.keepalive = Duration::from_millis(50)).await;
+    srv.fake.hang.store(true, Ordering::SeqCst);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": user("x"), "stream": true}),
+        ),
+        ("/v1/completions", json!({"prompt": "x", "stream": true})),
+    ] {
+        let body = body.to_string();
+        let mut s = TcpStream::connect(srv.addr).await.unwrap();
+        s.write_all(&request_bytes("POST", path, &[], body.as_bytes()))
+            .await
+            .unwrap();
+        let mut seen = String::new();
+        let mut buf = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while seen.matches("data: ").count() < 4 && tokio::time::Instant::now() < deadline {
+            let n = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        let chunks: Vec<Value> = seen
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert!(chunks.len() >= 3, "{path}: {seen}");
+        for c in &chunks[1..] {
+            let choice = &c["choices"][0];
+            assert_eq!(choice["finish_reason"], Value::Null, "{path}: {c}");
+            if path == "/v1/chat/completions" {
+                assert_eq!(choice["delta"], json!({}), "{c}");
+            } else {
+                assert_eq!(choice["text"], "", "{c}");
+            }
+        }
+    }
+}

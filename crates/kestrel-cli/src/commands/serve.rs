@@ -6,6 +6,7 @@ use crate::source::ModelSource;
 use anyhow::{Context, Result};
 use kestrel_engine::{Engine, EngineConfig};
 use kestrel_models::PagedModel;
+use kestrel_sampler::SamplingParams;
 use kestrel_server::{AppState, ServerConfig};
 use std::sync::Arc;
 
@@ -30,10 +31,53 @@ pub struct ServeArgs {
     /// Name clients use for the model (default: the file name without extension).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Sampling for requests that leave it out (OpenAI's defaults otherwise: temperature 1,
+    /// top_p 1, no top_k / min_p / repeat penalty). Agent clients often send none: Qwen's
+    /// recommended settings are `--temp 0.7 --top-p 0.8 --top-k 20 --repeat-penalty 1.05`.
+    #[command(flatten)]
+    pub sampling: SamplingDefaultArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SamplingDefaultArgs {
+    /// Default temperature (0 = greedy).
+    #[arg(long = "temp")]
+    pub temperature: Option<f32>,
+    /// Default nucleus sampling threshold.
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Default top-k (0 = off).
+    #[arg(long)]
+    pub top_k: Option<u32>,
+    /// Default min-p (0 = off).
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Default repetition penalty (1 = off).
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+}
+
+impl SamplingDefaultArgs {
+    /// The server's defaults: OpenAI's, with what the operator set; checked like a request's.
+    fn resolve(&self) -> Result<SamplingParams> {
+        let d = kestrel_server::validate::openai_sampling_defaults();
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repeat_penalty: self.repeat_penalty.unwrap_or(d.repeat_penalty),
+            ..d
+        };
+        p.validate()
+            .map_err(|e| anyhow::anyhow!("default sampling: {e}"))?;
+        Ok(p)
+    }
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
     init_logging();
+    let sampling_defaults = args.sampling.resolve()?;
     let src = ModelSource::open(&args.engine.model)?;
     let ctx = args.engine.context(&src)?;
     let kv_type = args.engine.kv_type(&src)?;
@@ -60,6 +104,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let config = ServerConfig {
         api_key: args.api_key.clone(),
         model_context: src.config.max_context,
+        sampling_defaults: sampling_defaults.clone(),
         ..ServerConfig::new(name.clone(), ctx)
     };
     let tokenizer = src.tokenizer.clone();
@@ -77,6 +122,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         eprintln!(
             "serving '{name}' on http://{addr}/v1 (ctx {ctx}, parallel {})",
             args.parallel
+        );
+        let d = &sampling_defaults;
+        eprintln!(
+            "sampling when a request leaves it out: temperature {}, top_p {}, top_k {}, min_p {}, repeat_penalty {}",
+            d.temperature, d.top_p, d.top_k, d.min_p, d.repeat_penalty
         );
         kestrel_server::serve_with_shutdown(state, listener, async {
             let _ = tokio::signal::ctrl_c().await;

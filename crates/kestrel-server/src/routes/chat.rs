@@ -39,7 +39,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     let req: ChatRequest = parse_json(&body)?;
     let shared = state.shared();
     validate::check_model(req.model.as_deref(), &shared.config.model_name)?;
-    let plan = validate::chat(req)?;
+    let plan = validate::chat(req, &shared.config.sampling_defaults)?;
     let template = shared.template.clone().ok_or_else(|| {
         ApiError::bad_request(
             "this model has no chat template; use /v1/completions with a raw prompt",
@@ -68,6 +68,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     let tokenizer = shared.tokenizer.clone();
     let want_logprobs = plan.options.logprobs.is_some();
     if plan.options.stream {
+        let id = base.id.clone();
         let assembler = ChatStream {
             base,
             parser: parse_tools.then(|| ToolCallParser::with_tools(tool_specs.clone())),
@@ -81,9 +82,11 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
             generation,
             assembler,
             shared.metrics.clone(),
+            id,
+            shared.config.keepalive,
         ));
     }
-    let out = sse::collect(generation, shared.metrics.clone()).await?;
+    let out = sse::collect(generation, shared.metrics.clone(), &base.id).await?;
     let end = parser_end(out.finish.unwrap_or(FinishReason::Stop));
     let segments = if parse_tools {
         tool_calls::parse_all_with(ToolCallParser::with_tools(tool_specs), &out.text, end)
@@ -253,6 +256,13 @@ impl ChatStream {
 }
 
 impl Assembler for ChatStream {
+    fn keepalive(&mut self) -> String {
+        let logprobs = std::mem::take(&mut self.pending_logprobs);
+        let chunk = self.chunk(ChatDelta::default(), None);
+        self.pending_logprobs = logprobs; // they belong to text still held back
+        chunk
+    }
+
     fn start(&mut self) -> Vec<String> {
         let delta = ChatDelta {
             role: Some("assistant"),
@@ -355,6 +365,9 @@ mod tests {
         );
         assert_eq!(first[0]["choices"][0]["finish_reason"], Value::Null);
         assert!(s.token(1, "", None).is_empty());
+        let alive = parse(&[s.keepalive()]);
+        assert_eq!(alive[0]["choices"][0]["delta"], json!({}));
+        assert_eq!(alive[0]["choices"][0]["finish_reason"], Value::Null);
         let c = parse(&s.token(1, "Hi", None));
         assert_eq!(c[0]["choices"][0]["delta"], json!({"content": "Hi"}));
         let usage = Usage {

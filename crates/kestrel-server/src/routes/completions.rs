@@ -38,7 +38,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     let req: CompletionRequest = parse_json(&body)?;
     let shared = state.shared();
     validate::check_model(req.model.as_deref(), &shared.config.model_name)?;
-    let plan = validate::completion(req)?;
+    let plan = validate::completion(req, &shared.config.sampling_defaults)?;
     let tokenizer = shared.tokenizer.clone();
     let prompt = match plan.prompt {
         PromptInput::Ids(ids) => {
@@ -71,6 +71,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
     };
     let want_logprobs = plan.options.logprobs.is_some();
     if plan.options.stream {
+        let id = base.id.clone();
         let assembler = TextStream {
             base,
             tokenizer,
@@ -82,9 +83,11 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
             generation,
             assembler,
             shared.metrics.clone(),
+            id,
+            shared.config.keepalive,
         ));
     }
-    let out = sse::collect(generation, shared.metrics.clone()).await?;
+    let out = sse::collect(generation, shared.metrics.clone(), &base.id).await?;
     let logprobs = want_logprobs.then(|| {
         let mut lp = CompletionLogprobs::default();
         let mut offset = 0;
@@ -169,6 +172,10 @@ impl TextStream {
 impl Assembler for TextStream {
     fn start(&mut self) -> Vec<String> {
         vec![]
+    }
+
+    fn keepalive(&mut self) -> String {
+        self.chunk(String::new(), None, None)
     }
 
     fn token(&mut self, _id: u32, text: &str, logprob: Option<TokenLogprob>) -> Vec<String> {
