@@ -1,6 +1,7 @@
 //! A model together with the block pool it stores K/V in: what the serving engine drives.
 //! The engine hands out block ids and builds block tables; this side stores the data.
 
+use crate::deltanet::StatePool;
 use crate::kv::{KvPool, KvType};
 use crate::model::{Model, SeqStep, WantLogits};
 use crate::ModelError;
@@ -28,7 +29,7 @@ impl PagedModel {
     /// Bytes one block takes across all layers.
     pub fn block_bytes(model: &Model, block_size: usize, kv_type: KvType) -> usize {
         let c = &model.config;
-        KvPool::block_bytes(c.n_layers, c.kv_dim(), block_size, kv_type)
+        KvPool::block_bytes(c.n_kv_layers(), c.kv_dim(), block_size, kv_type)
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -37,12 +38,20 @@ impl PagedModel {
 
     /// One batched step; `want_last[i]` says whether sequence i wants its last logits.
     pub fn step(&mut self, seqs: &[(&[u32], usize, &[u32], bool)]) -> Result<Vec<f32>, ModelError> {
+        if self.model.config.hybrid.is_some() {
+            // The engine does not hand out recurrent-state slots yet (issue 20).
+            return Err(ModelError::Unsupported(format!(
+                "{}: the serving engine cannot keep recurrent state yet; use `kestrel logits`",
+                self.model.config.arch.name()
+            )));
+        }
         let steps: Vec<SeqStep> = seqs
             .iter()
             .map(|&(tokens, start, blocks, want)| SeqStep {
                 tokens,
                 start,
                 blocks,
+                slot: 0,
                 want: if want {
                     WantLogits::Last
                 } else {
@@ -50,7 +59,9 @@ impl PagedModel {
                 },
             })
             .collect();
-        let out = self.model.forward_batch(&mut self.pool, &steps)?;
+        let out = self
+            .model
+            .forward_batch(&mut self.pool, &mut StatePool::empty(), &steps)?;
         let n: u64 = seqs.iter().map(|s| s.0.len() as u64).sum();
         self.tokens_computed.fetch_add(n, Ordering::Relaxed);
         Ok(out)
