@@ -28,6 +28,10 @@ impl StepModel for PagedModel {
     fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
         PagedModel::copy_block(self, src, dst, n_positions)
     }
+
+    fn unsupported(&self) -> Option<String> {
+        PagedModel::unsupported(self)
+    }
 }
 
 /// How the KV pool is sized from a byte budget.

@@ -38,12 +38,8 @@ impl PagedModel {
 
     /// One batched step; `want_last[i]` says whether sequence i wants its last logits.
     pub fn step(&mut self, seqs: &[(&[u32], usize, &[u32], bool)]) -> Result<Vec<f32>, ModelError> {
-        if self.model.config.hybrid.is_some() {
-            // The engine does not hand out recurrent-state slots yet (issue 20).
-            return Err(ModelError::Unsupported(format!(
-                "{}: the serving engine cannot keep recurrent state yet; use `kestrel logits`",
-                self.model.config.arch.name()
-            )));
+        if let Some(why) = self.unsupported() {
+            return Err(ModelError::Unsupported(why));
         }
         let steps: Vec<SeqStep> = seqs
             .iter()
@@ -65,6 +61,18 @@ impl PagedModel {
         let n: u64 = seqs.iter().map(|s| s.0.len() as u64).sum();
         self.tokens_computed.fetch_add(n, Ordering::Relaxed);
         Ok(out)
+    }
+
+    /// Why the serving engine cannot run this model yet, if it cannot: the engine does not
+    /// hand out recurrent-state slots, so hybrid models (Qwen3.5) are refused at start.
+    pub fn unsupported(&self) -> Option<String> {
+        self.model.config.hybrid.as_ref().map(|_| {
+            format!(
+                "{}: the serving engine does not keep recurrent state yet, so `run`, `chat` and \
+                 `serve` cannot drive this model; `kestrel logits` and `bench` can",
+                self.model.config.arch.name()
+            )
+        })
     }
 
     pub fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
