@@ -38,7 +38,7 @@ ROOT=$PWD
 QWEN_CODE_VERSION=${QWEN_CODE_VERSION:-0.24.4}
 MODEL=${MODEL:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}
 CTX=${CTX:-32768}
-PORT=${PORT:-8091}
+PORT=${PORT:-18091}
 API_KEY=${API_KEY:-kestrel-demo}
 RUNS=${RUNS:-1}
 AGENT_TIMEOUT=${AGENT_TIMEOUT:-3600}
@@ -284,6 +284,10 @@ for run in $(seq 1 "$RUNS"); do
     echo
     echo "== run $run/$RUNS: repo $REPO"
 
+    if curl -s -o /dev/null "$BASE/health" 2>/dev/null; then
+        echo "agent-demo: something already answers on port $PORT; pick another with --port" >&2
+        exit 1
+    fi
     LOAD_START=$(date +%s.%N)
     "$BIN" serve -m "$MODEL" --port "$PORT" --api-key "$API_KEY" --ctx-size "$CTX" \
         ${SERVE_EXTRA[@]+"${SERVE_EXTRA[@]}"} 2> "$LOG" > "$RUN_DIR/server.out" &
