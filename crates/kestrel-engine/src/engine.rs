@@ -83,6 +83,9 @@ impl Engine {
         if model.kv_blocks() == 0 {
             return Err(ConfigError::EmptyPool);
         }
+        if let Some(why) = model.unsupported() {
+            return Err(ConfigError::UnsupportedModel(why));
+        }
         Ok(Self::spawn(model, tokenizer, cfg))
     }
 

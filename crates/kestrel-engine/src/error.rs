@@ -55,4 +55,6 @@ pub enum ConfigError {
     BudgetBelowRunning { budget: usize, max_running: usize },
     #[error("the model's KV pool has no blocks")]
     EmptyPool,
+    #[error("{0}")]
+    UnsupportedModel(String),
 }

@@ -32,4 +32,9 @@ pub trait StepModel: Send {
     /// Copies K/V of the first `n_positions` of block `src` into block `dst` (copy-on-write of
     /// a partially filled shared block).
     fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize);
+    /// Why this engine cannot serve the model, if it cannot (checked at start): e.g. a hybrid
+    /// model whose recurrent state the engine does not keep yet.
+    fn unsupported(&self) -> Option<String> {
+        None
+    }
 }

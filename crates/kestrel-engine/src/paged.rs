@@ -28,6 +28,10 @@ impl StepModel for PagedModel {
     fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
         PagedModel::copy_block(self, src, dst, n_positions)
     }
+
+    fn unsupported(&self) -> Option<String> {
+        PagedModel::unsupported(self)
+    }
 }
 
 /// How the KV pool is sized from a byte budget.
@@ -61,7 +65,7 @@ pub fn plan_pool(
     kv_type: KvType,
     max_memory: Option<u64>,
 ) -> Result<PoolPlan, String> {
-    let block_bytes = KvPool::block_bytes(cfg.n_layers, cfg.kv_dim(), block_size, kv_type);
+    let block_bytes = KvPool::block_bytes(cfg.n_kv_layers(), cfg.kv_dim(), block_size, kv_type);
     let scratch =
         kestrel_models::plan::scratch_bytes(cfg, kestrel_models::model::DEFAULT_MAX_BATCH);
     let wanted_tokens = ctx_size * (parallel.max(1) + 1);

@@ -1,5 +1,6 @@
 //! Hyper-parameters, read from GGUF metadata or a Hugging Face config.json.
 
+use crate::deltanet::DeltaNetConfig;
 use crate::ModelError;
 use kestrel_gguf::{Header, Value};
 
@@ -9,6 +10,8 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    /// Qwen3.5: gated-DeltaNet layers interleaved with gated full attention.
+    Qwen35,
 }
 
 impl Arch {
@@ -17,6 +20,8 @@ impl Arch {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
+            // GGUF's name, then Hugging Face's model types
+            "qwen35" | "qwen3_5_text" | "qwen3_5" => Ok(Self::Qwen35),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
     }
@@ -26,6 +31,7 @@ impl Arch {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Qwen35 => "qwen35",
         }
     }
 }
@@ -56,12 +62,34 @@ pub struct ModelConfig {
     pub rope_dim: usize,
     pub rope_layout: RopeLayout,
     pub max_context: usize,
+    /// The recurrent layers of a hybrid model (Qwen3.5); None for pure attention models.
+    pub hybrid: Option<DeltaNetConfig>,
 }
 
 impl ModelConfig {
     /// Bytes of K and V per token for `elem_bytes` bytes per element (2.0 for f16, 34/32 for q8_0).
     pub fn kv_bytes_per_token(&self, elem_bytes: f64) -> f64 {
-        (2 * self.n_layers * self.n_kv_heads * self.head_dim) as f64 * elem_bytes
+        (2 * self.n_kv_layers() * self.n_kv_heads * self.head_dim) as f64 * elem_bytes
+    }
+
+    /// Whether layer `i` is a recurrent (gated-DeltaNet) layer rather than attention.
+    pub fn is_recurrent(&self, i: usize) -> bool {
+        self.hybrid.as_ref().is_some_and(|h| h.recurrent[i])
+    }
+
+    /// Layers that keep K/V (all but the recurrent ones).
+    pub fn n_kv_layers(&self) -> usize {
+        self.n_layers - self.hybrid.as_ref().map_or(0, |h| h.n_recurrent())
+    }
+
+    /// Index of attention layer `i` among the layers that keep K/V.
+    pub fn kv_layer(&self, i: usize) -> usize {
+        (0..i).filter(|&j| !self.is_recurrent(j)).count()
+    }
+
+    /// Bytes of one sequence's recurrent state (0 without recurrent layers).
+    pub fn state_bytes(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| h.state_bytes())
     }
 
     pub fn q_dim(&self) -> usize {
@@ -111,9 +139,14 @@ impl ModelConfig {
                 .map(|a| a.len())
                 .ok_or_else(|| ModelError::MissingParam(key("vocab_size")))?,
         };
+        let n_layers = uint("block_count")?;
+        let hybrid = match arch {
+            Arch::Qwen35 => Some(DeltaNetConfig::from_gguf(h, arch_name, n_layers)?),
+            _ => None,
+        };
         let cfg = Self {
             arch,
-            n_layers: uint("block_count")?,
+            n_layers,
             dim,
             ffn_dim: uint("feed_forward_length")?,
             n_heads,
@@ -125,9 +158,10 @@ impl ModelConfig {
             rope_dim: opt_uint("rope.dimension_count").unwrap_or(head_dim),
             rope_layout: match arch {
                 Arch::Llama => RopeLayout::Normal,
-                Arch::Qwen2 | Arch::Qwen3 => RopeLayout::NeoX,
+                Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35 => RopeLayout::NeoX,
             },
             max_context: opt_uint("context_length").unwrap_or(4096),
+            hybrid,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -135,6 +169,11 @@ impl ModelConfig {
 
     /// Read from a Hugging Face config.json. HF checkpoints keep q/k unpermuted, so RoPE is NeoX.
     pub fn from_hf_json(json: &serde_json::Value) -> Result<Self, ModelError> {
+        // Multimodal Qwen3.5 checkpoints keep the language model's settings in `text_config`.
+        let json = match json.get("text_config") {
+            Some(text) if text.is_object() => text,
+            _ => json,
+        };
         let arch = Arch::parse(json["model_type"].as_str().unwrap_or("<missing>"))?;
         let uint = |k: &str| -> Result<usize, ModelError> {
             json[k]
@@ -158,9 +197,18 @@ impl ModelConfig {
             .as_f64()
             .or_else(|| json["rope_theta"].as_f64())
             .unwrap_or(10_000.0) as f32;
+        let rotary_fraction = json["rope_parameters"]["partial_rotary_factor"]
+            .as_f64()
+            .or_else(|| json["partial_rotary_factor"].as_f64())
+            .unwrap_or(1.0);
+        let n_layers = uint("num_hidden_layers")?;
+        let hybrid = match arch {
+            Arch::Qwen35 => Some(DeltaNetConfig::from_hf_json(json, n_layers)?),
+            _ => None,
+        };
         let cfg = Self {
             arch,
-            n_layers: uint("num_hidden_layers")?,
+            n_layers,
             dim,
             ffn_dim: uint("intermediate_size")?,
             n_heads,
@@ -172,9 +220,10 @@ impl ModelConfig {
             vocab_size: uint("vocab_size")?,
             rms_eps: json["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32,
             rope_base,
-            rope_dim: head_dim,
+            rope_dim: (head_dim as f64 * rotary_fraction) as usize,
             rope_layout: RopeLayout::NeoX,
             max_context: json["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
+            hybrid,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -12,7 +12,7 @@ pub enum ModelError {
     },
     #[error("{path}: {reason}")]
     BadFile { path: PathBuf, reason: String },
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3)")]
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, qwen35)")]
     UnsupportedArch(String),
     #[error("missing hyper-parameter '{0}'")]
     MissingParam(String),
@@ -32,6 +32,10 @@ pub enum ModelError {
     BadToken { id: u32, vocab: usize },
     #[error("context full: {needed} positions needed, the cache holds {capacity}")]
     ContextFull { needed: usize, capacity: usize },
+    #[error("the recurrent state holds {state} positions but the cache {kv}: a hybrid model's state cannot be rewound (start again from position 0)")]
+    StateMismatch { state: usize, kv: usize },
+    #[error("{0}")]
+    Unsupported(String),
     #[error(transparent)]
     Quant(#[from] kestrel_quant::QuantError),
 }

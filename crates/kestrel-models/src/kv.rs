@@ -9,6 +9,7 @@
 //! [`KvCache`] is the one-sequence case (`run`, `chat`, `logits`): a pool whose table is the
 //! identity.
 
+use crate::deltanet::StatePool;
 use half::f16;
 
 /// Element type of cached K/V.
@@ -253,12 +254,16 @@ pub fn row_of(blocks: &[u32], block_size: usize, pos: usize) -> usize {
     blocks[pos / block_size] as usize * block_size + pos % block_size
 }
 
-/// One sequence's KV cache (`run`, `chat`, `logits`): a private pool, identity block table.
+/// One sequence's KV cache (`run`, `chat`, `logits`): a private pool, identity block table,
+/// and for hybrid models one recurrent-state slot beside it.
 pub struct KvCache {
     pool: KvPool,
     blocks: Vec<u32>,
     /// Positions filled so far (the next token goes at `len`).
     len: usize,
+    state: StatePool,
+    /// Positions the recurrent state has seen (it cannot be rewound, see [`KvCache::truncate`]).
+    state_len: usize,
 }
 
 /// Block size of a one-sequence cache (any value works; the table is the identity).
@@ -284,6 +289,24 @@ impl KvCache {
             ),
             blocks: (0..n_blocks as u32).collect(),
             len: 0,
+            state: StatePool::empty(),
+            state_len: 0,
+        }
+    }
+
+    /// Keeps the recurrent state of a hybrid model (one slot) beside the K/V.
+    pub fn with_state(mut self, state: StatePool) -> Self {
+        self.state = state;
+        self
+    }
+
+    /// Positions the recurrent state holds (equal to `len` unless the cache was truncated
+    /// to a middle position, which a hybrid model cannot resume from).
+    pub fn state_len(&self) -> usize {
+        if self.state.is_stateful() {
+            self.state_len
+        } else {
+            self.len
         }
     }
 
@@ -304,16 +327,27 @@ impl KvCache {
     }
 
     /// Forget positions from `len` on (e.g. to re-run a suffix, or start a new sequence at 0).
+    /// A hybrid model's recurrent state cannot be cut: after truncating to a middle position
+    /// its next forward call fails ([`crate::ModelError::StateMismatch`]); 0 always works.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
+        if self.len == 0 {
+            self.state_len = 0;
+        }
     }
 
     /// Marks `n` more positions as filled, after every layer wrote them.
     pub fn advance(&mut self, n: usize) {
         self.len = (self.len + n).min(self.capacity());
+        self.state_len = self.len;
     }
 
-    pub(crate) fn parts(&mut self) -> (&mut KvPool, &[u32]) {
-        (&mut self.pool, &self.blocks)
+    pub(crate) fn parts(&mut self) -> (&mut KvPool, &mut StatePool, &[u32]) {
+        (&mut self.pool, &mut self.state, &self.blocks)
+    }
+
+    /// The recurrent state (for snapshots: [`StatePool::slot`] / [`StatePool::slot_mut`]).
+    pub fn state(&self) -> &StatePool {
+        &self.state
     }
 }

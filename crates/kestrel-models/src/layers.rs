@@ -5,6 +5,7 @@
 use crate::attention::causal_attention;
 use crate::attention::TokenKv;
 use crate::config::ModelConfig;
+use crate::deltanet::DeltaNetWeights;
 use crate::kv::KvPool;
 use crate::ops::{self, MatmulPath, Rope};
 use crate::pool::ThreadPool;
@@ -24,6 +25,20 @@ pub struct Ctx<'a> {
     pub tokens: &'a [TokenKv<'a>],
     /// Per token: the pool row its K/V go to.
     pub rows: &'a [usize],
+    /// The sequences of the batch, in order: where their tokens lie and their state slots.
+    pub seqs: &'a [SeqSpan],
+}
+
+/// One sequence's tokens within a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqSpan {
+    /// First row of the batch that belongs to this sequence, and how many do.
+    pub t0: usize,
+    pub len: usize,
+    /// Position of its first token.
+    pub start: usize,
+    /// Its recurrent-state slot (hybrid models).
+    pub slot: usize,
 }
 
 impl Ctx<'_> {
@@ -77,9 +92,49 @@ pub struct MlpWeights {
     pub down: Weight,   // (dim, ffn_dim)
 }
 
+/// What mixes information across positions in a layer.
+pub enum Mixer {
+    /// Softmax attention over the KV cache.
+    Attention(AttnWeights),
+    /// Gated DeltaNet over a recurrent state (hybrid models).
+    DeltaNet(DeltaNetWeights),
+}
+
 pub struct LayerWeights {
-    pub attn: AttnWeights,
+    pub mixer: Mixer,
     pub mlp: MlpWeights,
+}
+
+impl LayerWeights {
+    /// The attention block of an attention layer (every layer of llama, qwen2, qwen3).
+    pub fn attention(&self, i: usize) -> Result<&AttnWeights, ModelError> {
+        match &self.mixer {
+            Mixer::Attention(a) => Ok(a),
+            Mixer::DeltaNet(_) => Err(ModelError::BadParam {
+                key: format!("layer {i}"),
+                reason: "a recurrent layer where the recipe expects attention".into(),
+            }),
+        }
+    }
+
+    /// Every matrix of the layer (for repacking and the bytes one step reads).
+    pub fn matrices_mut(&mut self) -> Vec<&mut Weight> {
+        let mut v: Vec<&mut Weight> = match &mut self.mixer {
+            Mixer::Attention(a) => vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo],
+            Mixer::DeltaNet(d) => d.matrices_mut().into_iter().collect(),
+        };
+        v.extend([&mut self.mlp.gate, &mut self.mlp.up, &mut self.mlp.down]);
+        v
+    }
+
+    pub fn matrices(&self) -> Vec<&Weight> {
+        let mut v: Vec<&Weight> = match &self.mixer {
+            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::DeltaNet(d) => d.matrices().into_iter().collect(),
+        };
+        v.extend([&self.mlp.gate, &self.mlp.up, &self.mlp.down]);
+        v
+    }
 }
 
 /// Which optional parts a family's attention block has.
@@ -114,7 +169,7 @@ pub fn load_layer(
         None
     };
     Ok(LayerWeights {
-        attn: AttnWeights {
+        mixer: Mixer::Attention(AttnWeights {
             norm: store.vector(&n("attn_norm.weight"), dim)?,
             wq: store.matrix(&n("attn_q.weight"), q_dim, dim)?,
             wk: store.matrix(&n("attn_k.weight"), kv_dim, dim)?,
@@ -122,13 +177,24 @@ pub fn load_layer(
             wo: store.matrix(&n("attn_output.weight"), dim, q_dim)?,
             bias,
             qk_norm,
-        },
-        mlp: MlpWeights {
-            norm: store.vector(&n("ffn_norm.weight"), dim)?,
-            gate: store.matrix(&n("ffn_gate.weight"), cfg.ffn_dim, dim)?,
-            up: store.matrix(&n("ffn_up.weight"), cfg.ffn_dim, dim)?,
-            down: store.matrix(&n("ffn_down.weight"), dim, cfg.ffn_dim)?,
-        },
+        }),
+        mlp: load_mlp(store, cfg, i, store.vector(&n("ffn_norm.weight"), dim)?)?,
+    })
+}
+
+/// The MLP of layer `i`, with its input norm `norm` already loaded.
+pub fn load_mlp(
+    store: &TensorStore,
+    cfg: &ModelConfig,
+    i: usize,
+    norm: Vec<f32>,
+) -> Result<MlpWeights, ModelError> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    Ok(MlpWeights {
+        norm,
+        gate: store.matrix(&n("ffn_gate.weight"), cfg.ffn_dim, cfg.dim)?,
+        up: store.matrix(&n("ffn_up.weight"), cfg.ffn_dim, cfg.dim)?,
+        down: store.matrix(&n("ffn_down.weight"), cfg.dim, cfg.ffn_dim)?,
     })
 }
 
@@ -168,10 +234,22 @@ pub fn attend(
     ctx: &Ctx,
     a: &AttnWeights,
     layer: usize,
-    mut qkv: Qkv,
+    qkv: Qkv,
     kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
+    let att = attention_core(ctx, layer, layer, qkv, kv);
+    project_out(ctx, a, layer, &att, x)
+}
+
+/// RoPE, cache write (as KV layer `kv_layer`) and attention over the cache: `[T, q_dim]`.
+pub fn attention_core(
+    ctx: &Ctx,
+    layer: usize,
+    kv_layer: usize,
+    mut qkv: Qkv,
+    kv: &mut KvPool,
+) -> Vec<f32> {
     let cfg = ctx.cfg;
     ctx.rope.apply(&mut qkv.q, cfg.head_dim);
     ctx.rope.apply(&mut qkv.k, cfg.head_dim);
@@ -180,13 +258,13 @@ pub fn attend(
     let kv_dim = cfg.kv_dim();
     for (t, &row) in ctx.rows.iter().enumerate() {
         let span = t * kv_dim..(t + 1) * kv_dim;
-        kv.write_row(layer, row, &qkv.k[span.clone()], &qkv.v[span]);
+        kv.write_row(kv_layer, row, &qkv.k[span.clone()], &qkv.v[span]);
     }
     let mut att = vec![0f32; qkv.q.len()];
     causal_attention(
         ctx.pool,
         kv,
-        layer,
+        kv_layer,
         &qkv.q,
         ctx.tokens,
         cfg.n_heads,
@@ -195,7 +273,18 @@ pub fn attend(
         &mut att,
     );
     tap("kqv_out", layer, &att);
-    let o = ctx.matmul(&a.wo, &att)?;
+    att
+}
+
+/// The output projection of the attention block; adds the result to `x`.
+pub fn project_out(
+    ctx: &Ctx,
+    a: &AttnWeights,
+    layer: usize,
+    att: &[f32],
+    x: &mut [f32],
+) -> Result<(), ModelError> {
+    let o = ctx.matmul(&a.wo, att)?;
     tap("attn_out", layer, &o);
     ops::add_in_place(x, &o);
     tap("ffn_inp", layer, x);

@@ -2,8 +2,9 @@
 
 use crate::attention::TokenKv;
 use crate::config::{Arch, ModelConfig};
+use crate::deltanet::StatePool;
 use crate::kv::{row_of, KvCache, KvPool, KvType};
-use crate::layers::{Ctx, LayerWeights};
+use crate::layers::{Ctx, LayerWeights, SeqSpan};
 use crate::ops::{self, MatmulPath, Rope};
 use crate::pool::ThreadPool;
 use crate::recipes;
@@ -103,6 +104,7 @@ impl Model {
             Arch::Llama => recipes::llama::load_layer,
             Arch::Qwen2 => recipes::qwen2::load_layer,
             Arch::Qwen3 => recipes::qwen3::load_layer,
+            Arch::Qwen35 => recipes::qwen35::load_layer,
         };
         let layers = (0..cfg.n_layers)
             .map(|i| load_layer(store, &cfg, i))
@@ -114,21 +116,16 @@ impl Model {
             "token_embd.weight"
         };
         let output = store.matrix(output_name, cfg.vocab_size, cfg.dim)?;
-        let output_norm = store.vector("output_norm.weight", cfg.dim)?;
+        let output_norm = match cfg.arch {
+            Arch::Qwen35 => recipes::qwen35::output_norm(store, &cfg)?,
+            _ => store.vector("output_norm.weight", cfg.dim)?,
+        };
         store.prefault(progress);
         let mut layers = layers;
         let mut output = output;
         if opts.matmul == MatmulPath::Quantized {
             for l in layers.iter_mut() {
-                for w in [
-                    &mut l.attn.wq,
-                    &mut l.attn.wk,
-                    &mut l.attn.wv,
-                    &mut l.attn.wo,
-                    &mut l.mlp.gate,
-                    &mut l.mlp.up,
-                    &mut l.mlp.down,
-                ] {
+                for w in l.matrices_mut() {
                     w.repack()?;
                 }
             }
@@ -156,33 +153,30 @@ impl Model {
 
     /// Bytes of weights one decode step reads (every matrix once, plus one embedding row).
     pub fn weight_bytes_per_token(&self) -> u64 {
-        let mats = self.layers.iter().flat_map(|l| {
-            [
-                &l.attn.wq,
-                &l.attn.wk,
-                &l.attn.wv,
-                &l.attn.wo,
-                &l.mlp.gate,
-                &l.mlp.up,
-                &l.mlp.down,
-            ]
-        });
+        let mats = self.layers.iter().flat_map(|l| l.matrices());
         mats.map(|w| w.bytes().len() as u64).sum::<u64>()
             + self.output.bytes().len() as u64
             + self.embed.row_bytes() as u64
     }
 
-    /// A KV cache sized for `capacity` positions.
+    /// A KV cache sized for `capacity` positions (with one recurrent-state slot for hybrid
+    /// models).
     pub fn new_cache(&self, capacity: usize, ty: KvType) -> KvCache {
         let c = &self.config;
-        KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity, ty)
+        KvCache::new(c.n_kv_layers(), c.n_kv_heads, c.head_dim, capacity, ty)
+            .with_state(StatePool::new(c, 1))
+    }
+
+    /// `n_slots` recurrent-state slots (empty for models without recurrent layers).
+    pub fn new_state_pool(&self, n_slots: usize) -> StatePool {
+        StatePool::new(&self.config, n_slots)
     }
 
     /// A block pool shared by many sequences (the serving engine's KV store).
     pub fn new_pool(&self, n_blocks: usize, block_size: usize, ty: KvType) -> KvPool {
         let c = &self.config;
         KvPool::new(
-            c.n_layers,
+            c.n_kv_layers(),
             c.n_kv_heads,
             c.head_dim,
             n_blocks,
@@ -206,6 +200,12 @@ impl Model {
                 capacity: cache.capacity(),
             });
         }
+        if cache.state_len() != cache.len() {
+            return Err(ModelError::StateMismatch {
+                state: cache.state_len(),
+                kv: cache.len(),
+            });
+        }
         let mut logits = Vec::new();
         let step = self.opts.max_batch.max(1);
         let n_steps = tokens.len().div_ceil(step);
@@ -217,14 +217,15 @@ impl Model {
                 Logits::Last => WantLogits::None,
             };
             let start = cache.len();
-            let (pool, blocks) = cache.parts();
+            let (pool, states, blocks) = cache.parts();
             let seq = SeqStep {
                 tokens: chunk,
                 start,
                 blocks,
+                slot: 0,
                 want: want_here,
             };
-            logits.extend(self.forward_batch(pool, &[seq])?);
+            logits.extend(self.forward_batch(pool, states, &[seq])?);
             cache.advance(chunk.len());
         }
         Ok(logits)
@@ -233,9 +234,14 @@ impl Model {
     /// One forward pass over the new tokens of several sequences at once: one pass over the
     /// weights serves every sequence (continuous batching). Returns the logits each `SeqStep`
     /// asked for, concatenated in order. This is the hot function of prefill and decode.
+    ///
+    /// Hybrid models read and update each sequence's recurrent state in `states` (slot
+    /// `SeqStep::slot`; a step starting at position 0 clears it first); other models ignore
+    /// `states` (pass [`StatePool::empty`]).
     pub fn forward_batch(
         &self,
         pool: &mut KvPool,
+        states: &mut StatePool,
         seqs: &[SeqStep],
     ) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.config;
@@ -254,6 +260,17 @@ impl Model {
                     capacity: covered,
                 });
             }
+            if cfg.hybrid.is_some() && s.slot >= states.n_slots() {
+                return Err(ModelError::BadParam {
+                    key: "state slot".into(),
+                    reason: format!("slot {} of a pool of {}", s.slot, states.n_slots()),
+                });
+            }
+        }
+        if cfg.hybrid.is_some() {
+            for s in seqs.iter().filter(|s| s.start == 0) {
+                states.reset(s.slot);
+            }
         }
         let dim = cfg.dim;
         let t_len: usize = seqs.iter().map(|s| s.tokens.len()).sum();
@@ -266,7 +283,14 @@ impl Model {
         let mut tokens = Vec::with_capacity(t_len);
         let mut rows = Vec::with_capacity(t_len);
         let mut positions = Vec::with_capacity(t_len);
+        let mut spans = Vec::with_capacity(seqs.len());
         for s in seqs {
+            spans.push(SeqSpan {
+                t0: tokens.len(),
+                len: s.tokens.len(),
+                start: s.start,
+                slot: s.slot,
+            });
             for (i, &tok) in s.tokens.iter().enumerate() {
                 let pos = s.start + i;
                 let t = tokens.len();
@@ -300,17 +324,29 @@ impl Model {
             t_len,
             tokens: &tokens,
             rows: &rows,
+            seqs: &spans,
         };
         let forward_layer = match cfg.arch {
             Arch::Llama => recipes::llama::forward_layer,
             Arch::Qwen2 => recipes::qwen2::forward_layer,
             Arch::Qwen3 => recipes::qwen3::forward_layer,
+            Arch::Qwen35 => {
+                for (i, layer) in self.layers.iter().enumerate() {
+                    recipes::qwen35::forward_layer(&ctx, layer, i, pool, states, &mut x)?;
+                }
+                return self.logits(seqs, &x);
+            }
         };
         for (i, layer) in self.layers.iter().enumerate() {
             forward_layer(&ctx, layer, i, pool, &mut x)?;
         }
+        self.logits(seqs, &x)
+    }
 
-        // final norm and the vocabulary projection, for the rows asked for
+    /// The final norm and the vocabulary projection, for the rows each sequence asked for.
+    fn logits(&self, seqs: &[SeqStep], x: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let cfg = &self.config;
+        let (dim, vocab) = (cfg.dim, cfg.vocab_size);
         let mut picked = Vec::new();
         let mut t0 = 0;
         for s in seqs {
@@ -357,5 +393,7 @@ pub struct SeqStep<'a> {
     pub start: usize,
     /// Block table covering positions `0..start + tokens.len()`.
     pub blocks: &'a [u32],
+    /// Recurrent-state slot of the sequence (hybrid models; ignored by the others).
+    pub slot: usize,
     pub want: WantLogits,
 }

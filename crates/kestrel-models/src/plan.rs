@@ -24,6 +24,8 @@ pub struct MemoryPlan {
     pub kv_bytes_per_token_q8_0: f64,
     /// Activation scratch of one forward step of `max_batch` tokens, plus the logits.
     pub scratch_bytes: u64,
+    /// Recurrent state of one sequence (hybrid models; 0 otherwise), counted once in the totals.
+    pub state_bytes_per_sequence: u64,
     pub rows: Vec<PlanRow>,
     /// MemAvailable of the machine, when known.
     pub available_bytes: Option<u64>,
@@ -44,6 +46,7 @@ impl MemoryPlan {
         let kv_f16 = cfg.kv_bytes_per_token(F16_KV_BYTES);
         let kv_q8 = cfg.kv_bytes_per_token(Q8_0_KV_BYTES);
         let scratch = scratch_bytes(cfg, DEFAULT_MAX_BATCH);
+        let state = cfg.state_bytes() as u64;
         let rows = contexts
             .iter()
             .map(|&context| {
@@ -53,8 +56,8 @@ impl MemoryPlan {
                     context,
                     kv_f16: f16,
                     kv_q8_0: q8,
-                    total_f16: weight_bytes + f16 + scratch,
-                    total_q8_0: weight_bytes + q8 + scratch,
+                    total_f16: weight_bytes + f16 + scratch + state,
+                    total_q8_0: weight_bytes + q8 + scratch + state,
                 }
             })
             .collect();
@@ -63,6 +66,7 @@ impl MemoryPlan {
             kv_bytes_per_token_f16: kv_f16,
             kv_bytes_per_token_q8_0: kv_q8,
             scratch_bytes: scratch,
+            state_bytes_per_sequence: state,
             rows,
             available_bytes: available_memory(),
         }
@@ -77,7 +81,13 @@ impl MemoryPlan {
 /// Upper bound of the f32 activations one forward step of `batch` tokens holds at once.
 pub fn scratch_bytes(cfg: &ModelConfig, batch: usize) -> u64 {
     // residual + normed copy + q + k + v + attention out + projection out + gate + up
-    let per_token = 3 * cfg.dim + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.ffn_dim;
+    let mut per_token = 3 * cfg.dim + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.ffn_dim;
+    if let Some(h) = &cfg.hybrid {
+        // gated attention: the doubled q projection and the gate; DeltaNet: projections and
+        // convolution output, z and the rule's output, and each task's f64 copy of its head
+        per_token += 2 * cfg.q_dim() + 2 * h.conv_channels() + 2 * h.value_dim();
+        per_token += 2 * (2 * h.head_k_dim + 2 * h.head_v_dim + 2) * 2;
+    }
     // + quantized copies of the widest activation (Q8_K rows, ~1.14 bytes per element, and
     // where AMX runs the same quants as A tiles, 1 byte), + the last token's logits
     let floats = batch * per_token + batch * cfg.ffn_dim.max(cfg.dim) * 3 / 4 + cfg.vocab_size;

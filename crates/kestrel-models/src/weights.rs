@@ -136,9 +136,18 @@ struct Entry {
     len: usize,
 }
 
+/// Where a store's tensors come from; recipes need it where the two formats store a tensor
+/// differently (Qwen3.5's norms as `1 + w`, its `A_log`, its value-head order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFormat {
+    Gguf,
+    HuggingFace,
+}
+
 /// All tensors of a model file (or folder of files), by GGUF name.
 pub struct TensorStore {
     pub path: PathBuf,
+    pub format: StoreFormat,
     entries: HashMap<String, Entry>,
 }
 
@@ -161,6 +170,7 @@ impl TensorStore {
             .collect();
         Self {
             path: file.path().to_path_buf(),
+            format: StoreFormat::Gguf,
             entries,
         }
     }
@@ -228,6 +238,7 @@ impl TensorStore {
         }
         Ok(Self {
             path: dir.to_path_buf(),
+            format: StoreFormat::HuggingFace,
             entries,
         })
     }
@@ -320,7 +331,17 @@ impl TensorStore {
 }
 
 /// Maps Hugging Face parameter names onto GGUF names; unknown names pass through unchanged.
+/// Qwen3.5's `A_log` becomes `ssm_a_log` (GGUF stores `-exp(A_log)` as `ssm_a`).
 fn hf_to_gguf_name(hf: &str) -> String {
+    // Multimodal checkpoints nest the language model one level down.
+    let owned;
+    let hf = match hf.strip_prefix("model.language_model.") {
+        Some(rest) => {
+            owned = format!("model.{rest}");
+            owned.as_str()
+        }
+        None => hf,
+    };
     match hf {
         "model.embed_tokens.weight" => return "token_embd.weight".into(),
         "model.norm.weight" => return "output_norm.weight".into(),
@@ -348,6 +369,16 @@ fn hf_to_gguf_name(hf: &str) -> String {
         "mlp.gate_proj.weight" => "ffn_gate.weight",
         "mlp.up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
+        // Qwen3.5's gated DeltaNet
+        "linear_attn.in_proj_qkv.weight" => "attn_qkv.weight",
+        "linear_attn.in_proj_z.weight" => "attn_gate.weight",
+        "linear_attn.in_proj_a.weight" => "ssm_alpha.weight",
+        "linear_attn.in_proj_b.weight" => "ssm_beta.weight",
+        "linear_attn.conv1d.weight" => "ssm_conv1d.weight",
+        "linear_attn.dt_bias" => "ssm_dt.bias",
+        "linear_attn.A_log" => "ssm_a_log",
+        "linear_attn.norm.weight" => "ssm_norm.weight",
+        "linear_attn.out_proj.weight" => "ssm_out.weight",
         _ => return hf.to_string(),
     };
     format!("blk.{layer}.{mapped}")
@@ -377,6 +408,10 @@ mod tests {
             "blk.0.ffn_down.weight"
         );
         assert_eq!(hf_to_gguf_name("lm_head.weight"), "output.weight");
+        assert_eq!(
+            hf_to_gguf_name("model.language_model.layers.2.linear_attn.A_log"),
+            "blk.2.ssm_a_log"
+        );
         assert_eq!(hf_to_gguf_name("something.else"), "something.else");
     }
 }

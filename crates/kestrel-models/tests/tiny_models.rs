@@ -131,7 +131,7 @@ fn tiny_models_match_transformers_from_gguf() {
 /// logits as each sequence run alone.
 #[test]
 fn batched_paged_forward_equals_one_sequence_at_a_time() {
-    use kestrel_models::{KvPool, SeqStep, WantLogits};
+    use kestrel_models::{KvPool, SeqStep, StatePool, WantLogits};
     let arch = "qwen2";
     let model = load(
         &tiny_dir(arch).join("qwen2-f32.gguf"),
@@ -170,11 +170,14 @@ fn batched_paged_forward_equals_one_sequence_at_a_time() {
                     tokens: toks,
                     start,
                     blocks: &tables[i],
+                    slot: 0,
                     want: WantLogits::All,
                 }
             })
             .collect();
-        let out = model.forward_batch(&mut pool, &steps).unwrap();
+        let out = model
+            .forward_batch(&mut pool, &mut StatePool::empty(), &steps)
+            .unwrap();
         let mut off = 0;
         for (i, s) in steps.iter().enumerate() {
             let n = s.tokens.len() * model.config.vocab_size;

@@ -57,6 +57,14 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
                 "rope_base": cfg.rope_base,
                 "rope_dim": cfg.rope_dim,
                 "rms_eps": cfg.rms_eps,
+                "recurrent": cfg.hybrid.as_ref().map(|h| json!({
+                    "layers": h.n_recurrent(),
+                    "conv_kernel": h.conv_kernel,
+                    "n_k_heads": h.n_k_heads,
+                    "n_v_heads": h.n_v_heads,
+                    "head_k_dim": h.head_k_dim,
+                    "head_v_dim": h.head_v_dim,
+                })),
             },
             "tensor_count": source.tensor_types.len(),
             "tensor_types": hist.iter().map(|(k, (n, b))| (k.clone(), json!({"count": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
@@ -72,6 +80,7 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
                 "kv_bytes_per_token_f16": plan.kv_bytes_per_token_f16,
                 "kv_bytes_per_token_q8_0": plan.kv_bytes_per_token_q8_0,
                 "scratch_bytes": plan.scratch_bytes,
+                "state_bytes_per_sequence": plan.state_bytes_per_sequence,
                 "available_bytes": plan.available_bytes,
                 "contexts": rows,
             },
@@ -94,6 +103,19 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
         "shape         {} layers, dim {}, ffn {}, heads {} (kv {}), head_dim {}",
         cfg.n_layers, cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     );
+    if let Some(h) = &cfg.hybrid {
+        println!(
+            "recurrent     {} gated-DeltaNet layers of {} (conv {}, {} key heads x {}, {} value heads x {}); state {} per sequence (f32)",
+            h.n_recurrent(),
+            cfg.n_layers,
+            h.conv_kernel,
+            h.n_k_heads,
+            h.head_k_dim,
+            h.n_v_heads,
+            h.head_v_dim,
+            human(h.state_bytes() as u64)
+        );
+    }
     println!(
         "rope          base {}, dim {}, {:?}; rms eps {:e}; context {}",
         cfg.rope_base, cfg.rope_dim, cfg.rope_layout, cfg.rms_eps, cfg.max_context
@@ -146,6 +168,12 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
         human(plan.kv_bytes_per_token_q8_0 as u64)
     );
     println!("  scratch      {:>12}", human(plan.scratch_bytes));
+    if plan.state_bytes_per_sequence > 0 {
+        println!(
+            "  state        {:>12}  (recurrent, per sequence)",
+            human(plan.state_bytes_per_sequence)
+        );
+    }
     match plan.available_bytes {
         Some(a) => println!("  available    {:>12}  (MemAvailable)", human(a)),
         None => println!("  available    unknown"),

@@ -25,7 +25,8 @@ pub fn forward_layer(
     kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
-    let qkv = layers::project_qkv(ctx, &l.attn, i, x)?;
-    layers::attend(ctx, &l.attn, i, qkv, kv, x)?;
+    let a = l.attention(i)?;
+    let qkv = layers::project_qkv(ctx, a, i, x)?;
+    layers::attend(ctx, a, i, qkv, kv, x)?;
     layers::mlp(ctx, &l.mlp, i, x)
 }

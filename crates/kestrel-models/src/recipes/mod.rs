@@ -3,3 +3,4 @@
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen35;

@@ -25,10 +25,11 @@ pub fn forward_layer(
     kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
-    let mut qkv = layers::project_qkv(ctx, &l.attn, i, x)?;
-    if let Some(b) = &l.attn.bias {
+    let a = l.attention(i)?;
+    let mut qkv = layers::project_qkv(ctx, a, i, x)?;
+    if let Some(b) = &a.bias {
         layers::add_qkv_bias(&mut qkv, b); // what makes it Qwen2
     }
-    layers::attend(ctx, &l.attn, i, qkv, kv, x)?;
+    layers::attend(ctx, a, i, qkv, kv, x)?;
     layers::mlp(ctx, &l.mlp, i, x)
 }

@@ -25,10 +25,11 @@ pub fn forward_layer(
     kv: &mut KvPool,
     x: &mut [f32],
 ) -> Result<(), ModelError> {
-    let mut qkv = layers::project_qkv(ctx, &l.attn, i, x)?;
-    if let Some(n) = &l.attn.qk_norm {
+    let a = l.attention(i)?;
+    let mut qkv = layers::project_qkv(ctx, a, i, x)?;
+    if let Some(n) = &a.qk_norm {
         layers::qk_head_norm(ctx, &mut qkv, n); // what makes it Qwen3
     }
-    layers::attend(ctx, &l.attn, i, qkv, kv, x)?;
+    layers::attend(ctx, a, i, qkv, kv, x)?;
     layers::mlp(ctx, &l.mlp, i, x)
 }
