@@ -4,7 +4,9 @@
 # subtracting.
 #
 #   bash scripts/agent-demo.sh [--runs N] [--model GGUF] [--ctx-size N] [--port P]
-#                              [--api-key K] [--timeout SECS] [--keep] [-- EXTRA SERVE ARGS]
+#                              [--api-key K] [--timeout SECS] [--keep] [-- SERVE ARGS]
+#   (SERVE ARGS replace the defaults: --parallel 1 --temp 0.7 --top-p 0.8 --top-k 20
+#   --repeat-penalty 1.05, Qwen2.5-Coder's own sampling; the client sends none)
 #   bash scripts/agent-demo.sh --install-only     # only install the pinned client
 #   bash scripts/agent-demo.sh --make-repo DIR    # only create the buggy repo in DIR
 #
@@ -45,10 +47,13 @@ AGENT_TIMEOUT=${AGENT_TIMEOUT:-3600}
 KEEP=0
 INSTALL_ONLY=0
 MAKE_REPO=
+# The serving settings README recommends for one agent: the whole KV pool to one sequence, and
+# Qwen2.5-Coder's own sampling settings (its generation_config.json), since the client sends none.
+SERVE_DEFAULTS=(--parallel 1 --temp 0.7 --top-p 0.8 --top-k 20 --repeat-penalty 1.05)
 SERVE_EXTRA=()
 PROMPT="calc.py has a bug: add() subtracts. Fix it by editing the file."
 
-usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case $1 in
         --runs) RUNS=$2; shift 2 ;;
@@ -61,7 +66,7 @@ while [[ $# -gt 0 ]]; do
         --install-only) INSTALL_ONLY=1; shift ;;
         --make-repo) MAKE_REPO=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        --) shift; SERVE_EXTRA=("$@"); break ;;
+        --) shift; SERVE_EXTRA=("$@"); break ;;  # replaces SERVE_DEFAULTS
         *) echo "agent-demo: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -289,8 +294,9 @@ for run in $(seq 1 "$RUNS"); do
         exit 1
     fi
     LOAD_START=$(date +%s.%N)
+    if ((${#SERVE_EXTRA[@]})); then SERVE_ARGS=("${SERVE_EXTRA[@]}"); else SERVE_ARGS=("${SERVE_DEFAULTS[@]}"); fi
     "$BIN" serve -m "$MODEL" --port "$PORT" --api-key "$API_KEY" --ctx-size "$CTX" \
-        ${SERVE_EXTRA[@]+"${SERVE_EXTRA[@]}"} 2> "$LOG" > "$RUN_DIR/server.out" &
+        "${SERVE_ARGS[@]}" 2> "$LOG" > "$RUN_DIR/server.out" &
     SERVER_PID=$!
     until curl -sf "$BASE/health" >/dev/null 2>&1; do
         if ! kill -0 "$SERVER_PID" 2>/dev/null; then

@@ -130,12 +130,7 @@ pub fn chat(req: ChatRequest, defaults: &SamplingParams) -> Result<ChatPlan, Api
             "`messages` must contain at least one message",
         ));
     }
-    let messages = req
-        .messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| normalize_message(i, m))
-        .collect::<Result<Vec<_>, _>>()?;
+    let messages = normalize_messages(&req.messages)?;
     let tools = tools_for_template(req.tools, req.tool_choice.as_ref())?;
     Ok(ChatPlan {
         messages,
@@ -300,6 +295,17 @@ fn stop_strings(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
 
 /// Checks one message and rewrites it into what chat templates expect: `content` a string
 /// (text parts joined), `developer` as `system`, null content of tool-calling turns as "".
+/// OpenAI messages as the chat template takes them: text content (parts joined), `developer`
+/// as `system`, content "" on an assistant message that only calls tools. `kestrel template`
+/// renders through this too, so it shows exactly the server's prompt.
+pub fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| normalize_message(i, m))
+        .collect()
+}
+
 fn normalize_message(i: usize, m: &Value) -> Result<Value, ApiError> {
     let at = |field: &str| format!("messages[{i}]{field}");
     let obj = m.as_object().ok_or_else(|| {

@@ -53,6 +53,9 @@ pub fn template(
     let messages = messages
         .as_array()
         .ok_or_else(|| anyhow::anyhow!("--messages must hold a JSON array of messages"))?;
+    // The server's normalization (multi-part content, developer role, tool-call turns).
+    let messages = kestrel_server::validate::normalize_messages(messages)
+        .map_err(|e| anyhow::anyhow!("--messages: {}", e.message))?;
     let tools = match &tools {
         Some(t) => Some(
             t.as_array()
@@ -61,7 +64,7 @@ pub fn template(
         ),
         None => None,
     };
-    let prompt = template.apply(messages, tools, add_generation_prompt)?;
+    let prompt = template.apply(&messages, tools, add_generation_prompt)?;
     print!("{prompt}");
     Ok(())
 }

@@ -77,6 +77,7 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
             pending_logprobs: vec![],
             tool_calls: 0,
             include_usage: plan.options.include_usage,
+            raw: (parse_tools && tracing::enabled!(tracing::Level::DEBUG)).then(String::new),
         };
         return Ok(sse::event_stream(
             generation,
@@ -87,6 +88,9 @@ async fn run(state: AppState, body: Result<Bytes, BytesRejection>) -> Result<Res
         ));
     }
     let out = sse::collect(generation, shared.metrics.clone(), &base.id).await?;
+    if parse_tools {
+        tracing::debug!(id = %base.id, raw = %out.text, "model output");
+    }
     let end = parser_end(out.finish.unwrap_or(FinishReason::Stop));
     let segments = if parse_tools {
         tool_calls::parse_all_with(ToolCallParser::with_tools(tool_specs), &out.text, end)
@@ -203,6 +207,8 @@ pub(crate) struct ChatStream {
     pub pending_logprobs: Vec<ChatLogprob>,
     pub tool_calls: usize,
     pub include_usage: bool,
+    /// The model's output as generated, kept for the debug log when tools were offered.
+    pub raw: Option<String>,
 }
 
 impl ChatStream {
@@ -279,6 +285,9 @@ impl Assembler for ChatStream {
                     .push(chat_logprob(&self.tokenizer, lp));
             }
         }
+        if let Some(raw) = &mut self.raw {
+            raw.push_str(text);
+        }
         let segments = match &mut self.parser {
             Some(p) => p.push(text),
             None if text.is_empty() => vec![],
@@ -295,6 +304,9 @@ impl Assembler for ChatStream {
             .unwrap_or_default();
         let mut out = self.segments(rest);
         let reason = finish_reason(finish, self.tool_calls > 0);
+        if let Some(raw) = &self.raw {
+            tracing::debug!(id = %self.base.id, calls = self.tool_calls, raw = %raw, "model output");
+        }
         out.push(self.chunk(ChatDelta::default(), Some(reason)));
         if self.include_usage {
             let chunk = ChatChunk {
@@ -336,6 +348,7 @@ mod tests {
             pending_logprobs: vec![],
             tool_calls: 0,
             include_usage,
+            raw: None,
         }
     }
 
