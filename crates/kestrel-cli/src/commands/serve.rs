@@ -91,7 +91,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     // The plan comes from the config alone: printed, or refused, before any weight is loaded.
     let plan = crate::generate::plan(&src, ctx, args.parallel, kv_type, args.max_memory, false)?;
     let model = src.load_model(args.engine.load_options(), false)?;
-    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type);
+    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type)
+        .with_state_slots(plan.state_slots());
     let cfg = EngineConfig {
         block_size: plan.block_size,
         max_running: args.parallel.max(1),

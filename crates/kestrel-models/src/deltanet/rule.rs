@@ -18,10 +18,46 @@
 //! small random model amplifies rounding), in f64 by 2e-5. The cost is small beside the
 //! matmuls (one pass over the state per token or chunk). Every inner loop runs along a
 //! contiguous row (`d_k` for dot products, `d_v` for the row updates), so the compiler
-//! vectorizes them.
+//! vectorizes them; the entry points are compiled three times (AVX-512, AVX2, baseline) and
+//! picked at run time. The code has no fused multiply-adds and a fixed order of sums, so every
+//! variant gives the same bits.
+//!
+//! Decode runs [`recurrent_step`]: one token over the f32 state in place, two passes over it
+//! (`Sᵀk` of the decayed state, then the update with `o = Sᵀq`), no copy of the state: the
+//! same bits as [`recurrent`] on one token.
 
 /// Tokens per chunk of the chunked form (as the reference implementations).
 pub const CHUNK: usize = 64;
+
+/// Defines `$name` as `$imp` compiled for AVX-512, AVX2 and the baseline, picked at run time
+/// (`$imp` is `#[inline(always)]`, so each variant gets its own vector code).
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident => $imp:ident ($($arg:ident : $ty:ty),* $(,)?)) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn v512($($arg: $ty),*) {
+                    $imp($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v256($($arg: $ty),*) {
+                    $imp($($arg),*)
+                }
+                if crate::vexp::has_avx512() {
+                    // SAFETY: the CPU has AVX-512F and FMA (checked).
+                    return unsafe { v512($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has AVX2 and FMA (checked).
+                    return unsafe { v256($($arg),*) };
+                }
+            }
+            $imp($($arg),*)
+        }
+    };
+}
 
 /// One value head's inputs over a run of tokens.
 pub struct HeadSeq<'a> {
@@ -95,23 +131,123 @@ pub fn recurrent(h: &HeadSeq, dk: usize, dv: usize, state32: &mut [f32], out: &m
     }
 }
 
-/// Scratch of one chunk: cumulative log decays, the solved system `W = [W_v | W_k]` and the
-/// corrections `u`.
-struct Scratch {
+multiversion! {
+    /// One token of [`recurrent`] over the f32 state in place (decode): the same bits, without
+    /// a copy of the state. `delta`: `d_v` floats of scratch; `out`: `[d_v]`.
+    pub fn recurrent_step => recurrent_step_impl(
+        h: &HeadSeq,
+        dk: usize,
+        dv: usize,
+        state: &mut [f32],
+        delta: &mut [f64],
+        out: &mut [f64],
+    )
+}
+
+#[inline(always)]
+fn recurrent_step_impl(
+    h: &HeadSeq,
+    dk: usize,
+    dv: usize,
+    state: &mut [f32],
+    delta: &mut [f64],
+    out: &mut [f64],
+) {
+    let (q, k) = (&h.q[..dk], &h.k[..dk]);
+    let decay = h.g[0].exp();
+    let delta = &mut delta[..dv];
+    let out = &mut out[..dv];
+    // delta = beta (v - (decay S)ᵀk)
+    delta.copy_from_slice(&h.v[..dv]);
+    for (r, &kr) in k.iter().enumerate() {
+        let row = &state[r * dv..(r + 1) * dv];
+        for (d, &s) in delta.iter_mut().zip(row) {
+            *d += -kr * (s as f64 * decay);
+        }
+    }
+    for d in delta.iter_mut() {
+        *d *= h.beta[0];
+    }
+    // S = decay S + k deltaᵀ, o = Sᵀq
+    out.fill(0.0);
+    for r in 0..dk {
+        let row = &mut state[r * dv..(r + 1) * dv];
+        let (kr, qr) = (k[r], q[r]);
+        for ((s, &d), o) in row.iter_mut().zip(delta.iter()).zip(out.iter_mut()) {
+            let n = *s as f64 * decay + kr * d;
+            *o += qr * n;
+            *s = n as f32;
+        }
+    }
+}
+
+/// Scratch of the chunked form, reused across calls: the state in f64, cumulative log decays,
+/// the solved system `W = [W_v | W_k]` and the corrections `u`.
+#[derive(Default)]
+pub struct Scratch {
+    state: Vec<f64>,
     gc: Vec<f64>,
     w: Vec<f64>,
     u: Vec<f64>,
 }
 
+impl Scratch {
+    fn fit(&mut self, dk: usize, dv: usize) {
+        let fit = |v: &mut Vec<f64>, n: usize| {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+        };
+        fit(&mut self.state, dk * dv);
+        fit(&mut self.gc, CHUNK);
+        fit(&mut self.w, CHUNK * (dv + dk));
+        fit(&mut self.u, CHUNK * dv);
+    }
+}
+
 /// In chunks of [`CHUNK`]: the prefill form. Same contract as [`recurrent`].
 pub fn chunked(h: &HeadSeq, dk: usize, dv: usize, state32: &mut [f32], out: &mut [f64]) {
-    let mut state: Vec<f64> = state32.iter().map(|&v| v as f64).collect();
+    chunked_with(h, dk, dv, state32, out, &mut Scratch::default())
+}
+
+/// [`chunked`] with caller-kept scratch (no allocation once it has grown).
+pub fn chunked_with(
+    h: &HeadSeq,
+    dk: usize,
+    dv: usize,
+    state32: &mut [f32],
+    out: &mut [f64],
+    s: &mut Scratch,
+) {
+    s.fit(dk, dv);
+    chunked_mv(h, dk, dv, state32, out, s)
+}
+
+multiversion! {
+    fn chunked_mv => chunked_impl(
+        h: &HeadSeq,
+        dk: usize,
+        dv: usize,
+        state32: &mut [f32],
+        out: &mut [f64],
+        s: &mut Scratch,
+    )
+}
+
+#[inline(always)]
+fn chunked_impl(
+    h: &HeadSeq,
+    dk: usize,
+    dv: usize,
+    state32: &mut [f32],
+    out: &mut [f64],
+    s: &mut Scratch,
+) {
+    let mut state = std::mem::take(&mut s.state);
+    for (d, &v) in state.iter_mut().zip(state32.iter()) {
+        *d = v as f64;
+    }
     let t_len = h.g.len();
-    let mut s = Scratch {
-        gc: vec![0.0; CHUNK],
-        w: vec![0.0; CHUNK * (dv + dk)],
-        u: vec![0.0; CHUNK * dv],
-    };
     for c0 in (0..t_len).step_by(CHUNK) {
         let n = (t_len - c0).min(CHUNK);
         let part = HeadSeq {
@@ -125,17 +261,19 @@ pub fn chunked(h: &HeadSeq, dk: usize, dv: usize, state32: &mut [f32], out: &mut
             &part,
             dk,
             dv,
-            &mut state,
+            &mut state[..dk * dv],
             &mut out[c0 * dv..(c0 + n) * dv],
-            &mut s,
+            s,
         );
     }
     for (d, s) in state32.iter_mut().zip(&state) {
         *d = *s as f32;
     }
+    s.state = state;
 }
 
 /// One chunk of `n <= CHUNK` tokens.
+#[inline(always)]
 fn chunk(h: &HeadSeq, dk: usize, dv: usize, state: &mut [f64], out: &mut [f64], s: &mut Scratch) {
     let n = h.g.len();
     let (q, k) = (h.q, h.k);
@@ -229,6 +367,35 @@ mod tests {
             for v in row.iter_mut() {
                 *v *= scale / n;
             }
+        }
+    }
+
+    #[test]
+    fn recurrent_step_equals_recurrent_bit_for_bit() {
+        let (t_len, dk, dv) = (5, 16, 12);
+        let mut q = noise(11, t_len * dk);
+        let mut k = noise(12, t_len * dk);
+        l2_rows(&mut q, dk, 1.0 / (dk as f64).sqrt());
+        l2_rows(&mut k, dk, 1.0);
+        let v = noise(13, t_len * dv);
+        let g: Vec<f64> = noise(14, t_len).iter().map(|x| -0.3 * (x + 1.0)).collect();
+        let beta: Vec<f64> = noise(15, t_len).iter().map(|x| 0.5 + 0.45 * x).collect();
+        let s0: Vec<f32> = noise(16, dk * dv).iter().map(|&v| v as f32).collect();
+        let (mut a, mut b) = (s0.clone(), s0);
+        let mut delta = vec![0f64; dv];
+        for t in 0..t_len {
+            let h = HeadSeq {
+                q: &q[t * dk..(t + 1) * dk],
+                k: &k[t * dk..(t + 1) * dk],
+                v: &v[t * dv..(t + 1) * dv],
+                g: &g[t..t + 1],
+                beta: &beta[t..t + 1],
+            };
+            let (mut oa, mut ob) = (vec![0f64; dv], vec![0f64; dv]);
+            recurrent(&h, dk, dv, &mut a, &mut oa);
+            recurrent_step(&h, dk, dv, &mut b, &mut delta, &mut ob);
+            assert_eq!(oa, ob, "token {t}");
+            assert_eq!(a, b, "token {t}");
         }
     }
 
