@@ -276,18 +276,37 @@ pub fn check(ordinal: usize, models: &[std::path::PathBuf], prompt_len: usize, g
             }
         }
         // CPU path of this binary (quantized kernels) against the GPU
-        let cpu = src.load_model(LoadOptions::default(), true)?;
+        let mut cpu = src.load_model(LoadOptions::default(), true)?;
         let prompt: Vec<u32> = (0..prompt_len as u64).map(|i| ((i * 7919 + 17) % vocab as u64) as u32).collect();
         let mut cache = cpu.new_cache(ctx, KvType::F16);
         let cpu_logits = cpu.forward(&prompt, &mut cache, kestrel_models::Logits::All)?;
         let gpu_logits = gm.forward(&[SeqIn { tokens: &prompt, start: 0, blocks: &table, want_logits: true, all_logits: true }])?;
-        let mut worst = 0f64;
-        for (c, g) in cpu_logits.chunks_exact(vocab).zip(gpu_logits.chunks_exact(vocab)) {
-            let spread = c.iter().cloned().fold(f32::MIN, f32::max) - c.iter().cloned().fold(f32::MAX, f32::min);
-            let e = c.iter().zip(g).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / spread.max(1e-9);
-            worst = worst.max(e as f64);
-        }
+        // worst |a - b| over each row's spread (max - min of b), and the largest |a - b|
+        let spread_err = |a: &[f32], b: &[f32]| -> (f64, f32) {
+            let (mut worst, mut abs) = (0f64, 0f32);
+            for (c, g) in b.chunks_exact(vocab).zip(a.chunks_exact(vocab)) {
+                let spread = c.iter().cloned().fold(f32::MIN, f32::max) - c.iter().cloned().fold(f32::MAX, f32::min);
+                let e = c.iter().zip(g).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                abs = abs.max(e);
+                worst = worst.max((e / spread.max(1e-9)) as f64);
+            }
+            (worst, abs)
+        };
+        let (worst, max_abs) = spread_err(&gpu_logits, &cpu_logits);
         let rel = kestrel_cuda::check::rel_err(&gpu_logits, &cpu_logits);
+        // both against the CPU's f32 reference path on the first positions
+        let n_ref = prompt_len.min(16);
+        cpu.set_matmul_path(kestrel_models::MatmulPath::Reference);
+        let mut ref_cache = cpu.new_cache(ctx, KvType::F32);
+        let ref_logits = cpu.forward(&prompt[..n_ref], &mut ref_cache, kestrel_models::Logits::All)?;
+        cpu.set_matmul_path(kestrel_models::MatmulPath::Quantized);
+        let (g_ref, _) = spread_err(&gpu_logits[..n_ref * vocab], &ref_logits);
+        let (q_ref, _) = spread_err(&cpu_logits[..n_ref * vocab], &ref_logits);
+        let g_ref_l2 = kestrel_cuda::check::rel_err(&gpu_logits[..n_ref * vocab], &ref_logits);
+        let q_ref_l2 = kestrel_cuda::check::rel_err(&cpu_logits[..n_ref * vocab], &ref_logits);
+        println!(
+            "     {name}: against the CPU f32 reference path over {n_ref} positions: GPU {g_ref:.2e} of spread (rel L2 {g_ref_l2:.2e}), CPU quantized {q_ref:.2e} (rel L2 {q_ref_l2:.2e})"
+        );
         // greedy: each path continues from its own choices
         let mut cpu_toks = Vec::new();
         let mut last = cpu_logits[(prompt_len - 1) * vocab..].to_vec();
@@ -302,14 +321,18 @@ pub fn check(ordinal: usize, models: &[std::path::PathBuf], prompt_len: usize, g
         }
         let gpu_toks = gpu_greedy(&mut gm, &table, &prompt, gen)?;
         let same = cpu_toks.iter().zip(&gpu_toks).take_while(|(a, b)| a == b).count();
-        let near_tie = same < gen && margins[same] < 0.01 * 1.0f32.max(margins.iter().cloned().fold(0.0, f32::max));
+        // a near-tie: the CPU's top two differ by less than twice the largest logit difference
+        let near_tie = same < gen && margins[same] < 2.0 * max_abs;
         gm.use_graphs = false;
         let eager = gpu_greedy(&mut gm, &table, &prompt, gen)?;
         gm.use_graphs = true;
-        let ok = worst <= 2e-2 && (same == gen || near_tie) && eager == gpu_toks;
+        // the GPU may differ from the CPU's quantized path by its own rounding, but must be as
+        // close to the f32 reference as that path is (or within 2% of the spread)
+        let close = worst <= 2e-2 || g_ref <= 1.5 * q_ref;
+        let ok = close && (same == gen || near_tie) && eager == gpu_toks;
         failed += !ok as usize;
         println!(
-            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (tol 2e-2), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {}",
+            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {}",
             if ok { "ok  " } else { "FAIL" },
             if same < gen { format!(" (first difference at {same}: CPU top-2 margin {:.3}{})", margins[same], if near_tie { ", a near-tie" } else { "" }) } else { String::new() },
             eager == gpu_toks

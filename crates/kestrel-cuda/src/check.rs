@@ -377,11 +377,12 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         for i in 0..20 {
             launch(i)?;
         }
-        let e0 = gpu.stream.record_event(None)?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let e0 = gpu.stream.record_event(timing)?;
         for i in 0..reps {
             launch(i)?;
         }
-        let e1 = gpu.stream.record_event(None)?;
+        let e1 = gpu.stream.record_event(timing)?;
         e1.synchronize()?;
         let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64;
         res.push((kind.name().to_string(), us, dev.len() as f64 / us / 1e3));

@@ -76,13 +76,23 @@ pub struct Scratch {
     pub wf16: DevBuf,
     pub wf16_elems: usize,
     pub partial: DevBuf,
-    pub ids: DevBuf,
-    pub pos: DevBuf,
-    pub kv_row: DevBuf,
-    pub tbl_off: DevBuf,
-    pub tables: DevBuf,
+    /// The step's inputs, one upload: [ids | pos | kv_row | tbl_off | pick] (max_batch i32
+    /// each) then the block tables (tables_cap i32); the fields below point into it.
+    pub step_in: DevBuf,
+    pub ids: Sub,
+    pub pos: Sub,
+    pub kv_row: Sub,
+    pub tbl_off: Sub,
+    pub pick: Sub,
+    pub tables: Sub,
     pub tables_cap: usize,
-    pub pick: DevBuf,
+    pub max_batch: usize,
+}
+
+/// A part of a device buffer.
+#[derive(Clone, Copy)]
+pub struct Sub {
+    pub ptr: u64,
 }
 
 /// f16 elements of the weight-dequantization buffer of the GEMM path (64 MiB): weights are
@@ -133,14 +143,28 @@ impl Scratch {
             wf16: gpu.alloc(WF16_ELEMS * 2)?,
             wf16_elems: WF16_ELEMS,
             partial: f(Self::partial_floats(cfg, max_batch))?,
-            ids: f(t)?,
-            pos: f(t)?,
-            kv_row: f(t)?,
-            tbl_off: f(t)?,
-            tables: f(max_table)?,
+            step_in: f(5 * t + max_table)?,
+            ids: Sub { ptr: 0 },
+            pos: Sub { ptr: 0 },
+            kv_row: Sub { ptr: 0 },
+            tbl_off: Sub { ptr: 0 },
+            pick: Sub { ptr: 0 },
+            tables: Sub { ptr: 0 },
             tables_cap: max_table,
-            pick: f(t)?,
-        })
+            max_batch: t,
+        }
+        .with_parts())
+    }
+
+    fn with_parts(mut self) -> Self {
+        let (base, t) = (self.step_in.ptr, (self.max_batch * 4) as u64);
+        self.ids = Sub { ptr: base };
+        self.pos = Sub { ptr: base + t };
+        self.kv_row = Sub { ptr: base + 2 * t };
+        self.tbl_off = Sub { ptr: base + 3 * t };
+        self.pick = Sub { ptr: base + 4 * t };
+        self.tables = Sub { ptr: base + 5 * t };
+        self
     }
 }
 
@@ -355,14 +379,22 @@ impl CudaModel {
         if tables.len() > self.scratch.tables_cap {
             return Err(CudaError::Plan("block tables exceed the planned size".into()));
         }
-        let bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let s = &self.scratch;
-        self.gpu.write(s.ids.ptr, &ids.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
-        self.gpu.write(s.pos.ptr, &bytes(&pos))?;
-        self.gpu.write(s.kv_row.ptr, &bytes(&kv_row))?;
-        self.gpu.write(s.tbl_off.ptr, &bytes(&tbl_off))?;
-        self.gpu.write(s.tables.ptr, &bytes(&tables))?;
-        self.gpu.write(s.pick.ptr, &bytes(&pick))?;
+        // one upload: five sections of max_batch, then the tables
+        let mb = self.scratch.max_batch;
+        let mut host = vec![0u8; (5 * mb + tables.len()) * 4];
+        let mut put = |section: usize, v: &mut dyn Iterator<Item = u32>| {
+            for (i, x) in v.enumerate() {
+                let at = (section * mb + i) * 4;
+                host[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        };
+        put(0, &mut ids.iter().copied());
+        put(1, &mut pos.iter().map(|&x| x as u32));
+        put(2, &mut kv_row.iter().map(|&x| x as u32));
+        put(3, &mut tbl_off.iter().map(|&x| x as u32));
+        put(4, &mut pick.iter().map(|&x| x as u32));
+        put(5, &mut tables.iter().map(|&x| x as u32));
+        self.gpu.write(self.scratch.step_in.ptr, &host)?;
         let n_out = pick.len();
         self.step = StepState {
             t,
@@ -390,14 +422,15 @@ impl CudaModel {
     fn replay(&mut self, t: usize, n_out: usize) -> Result<()> {
         if !self.graphs.0.contains_key(&(t, n_out)) {
             // load every kernel before capture (module calls are not captured)
-            self.run_recipe()?;
+            self.run_recipe().map_err(|e| CudaError::Other(format!("decode step before capture: {e}")))?;
             self.step = StepState { t, n_out, n_splits: DECODE_SPLITS, ..StepState::default() };
             let stream = self.gpu.stream.clone();
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
             let r = self.run_recipe();
             let g = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-            r?;
-            let g = g?.ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
+            r.map_err(|e| CudaError::Other(format!("capturing the decode step: {e}")))?;
+            let g = g.map_err(|e| CudaError::Other(format!("instantiating the decode graph: {e}")))?
+                .ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
             self.graphs.0.insert((t, n_out), g);
             // the eager run above already computed this step
             return Ok(());

@@ -103,7 +103,7 @@ __device__ float deq(int ty, const u8* W, int rows, int cols, u64 r, int c) {
         float d = h2f(((const u16*)(W + (u64)rows * (cols / 32) * A))[blk]);
         if (ty == T_Q8_0) return d * (float)((const i8*)a)[j];
         if (ty == T_Q4_0) return d * (float)(((j < 16 ? a[j] : a[j - 16] >> 4) & 0xF) - 8);
-        u32 qh = *(const u32*)a;
+        u32 qh = (u32)a[0] | ((u32)a[1] << 8) | ((u32)a[2] << 16) | ((u32)a[3] << 24);
         int lo = (j < 16 ? a[4 + j] : a[4 + j - 16] >> 4) & 0xF;
         return d * (float)((lo | (((qh >> j) & 1) << 4)) - 16);
     }
