@@ -44,7 +44,7 @@ for s in $STAGES; do
     $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  matvec\|^ok  rms\|^ok  qkv\|^ok  att\|^ok  embed\|^ok  deq" | tee $OUT/parity-$SH.log
     $K bench -m $M -p 512 -n 128 -r 3 --device cuda 2>&1 | tee $OUT/bench-$SH.log
     $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
-    [ $s = big ] && $K bench -m $M -p 4096 -n 128 -d 16384 -r 2 --device cuda 2>&1 | tee -a $OUT/bench-$SH.log
+    [ $s = big ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
     if [ -n "${PROF:-}" ]; then  # per-kernel times of eager decode steps (ncu, clocks left alone)
       NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
       $NCU --clock-control none --metrics gpu__time_duration.sum --csv -c ${PROF} $K bench -m $M -p 0 -n 2 -r 1 --device cuda --no-graphs > /tmp/w/ncu.csv 2>/tmp/w/ncu.err

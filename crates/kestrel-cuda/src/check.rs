@@ -115,34 +115,88 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
             unsafe {
                 gpu.stream.launch_builder(&f).arg(&dx.ptr).arg(&dq.ptr).arg(&dd.ptr).arg(&n).launch(cfg((nt as u32, 1, 1), 256))?;
             }
-            for epi in 0..3 {
-                let base = rng.vec(nt * rows, 1.0);
-                let dout = gpu.upload_f32(&base)?;
-                let f = gpu.func(&format!("mv_{}_{nt}_{epi}", kind.name()))?;
-                let (r, c) = (rows as i32, cols as i32);
-                // SAFETY: as above.
-                unsafe {
-                    gpu.stream.launch_builder(&f)
-                        .arg(&dw.ptr).arg(&dw2.ptr).arg(&r).arg(&c).arg(&dq.ptr).arg(&dd.ptr).arg(&c).arg(&dx.ptr).arg(&dout.ptr).arg(&r)
-                        .launch(cfg((rows.div_ceil(4) as u32, 1, 1), 128))?;
+            // f64 dots, once per token count
+            let mut g1 = vec![0f64; nt * rows];
+            let mut g2 = vec![0f64; nt * rows];
+            for t in 0..nt {
+                let xt = &x[t * cols..(t + 1) * cols];
+                for r in 0..rows {
+                    let dot = |m: &[f32]| -> f64 { m[r * cols..(r + 1) * cols].iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum() };
+                    g1[t * rows + r] = dot(&w);
+                    g2[t * rows + r] = dot(&w2);
                 }
-                let got = gpu.read_f32(dout.ptr, nt * rows)?;
-                let mut want = vec![0f32; nt * rows];
-                for t in 0..nt {
-                    let xt = &x[t * cols..(t + 1) * cols];
-                    for r in 0..rows {
-                        let dot = |m: &[f32]| -> f64 { m[r * cols..(r + 1) * cols].iter().zip(xt).map(|(a, b)| *a as f64 * *b as f64).sum() };
-                        let g = dot(&w);
-                        want[t * rows + r] = match epi {
-                            0 => g as f32,
-                            1 => (base[t * rows + r] as f64 + g) as f32,
-                            _ => (g / (1.0 + (-g).exp()) * dot(&w2)) as f32,
-                        };
-                    }
-                }
-                let tol = if kind.int8_activations() { 1e-2 } else { 1e-4 };
-                out.push(CaseResult { op: format!("matvec {} [{rows}x{cols}] tokens {nt} epilogue {}", kind.name(), ["store", "add", "swiglu"][epi]), err: rel_err(&got, &want), tol });
             }
+            let wprs: &[usize] = if kind.int8_activations() { &[1, 2, 4] } else { &[1, 4] };
+            for epi in 0..3 {
+                for &wpr in wprs {
+                    let base = rng.vec(nt * rows, 1.0);
+                    let dout = gpu.upload_f32(&base)?;
+                    let f = gpu.func(&format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()))?;
+                    let (r, c) = (rows as i32, cols as i32);
+                    // SAFETY: as above.
+                    unsafe {
+                        gpu.stream.launch_builder(&f)
+                            .arg(&dw.ptr).arg(&dw2.ptr).arg(&r).arg(&c).arg(&dq.ptr).arg(&dd.ptr).arg(&c).arg(&dx.ptr).arg(&dout.ptr).arg(&r)
+                            .launch(cfg((rows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
+                    }
+                    let got = gpu.read_f32(dout.ptr, nt * rows)?;
+                    let want: Vec<f32> = (0..nt * rows)
+                        .map(|i| {
+                            let g = g1[i];
+                            (match epi {
+                                0 => g,
+                                1 => base[i] as f64 + g,
+                                _ => g / (1.0 + (-g).exp()) * g2[i],
+                            }) as f32
+                        })
+                        .collect();
+                    let tol = if kind.int8_activations() { 1e-2 } else { 1e-4 };
+                    out.push(CaseResult { op: format!("matvec {} [{rows}x{cols}] tokens {nt} epilogue {} warps/row {wpr}", kind.name(), ["store", "add", "swiglu"][epi]), err: rel_err(&got, &want), tol });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The fused q/k/v mat-vec: three matrices of different types in one launch.
+pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
+    let cols = 1536;
+    for (kinds, nt) in [([Kind::Q4K, Kind::Q4K, Kind::Q6K], 1usize), ([Kind::Q8_0, Kind::Q5_0, Kind::Q4_0], 4), ([Kind::F32, Kind::F16, Kind::F32], 2)] {
+        let rows = [512usize, 128, 128];
+        let mats: Vec<(Vec<u8>, Vec<f32>)> = (0..3).map(|i| random_matrix(kinds[i], rows[i], cols, rng)).collect::<Result<_>>()?;
+        let devs: Vec<_> = (0..3).map(|i| gpu.upload(&to_device_layout(kinds[i], &mats[i].0))).collect::<Result<_>>()?;
+        let outs: Vec<_> = (0..3).map(|i| gpu.alloc(nt * rows[i] * 4)).collect::<Result<_>>()?;
+        let x = rng.vec(nt * cols, 1.0);
+        let dx = gpu.upload_f32(&x)?;
+        let (dq, dd) = (gpu.alloc(nt * cols)?, gpu.alloc(nt * cols / 32 * 8)?);
+        let qf = gpu.func("quantize_q")?;
+        let n = cols as i32;
+        let f = gpu.func(&format!("mvx_{}", nt.next_power_of_two()))?;
+        let r: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+        let ty: Vec<i32> = kinds.iter().map(|&k| k as i32).collect();
+        let total = rows.iter().sum::<usize>();
+        // SAFETY: as in check_matvec.
+        unsafe {
+            gpu.stream.launch_builder(&qf).arg(&dx.ptr).arg(&dq.ptr).arg(&dd.ptr).arg(&n).launch(cfg((nt as u32, 6, 1), 256))?;
+            gpu.stream.launch_builder(&f)
+                .arg(&devs[0].ptr).arg(&r[0]).arg(&ty[0]).arg(&outs[0].ptr)
+                .arg(&devs[1].ptr).arg(&r[1]).arg(&ty[1]).arg(&outs[1].ptr)
+                .arg(&devs[2].ptr).arg(&r[2]).arg(&ty[2]).arg(&outs[2].ptr)
+                .arg(&n).arg(&dq.ptr).arg(&dd.ptr).arg(&dx.ptr)
+                .launch(cfg((total.div_ceil(4) as u32, 1, 1), 128))?;
+        }
+        for i in 0..3 {
+            let got = gpu.read_f32(outs[i].ptr, nt * rows[i])?;
+            let w = &mats[i].1;
+            let want: Vec<f32> = (0..nt * rows[i])
+                .map(|j| {
+                    let (t, row) = (j / rows[i], j % rows[i]);
+                    w[row * cols..(row + 1) * cols].iter().zip(&x[t * cols..(t + 1) * cols]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() as f32
+                })
+                .collect();
+            let tol = if kinds[i].int8_activations() { 1e-2 } else { 1e-4 };
+            out.push(CaseResult { op: format!("fused q/k/v mat-vec, part {i}: {} [{}x{cols}] tokens {nt}", kinds[i].name(), rows[i]), err: rel_err(&got, &want), tol });
         }
     }
     Ok(())
@@ -162,7 +216,7 @@ pub fn check_norm(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Re
         // SAFETY: as in check_matvec.
         unsafe {
             gpu.stream.launch_builder(&f).arg(&dx.ptr).arg(&dw.ptr).arg(&dout.ptr).arg(&dq.ptr).arg(&dd.ptr).arg(&ni).arg(&eps)
-                .launch(cfg((t as u32, 1, 1), 256))?;
+                .launch(cfg((t as u32, n.div_ceil(256) as u32, 1), 256))?;
         }
         let got = gpu.read_f32(dout.ptr, t * n)?;
         out.push(CaseResult { op: format!("rms_norm [{t}x{n}]"), err: rel_err(&got, &want), tol: 1e-5 });
@@ -280,7 +334,7 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
                 .launch(cfg((nh as u32, t as u32, splits as u32), 128))?;
             gpu.stream.launch_builder(&combine)
                 .arg(&dpart.ptr).arg(&a).arg(&c).arg(&ns).arg(&dout.ptr).arg(&null).arg(&null)
-                .launch(cfg((t as u32, 1, 1), 256))?;
+                .launch(cfg((t as u32, (nh * hd).div_ceil(256) as u32, 1), 256))?;
         }
         let got = gpu.read_f32(dout.ptr, t * nh * hd)?;
         out.push(CaseResult { op: format!("attention {nh}/{nkv} heads of {hd}, context {len}, {t} queries, {splits} splits"), err: rel_err(&got, &want), tol: 1e-4 });
@@ -337,6 +391,7 @@ pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     check_matvec(gpu, &mut rng, &mut out)?;
+    check_mvx(gpu, &mut rng, &mut out)?;
     check_norm(gpu, &mut rng, &mut out)?;
     check_epilogue(gpu, &mut rng, &mut out)?;
     check_attention(gpu, &mut rng, &mut out)?;
@@ -358,7 +413,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         let (dq, dd, dout) = (gpu.alloc(cols)?, gpu.alloc(cols / 32 * 8)?, gpu.alloc(rows * 4)?);
         let qf = gpu.func("quantize_q")?;
         let n = cols as i32;
-        let f = gpu.func(&format!("mv_{}_1_0", kind.name()))?;
+        let wpr = crate::ops::warps_per_row(kind, cols);
+        let f = gpu.func(&format!("mv_{}_1_0_{wpr}", kind.name()))?;
         let (r, c) = (rows as i32, cols as i32);
         // SAFETY: as in check_matvec.
         unsafe {
@@ -370,7 +426,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
             // SAFETY: as in check_matvec.
             unsafe {
                 gpu.stream.launch_builder(&f).arg(&w).arg(&w).arg(&r).arg(&c).arg(&dq.ptr).arg(&dd.ptr).arg(&c).arg(&dx.ptr).arg(&dout.ptr).arg(&r)
-                    .launch(cfg((rows.div_ceil(4) as u32, 1, 1), 128))?;
+                    .launch(cfg((rows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
             }
             Ok(())
         };

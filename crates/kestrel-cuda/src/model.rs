@@ -177,6 +177,9 @@ pub struct StepState {
     pub q8_of: Option<Buf>,
     pub f16_of: Option<Buf>,
     pub pending: Pending,
+    /// Mat-vecs deferred to run as one launch, and their shared input.
+    pub mm: Vec<(kestrel_models::backend::W, Buf)>,
+    pub mm_x: Option<Buf>,
 }
 
 /// One sequence's share of a step (as the engine's `SeqStep`).

@@ -30,6 +30,24 @@ pub struct Pending {
     pub stage: u8,
 }
 
+/// Warps that share one row of the mat-vec: long rows get more loads in flight (units of 64
+/// weights for the K-quants, 32 for the others, 8 for f16/f32; a lane takes one at a time).
+pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
+    use crate::weights::Kind;
+    let units = match kind {
+        Kind::Q4K | Kind::Q6K => cols / 64,
+        Kind::F32 | Kind::F16 => return if cols >= 4096 { 4 } else { 1 },
+        _ => cols / 32,
+    };
+    if units >= 128 {
+        4
+    } else if units >= 64 {
+        2
+    } else {
+        1
+    }
+}
+
 fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: grid,
@@ -120,8 +138,58 @@ impl CudaModel {
         }
     }
 
-    /// Runs the recorded q/k/v epilogue, if any.
+    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue.
     pub(crate) fn flush(&mut self) -> Result<()> {
+        self.flush_mm()?;
+        self.flush_epilogue()
+    }
+
+    /// Runs the deferred mat-vecs (one fused launch for two or three).
+    fn flush_mm(&mut self) -> Result<()> {
+        let pend = std::mem::take(&mut self.step.mm);
+        let Some(x) = self.step.mm_x.take() else { return Ok(()) };
+        if pend.len() == 1 {
+            let (w, out) = pend[0];
+            let (op, _) = self.buf(out);
+            self.mm_into(w, None, x, op, false)?;
+            self.wrote(out);
+            return Ok(());
+        }
+        let mats: Vec<(u64, i32, i32, u64)> = pend
+            .iter()
+            .map(|&(w, out)| -> Result<_> {
+                let m = self.matrix(w)?;
+                Ok((m.buf.ptr, m.rows as i32, m.kind as i32, self.buf(out).0))
+            })
+            .collect::<Result<_>>()?;
+        if pend.iter().any(|&(w, _)| self.matrix(w).is_ok_and(|m| m.kind.int8_activations())) {
+            self.quantize(x)?;
+        }
+        let rows = self.rows(x);
+        let (xp, cols) = self.buf(x);
+        let nt = rows.next_power_of_two();
+        let f = self.gpu.func(&format!("mvx_{nt}"))?;
+        let none = (0u64, 0i32, 0i32, 0u64);
+        let (a, b, c) = (mats[0], mats[1], mats.get(2).copied().unwrap_or(none));
+        let (q, qd, ci) = (self.scratch.xq.ptr, self.scratch.xd.ptr, cols as i32);
+        let total = (a.1 + b.1 + c.1) as usize;
+        // SAFETY: as in flush_epilogue.
+        unsafe {
+            self.gpu.stream.launch_builder(&f)
+                .arg(&a.0).arg(&a.1).arg(&a.2).arg(&a.3)
+                .arg(&b.0).arg(&b.1).arg(&b.2).arg(&b.3)
+                .arg(&c.0).arg(&c.1).arg(&c.2).arg(&c.3)
+                .arg(&ci).arg(&q).arg(&qd).arg(&xp)
+                .launch(cfg((total.div_ceil(4) as u32, 1, 1), 128))?;
+        }
+        for (_, out) in pend {
+            self.wrote(out);
+        }
+        Ok(())
+    }
+
+    /// Runs the recorded q/k/v epilogue, if any.
+    fn flush_epilogue(&mut self) -> Result<()> {
         let p = self.step.pending;
         if p.stage == 0 {
             return Ok(());
@@ -158,8 +226,9 @@ impl CudaModel {
     }
 
     fn record(&mut self, stage: u8, edit: impl FnOnce(&mut Pending)) -> Result<()> {
+        self.flush_mm()?;
         if stage < self.step.pending.stage {
-            self.flush()?;
+            self.flush_epilogue()?;
         }
         let p = &mut self.step.pending;
         edit(p);
@@ -178,7 +247,7 @@ impl CudaModel {
         // SAFETY: as in flush.
         unsafe {
             self.gpu.stream.launch_builder(&f).arg(&ptr).arg(&q).arg(&qd).arg(&ni)
-                .launch(cfg((self.rows(x) as u32, 1, 1), 256))?;
+                .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
         }
         self.step.q8_of = Some(x);
         Ok(())
@@ -253,14 +322,15 @@ impl CudaModel {
         }
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
-        let f = self.gpu.func(&format!("mv_{}_{nt}_{epi}", kind.name()))?;
+        let wpr = warps_per_row(kind, wcols);
+        let f = self.gpu.func(&format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()))?;
         let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
         unsafe {
             self.gpu.stream.launch_builder(&f)
                 .arg(&wp).arg(&up_ptr).arg(&r).arg(&c).arg(&q).arg(&qd).arg(&ld).arg(&xp).arg(&op).arg(&old)
-                .launch(cfg((wrows.div_ceil(4) as u32, 1, 1), 128))?;
+                .launch(cfg((wrows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
         }
         Ok(())
     }
@@ -344,8 +414,10 @@ impl Ops for CudaModel {
         let f = self.gpu.func("rms_norm_q")?;
         // SAFETY: as in flush.
         unsafe {
+            // in place, one block per row must read the row before anyone writes it
+            let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
             self.gpu.stream.launch_builder(&f).arg(&xp).arg(&wp).arg(&op).arg(&q).arg(&qd).arg(&ni).arg(&eps)
-                .launch(cfg((rows as u32, 1, 1), 256))?;
+                .launch(cfg((rows as u32, parts, 1), 256))?;
         }
         self.wrote(out);
         if quant {
@@ -375,7 +447,26 @@ impl Ops for CudaModel {
     }
 
     fn matmul(&mut self, w: W, x: Buf, out: Buf) -> Result<()> {
-        self.mm(w, None, x, out, false)
+        // mat-vecs over the same input wait to be launched together
+        let cols = self.buf(x).1;
+        let m = self.matrix(w)?;
+        let fusable = self.rows(x) <= MATVEC_MAX
+            && self.rows(x) > 0
+            && m.cols == cols
+            && m.rows == self.buf(out).1
+            && matches!(out, Buf::Q | Buf::K | Buf::V);
+        if !fusable {
+            return self.mm(w, None, x, out, false);
+        }
+        let int8 = m.kind.int8_activations();
+        let same_kind_class = self.step.mm.iter().all(|&(w2, _)| self.matrix(w2).is_ok_and(|m2| m2.kind.int8_activations() == int8));
+        if self.step.mm_x != Some(x) || self.step.mm.len() == 3 || !same_kind_class {
+            self.flush_mm()?;
+        }
+        self.flush_epilogue()?;
+        self.step.mm_x = Some(x);
+        self.step.mm.push((w, out));
+        Ok(())
     }
 
     fn matmul_add(&mut self, w: W, x: Buf, out: Buf) -> Result<()> {
@@ -425,7 +516,7 @@ impl Ops for CudaModel {
                 .launch(cfg((c.n_heads as u32, t as u32, n_splits as u32), 128))?;
             self.gpu.stream.launch_builder(&combine)
                 .arg(&part).arg(&nh).arg(&hd).arg(&ns).arg(&op).arg(&xq).arg(&xd)
-                .launch(cfg((t as u32, 1, 1), 256))?;
+                .launch(cfg((t as u32, on.div_ceil(256) as u32, 1), 256))?;
         }
         self.wrote(out);
         if quant {

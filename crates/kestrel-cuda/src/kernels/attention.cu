@@ -74,13 +74,14 @@ extern "C" __global__ void __launch_bounds__(128) attn_split(
     }
 }
 
-// One block (256 threads) per token: merges the splits of every head into out [q_dim] and,
-// when q is not null, quantizes the row for the output projection.
+// Grid (tokens, parts), 256 threads: merges the splits of every head into out [q_dim] and,
+// when q is not null, quantizes the row for the output projection; block (t, p) takes the
+// 32-wide chunks p*8 + warp, p*8 + warp + 8*parts, ... of token t.
 extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* partial, int n_heads, int hd,
                                                                int n_splits, float* out, i8* q, float2* qd) {
     int t = blockIdx.x, qdim = n_heads * hd;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int c = warp; c < (qdim + 31) / 32; c += nw) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int c = blockIdx.y * 8 + warp; c < (qdim + 31) / 32; c += gridDim.y * 8) {
         int i = 32 * c + lane;
         float v = 0.f;
         if (i < qdim) {

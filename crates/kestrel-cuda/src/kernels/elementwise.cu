@@ -2,8 +2,11 @@
 // in), quantize, the q/k/v epilogue (bias, per-head norm, RoPE, KV-cache write, fused), token
 // embeddings, row picking, and dequantization to f16 for the cuBLAS prefill path.
 
-// One block (256 threads) per row of n: out = x / rms(x) * w; also writes the int8 blocks of
-// `out` when q is not null (n a multiple of 32). `out` may be `x`.
+// Rows of n over grid (rows, parts), 256 threads: block (r, p) writes the 32-wide chunks
+// p*8 + warp, p*8 + warp + 8*parts, ... of row r: out = x / rms(x) * w, and the int8 blocks of
+// `out` when q is not null (n a multiple of 32). Every block sums the squares of the whole row
+// itself (a few KB from L2), so a decode step's norm is many blocks, not one. `out` may be `x`
+// only with one part.
 extern "C" __global__ void __launch_bounds__(256) rms_norm_q(const float* x, const float* w, float* out,
                                                              i8* q, float2* qd, int n, float eps) {
     const float* xr = x + (u64)blockIdx.x * n;
@@ -12,25 +15,21 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_q(const float* x, con
     ss = block_sum(ss);
     float scale = rsqrtf(ss / (float)n + eps);
     float* orow = out + (u64)blockIdx.x * n;
-    if (q == nullptr) {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
-        return;
-    }
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int c = warp; c < n / 32; c += nw) {
-        int i = 32 * c + lane;
-        float v = xr[i] * scale * w[i];
-        orow[i] = v;
-        quant32(v, q + (u64)blockIdx.x * n + 32 * c, qd + (u64)blockIdx.x * (n / 32) + c);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
+        int i = base + lane;
+        float v = i < n ? xr[i] * scale * w[i] : 0.f;
+        if (i < n) orow[i] = v;
+        if (q != nullptr) quant32(v, q + (u64)blockIdx.x * n + base, qd + (u64)blockIdx.x * (n / 32) + base / 32);
     }
 }
 
-// One block (256 threads) per row of n (a multiple of 32): int8 blocks of x.
+// int8 blocks of rows of n (a multiple of 32), grid (rows, parts) as rms_norm_q.
 extern "C" __global__ void __launch_bounds__(256) quantize_q(const float* x, i8* q, float2* qd, int n) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int c = warp; c < n / 32; c += nw) {
-        quant32(x[(u64)blockIdx.x * n + 32 * c + lane], q + (u64)blockIdx.x * n + 32 * c,
-                qd + (u64)blockIdx.x * (n / 32) + c);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
+        quant32(x[(u64)blockIdx.x * n + base + lane], q + (u64)blockIdx.x * n + base,
+                qd + (u64)blockIdx.x * (n / 32) + base / 32);
     }
 }
 
@@ -95,17 +94,25 @@ __device__ float deq(int ty, const u8* W, int rows, int cols, u64 r, int c) {
     switch (ty) {
     case T_F32: return ((const float*)W)[r * cols + c];
     case T_F16: return h2f(((const u16*)W)[r * cols + c]);
-    case T_Q4_0: case T_Q5_0: case T_Q8_0: {
-        int A = ty == T_Q4_0 ? 16 : (ty == T_Q5_0 ? 20 : 32);
+    case T_Q5_0: {
+        u64 nb = (u64)rows * (cols / 32), blk = r * (cols / 32) + c / 32;
+        int j = c % 32;
+        const u8* a = W + blk * 20;
+        float d = h2f(((const u16*)(W + nb * 20))[blk]);
+        u32 qh = (u32)a[0] | ((u32)a[1] << 8) | ((u32)a[2] << 16) | ((u32)a[3] << 24);
+        u32 byte = a[4 + (j & 15)];
+        u32 lo = j < 16 ? (byte & 0xFu) : (byte >> 4);
+        u32 hi = (qh >> j) & 1u;
+        return d * (float)((int)(lo | (hi << 4)) - 16);
+    }
+    case T_Q4_0: case T_Q8_0: {
+        int A = ty == T_Q4_0 ? 16 : 32;
         u64 blk = r * (cols / 32) + c / 32;
         int j = c % 32;
         const u8* a = W + blk * A;
         float d = h2f(((const u16*)(W + (u64)rows * (cols / 32) * A))[blk]);
         if (ty == T_Q8_0) return d * (float)((const i8*)a)[j];
-        if (ty == T_Q4_0) return d * (float)(((j < 16 ? a[j] : a[j - 16] >> 4) & 0xF) - 8);
-        u32 qh = (u32)a[0] | ((u32)a[1] << 8) | ((u32)a[2] << 16) | ((u32)a[3] << 24);
-        int lo = (j < 16 ? a[4 + j] : a[4 + j - 16] >> 4) & 0xF;
-        return d * (float)((lo | (((qh >> j) & 1) << 4)) - 16);
+        return d * (float)(((j < 16 ? a[j] : a[j - 16] >> 4) & 0xF) - 8);
     }
     case T_Q4_K: {
         const u8* b = W + (r * (cols / 256) + c / 256) * 144;

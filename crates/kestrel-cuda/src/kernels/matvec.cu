@@ -137,35 +137,61 @@ __device__ __forceinline__ void unit_acc(const u8* __restrict__ W, u64 nblk, int
     }
 }
 
-template <int TY, int NT, int EPI>
-__device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
-                                     int cols, const i8* __restrict__ xq, const float2* __restrict__ xd,
-                                     int xld, float* __restrict__ out, int old) {
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int bpr = cols / Blk<TY>::QK;
-    u64 nblk = (u64)rows * bpr;
-    int units = cols / Blk<TY>::UNIT;
-    float acc[NT], acc2[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.f;
-#pragma unroll 2
-    for (int u = lane; u < units; u += 32) {
-        unit_acc<TY, NT>(W, nblk, row, bpr, u, xq, xd, xld, acc);
-        if (EPI == 2) unit_acc<TY, NT>(W2, nblk, row, bpr, u, xq, xd, xld, acc2);
-    }
+// Sums each row's partial dots over its WPR warps and applies the epilogue.
+template <int NT, int EPI, int WPR>
+__device__ __forceinline__ void mv_finish(float* acc, float* acc2, bool active, int row, float* __restrict__ out, int old) {
+    __shared__ float red[4][NT], red2[4][NT];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         float v = warp_sum(acc[t]);
         float v2 = EPI == 2 ? warp_sum(acc2[t]) : 0.f;
-        if (lane == 0) {
+        if (WPR > 1) {
+            if (lane == 0) { red[warp][t] = v; red2[warp][t] = v2; }
+        } else if (lane == 0 && active) {
             float* o = out + (u64)t * old + row;
             if (EPI == 0) *o = v;
             else if (EPI == 1) *o += v;
             else *o = silu(v) * v2;
         }
     }
+    if (WPR > 1) {
+        __syncthreads();
+        if (lane == 0 && warp % WPR == 0 && active) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = 0.f, v2 = 0.f;
+                for (int k = 0; k < WPR; k++) { v += red[warp + k][t]; v2 += red2[warp + k][t]; }
+                float* o = out + (u64)t * old + row;
+                if (EPI == 0) *o = v;
+                else if (EPI == 1) *o += v;
+                else *o = silu(v) * v2;
+            }
+        }
+    }
+}
+
+// WPR warps share one row (long rows: more loads in flight per row, shorter chains).
+template <int TY, int NT, int EPI, int WPR>
+__device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
+                                     int cols, const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                     int xld, float* __restrict__ out, int old) {
+    int warp = threadIdx.x >> 5;
+    int row = blockIdx.x * (4 / WPR) + warp / WPR;
+    int lr = (warp % WPR) * 32 + (threadIdx.x & 31);
+    bool active = row < rows;
+    int bpr = cols / Blk<TY>::QK;
+    u64 nblk = (u64)rows * bpr;
+    int units = active ? cols / Blk<TY>::UNIT : 0;
+    float acc[NT], acc2[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.f;
+#pragma unroll 2
+    for (int u = lr; u < units; u += 32 * WPR) {
+        unit_acc<TY, NT>(W, nblk, row, bpr, u, xq, xd, xld, acc);
+        if (EPI == 2) unit_acc<TY, NT>(W2, nblk, row, bpr, u, xq, xd, xld, acc2);
+    }
+    mv_finish<NT, EPI, WPR>(acc, acc2, active, row, out, old);
 }
 
 // F32 / F16 weights dot f32 activations (tiny models, norms kept as matrices, F16 outputs).
@@ -195,46 +221,39 @@ __device__ __forceinline__ void unit_acc_f(const u8* __restrict__ W, int row, in
     }
 }
 
-template <int TY, int NT, int EPI>
+template <int TY, int NT, int EPI, int WPR>
 __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
                                      int cols, const float* __restrict__ xf, int xld,
                                      float* __restrict__ out, int old) {
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    int units = cols / 8;
+    int warp = threadIdx.x >> 5;
+    int row = blockIdx.x * (4 / WPR) + warp / WPR;
+    int lr = (warp % WPR) * 32 + (threadIdx.x & 31);
+    bool active = row < rows;
+    int units = active ? cols / 8 : 0;
     float acc[NT], acc2[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.f;
-    for (int u = lane; u < units; u += 32) {
+    for (int u = lr; u < units; u += 32 * WPR) {
         unit_acc_f<TY, NT>(W, row, cols, u, xf, xld, acc);
         if (EPI == 2) unit_acc_f<TY, NT>(W2, row, cols, u, xf, xld, acc2);
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        float v = warp_sum(acc[t]);
-        float v2 = EPI == 2 ? warp_sum(acc2[t]) : 0.f;
-        if (lane == 0) {
-            float* o = out + (u64)t * old + row;
-            if (EPI == 0) *o = v;
-            else if (EPI == 1) *o += v;
-            else *o = silu(v) * v2;
-        }
-    }
+    mv_finish<NT, EPI, WPR>(acc, acc2, active, row, out, old);
 }
 
-#define MVQ(NAME, TY, NT, EPI)                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI(                 \
+#define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
-        mv_q<TY, NT, EPI>(W, W2, rows, cols, xq, xd, xld, out, old);                             \
+        mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, out, old);                        \
     }
-#define MVF(NAME, TY, NT, EPI)                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI(                 \
+#define MVF1(NAME, TY, NT, EPI, WPR)                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
-        mv_f<TY, NT, EPI>(W, W2, rows, cols, xf, xld, out, old);                                 \
+        mv_f<TY, NT, EPI, WPR>(W, W2, rows, cols, xf, xld, out, old);                            \
     }
+#define MVQ(NAME, TY, NT, EPI) MVQ1(NAME, TY, NT, EPI, 1) MVQ1(NAME, TY, NT, EPI, 2) MVQ1(NAME, TY, NT, EPI, 4)
+#define MVF(NAME, TY, NT, EPI) MVF1(NAME, TY, NT, EPI, 1) MVF1(NAME, TY, NT, EPI, 4)
 #define MV_NT(M, NAME, TY, EPI) M(NAME, TY, 1, EPI) M(NAME, TY, 2, EPI) M(NAME, TY, 4, EPI) M(NAME, TY, 8, EPI)
 #define MV_ALL(M, NAME, TY) MV_NT(M, NAME, TY, 0) MV_NT(M, NAME, TY, 1) MV_NT(M, NAME, TY, 2)
 MV_ALL(MVQ, q4_0, T_Q4_0)
@@ -244,3 +263,55 @@ MV_ALL(MVQ, q4_k, T_Q4_K)
 MV_ALL(MVQ, q6_k, T_Q6_K)
 MV_ALL(MVF, f32, T_F32)
 MV_ALL(MVF, f16, T_F16)
+
+// Up to three matrices over the same activations in one launch (q, k and v of attention):
+// warp g of the grid takes row g of the concatenated rows, whatever each matrix's type.
+template <int TY, int NT>
+__device__ __forceinline__ void mvx_row(const u8* W, int rows, int cols, int row, const i8* xq,
+                                        const float2* xd, const float* xf, float* out) {
+    int lane = threadIdx.x & 31;
+    float acc[NT], acc2[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.f;
+    if constexpr (TY == T_F32 || TY == T_F16) {
+        for (int u = lane; u < cols / 8; u += 32) unit_acc_f<TY, NT>(W, row, cols, u, xf, cols, acc);
+    } else {
+        int bpr = cols / Blk<TY>::QK;
+        u64 nblk = (u64)rows * bpr;
+#pragma unroll 2
+        for (int u = lane; u < cols / Blk<TY>::UNIT; u += 32) unit_acc<TY, NT>(W, nblk, row, bpr, u, xq, xd, cols, acc);
+    }
+    mv_finish<NT, 0, 1>(acc, acc2, true, row, out, rows);
+}
+
+template <int NT>
+__device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
+                                    float* o1, const u8* W2, int r2, int t2, float* o2, int cols,
+                                    const i8* xq, const float2* xd, const float* xf) {
+    int g = blockIdx.x * 4 + (threadIdx.x >> 5);
+    const u8* W;
+    int rows, ty, row;
+    float* out;
+    if (g < r0) { W = W0; rows = r0; ty = t0; row = g; out = o0; }
+    else if (g < r0 + r1) { W = W1; rows = r1; ty = t1; row = g - r0; out = o1; }
+    else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
+    else return;
+    switch (ty) {
+    case T_F32: mvx_row<T_F32, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_F16: mvx_row<T_F16, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q4_0: mvx_row<T_Q4_0, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q5_0: mvx_row<T_Q5_0, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q8_0: mvx_row<T_Q8_0, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q4_K: mvx_row<T_Q4_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q6_K: mvx_row<T_Q6_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    }
+}
+
+#define MVX(NT)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mvx_##NT(                                  \
+        const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
+        const u8* W2, int r2, int t2, float* o2, int cols, const i8* xq, const float2* xd,       \
+        const float* xf) {                                                                       \
+        mvx<NT>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, cols, xq, xd, xf);              \
+    }
+MVX(1) MVX(2) MVX(4) MVX(8)
