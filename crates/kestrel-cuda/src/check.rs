@@ -288,7 +288,7 @@ pub fn check_epilogue(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -
 /// plain f64 softmax over the same f16 values.
 pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     let bs = 16usize;
-    for (nh, nkv, hd, len, t, splits) in [(12usize, 2usize, 128usize, 1usize, 1usize, 32usize), (32, 8, 128, 5000, 1, 32), (12, 2, 128, 700, 4, 32), (4, 2, 16, 37, 37, 1), (32, 8, 128, 300, 300, 1)] {
+    for (nh, nkv, hd, len, t, splits) in [(12usize, 2usize, 128usize, 1usize, 1usize, 32usize), (32, 8, 128, 5000, 1, 32), (12, 2, 128, 700, 4, 32), (4, 2, 16, 37, 37, 1), (32, 8, 128, 300, 300, 1), (8, 2, 64, 1000, 2, 32), (8, 4, 96, 333, 1, 32), (4, 4, 256, 70, 3, 32)] {
         let kvd = nkv * hd;
         let n_blocks = len.div_ceil(bs) + 3;
         // a shuffled table: logical block i lives in physical block table[i]
@@ -323,7 +323,7 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
         let (dpos, doff, dtab) = (gpu.upload(&bytes_i32(&pos))?, gpu.upload(&bytes_i32(&vec![0; t]))?, gpu.upload(&bytes_i32(&table))?);
         let dpart = gpu.alloc(t * nh * splits * (hd + 2) * 4)?;
         let dout = gpu.alloc(t * nh * hd * 4)?;
-        let (split, combine) = (gpu.func("attn_split")?, gpu.func("attn_combine")?);
+        let (split, combine) = (gpu.func(&crate::ops::attn_kernel(hd))?, gpu.func("attn_combine")?);
         let (a, b, c, bsi, ns, sc) = (nh as i32, nkv as i32, hd as i32, bs as i32, splits as i32, scale as f32);
         let null = 0u64;
         // SAFETY: as in check_matvec.
@@ -337,7 +337,7 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
                 .launch(cfg((t as u32, (nh * hd).div_ceil(256) as u32, 1), 256))?;
         }
         let got = gpu.read_f32(dout.ptr, t * nh * hd)?;
-        out.push(CaseResult { op: format!("attention {nh}/{nkv} heads of {hd}, context {len}, {t} queries, {splits} splits"), err: rel_err(&got, &want), tol: 1e-4 });
+        out.push(CaseResult { op: format!("attention ({}) {nh}/{nkv} heads of {hd}, context {len}, {t} queries, {splits} splits", crate::ops::attn_kernel(hd)), err: rel_err(&got, &want), tol: 1e-4 });
     }
     Ok(())
 }

@@ -48,6 +48,15 @@ pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
     }
 }
 
+/// The attention kernel for a head size: four positions per warp step (`attn_split_gE`,
+/// head_dim = 8 E) where the size allows, else one position per warp step.
+pub fn attn_kernel(head_dim: usize) -> String {
+    match head_dim {
+        16 | 64 | 128 | 256 => format!("attn_split_g{}", head_dim / 8),
+        _ => "attn_split".into(),
+    }
+}
+
 fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: grid,
@@ -499,7 +508,7 @@ impl Ops for CudaModel {
         let (op, on) = self.buf(out);
         let t = self.step.t;
         let n_splits = self.step.n_splits;
-        let split = self.gpu.func("attn_split")?;
+        let split = self.gpu.func(&attn_kernel(c.head_dim))?;
         let combine = self.gpu.func("attn_combine")?;
         let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let (kc, vc, bs) = (self.kv.k_layer(layer), self.kv.v_layer(layer), self.kv.block_size as i32);
