@@ -36,16 +36,31 @@ pub fn plan(
     .map_err(|e| anyhow!(e))?;
     if !quiet {
         eprintln!(
-            "memory plan: weights {} + KV {} ({} blocks of {} tokens = {} tokens, {:?}) + scratch = {}{}",
+            "memory plan: weights {} + KV {} ({} blocks of {} tokens = {} tokens, {:?}){} + scratch = {}{}",
             human(src.weight_bytes),
             human(plan.kv_bytes),
             plan.n_blocks,
             plan.block_size,
             plan.tokens,
             kv_type,
+            if plan.state_bytes > 0 {
+                format!(" + recurrent state {}", human(plan.state_bytes))
+            } else {
+                String::new()
+            },
             human(plan.total_bytes),
             plan.limit_bytes.map_or(String::new(), |l| format!(" (limit {})", human(l)))
         );
+        if plan.state_slot_bytes > 0 {
+            eprintln!(
+                "recurrent state: {} per sequence x {} running + {} snapshots (at most {} per sequence) = {}",
+                human(plan.state_slot_bytes as u64),
+                plan.running_slots,
+                plan.snapshot_slots,
+                plan.snapshots_per_seq,
+                human(plan.state_bytes)
+            );
+        }
         eprintln!("kernels: {}", kestrel_quant::kernels_summary());
     }
     Ok(plan)

@@ -102,6 +102,12 @@ pub fn step_model(
             block_bytes: (plan.kv_bytes / plan.n_blocks.max(1) as u64) as usize,
             kv_bytes: plan.kv_bytes,
             tokens: plan.tokens,
+            // dense models only on the GPU: no recurrent state
+            state_slot_bytes: 0,
+            running_slots: 0,
+            snapshot_slots: 0,
+            snapshots_per_seq: 0,
+            state_bytes: 0,
             total_bytes: plan.total_bytes,
             limit_bytes: Some(plan.limit_bytes),
         };
@@ -109,7 +115,9 @@ pub fn step_model(
     }
     let plan = crate::generate::plan(src, ctx, parallel, kv_type, max_memory, quiet_plan)?;
     let model = src.load_model(opts, quiet_load)?;
-    Ok((Box::new(PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type)), plan))
+    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type)
+        .with_state_slots(plan.state_slots());
+    Ok((Box::new(paged), plan))
 }
 
 fn argmax(v: &[f32]) -> u32 {

@@ -13,6 +13,15 @@
 //! names a whole prefix and a lookup walks the prompt block by block: the longest cached prefix
 //! over every cached sequence, found in `prompt / block_size` map lookups. Each entry keeps its
 //! parent hash and tokens, and a lookup compares them, so a hash collision can only cost a miss.
+//!
+//! Hybrid models (recurrent state) add snapshots to the index (`snapshots.rs`): an entry may
+//! carry the state slot that holds the state after its last token, and a *tail* entry keeps
+//! the K/V of a prompt's partial last block (fewer than `block_size` tokens) in a block of its
+//! own, together with the state at that exact position.
+
+mod snapshots;
+
+use snapshots::SnapshotSlots;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
@@ -34,10 +43,11 @@ pub fn chain_hash(parent: u64, tokens: &[u32]) -> u64 {
 struct CachedBlock {
     hash: u64,
     parent: u64,
+    /// `block_size` tokens, or fewer for a tail entry.
     tokens: Box<[u32]>,
-    // Qwen3.5 (not yet): `snapshot: Option<SnapshotSlot>`, the recurrent state after this
-    // block when a chunk ended here; lookups for hybrid models stop at the deepest block that
-    // has one.
+    /// State slot holding the recurrent state after the last of `tokens` (hybrid models; a
+    /// tail entry always has one).
+    snapshot: Option<u32>,
 }
 
 /// The longest cached prefix of a prompt.
@@ -65,6 +75,10 @@ pub struct BlockPool {
     /// Tick under which a block sits in `lru`.
     lru_tick: Vec<u64>,
     tick: u64,
+    /// Snapshot slots of hybrid models (none otherwise).
+    snaps: SnapshotSlots,
+    /// Parent hash -> number of tail entries under it (so lookups probe tails only there).
+    tail_parents: HashMap<u64, u32>,
 }
 
 impl BlockPool {
@@ -79,6 +93,8 @@ impl BlockPool {
             lru: BTreeMap::new(),
             lru_tick: vec![0; n_blocks],
             tick: 0,
+            snaps: SnapshotSlots::new(0, 0),
+            tail_parents: HashMap::new(),
         }
     }
 
@@ -189,6 +205,7 @@ impl BlockPool {
             hash,
             parent,
             tokens: tokens.into(),
+            snapshot: None,
         });
         if self.refcount[i] == 0 {
             // Registering an unreferenced block (not done by the scheduler): it becomes cached.
@@ -222,10 +239,23 @@ impl BlockPool {
         m
     }
 
+    /// Takes a block out of the index; a snapshot it carried goes back to the free slots (a
+    /// snapshot without its blocks is useless).
     fn unindex(&mut self, block: u32) {
         if let Some(e) = self.entry[block as usize].take() {
             if self.index.get(&e.hash) == Some(&block) {
                 self.index.remove(&e.hash);
+            }
+            if let Some(slot) = e.snapshot {
+                self.snaps.release(slot);
+            }
+            if e.tokens.len() < self.block_size {
+                if let Some(n) = self.tail_parents.get_mut(&e.parent) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.tail_parents.remove(&e.parent);
+                    }
+                }
             }
         }
     }
@@ -274,7 +304,7 @@ impl BlockPool {
                 _ => return Err(format!("index entry {h:#x} -> block {b} is stale")),
             }
         }
-        Ok(())
+        self.check_snapshots()
     }
 }
 

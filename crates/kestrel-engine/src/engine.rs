@@ -69,7 +69,12 @@ impl Engine {
         tokenizer: Arc<Tokenizer>,
         cfg: EngineConfig,
     ) -> Engine {
-        let cfg = cfg.normalized(model.block_size());
+        let mut cfg = cfg.normalized(model.block_size());
+        if model.state_slots() > 0 {
+            // A hybrid model runs at most one sequence per state slot.
+            cfg.max_running = cfg.max_running.min(model.state_slots());
+            cfg.step_token_budget = cfg.step_token_budget.max(cfg.max_running);
+        }
         Self::spawn(model, tokenizer, cfg)
     }
 
@@ -85,6 +90,13 @@ impl Engine {
         }
         if let Some(why) = model.unsupported() {
             return Err(ConfigError::UnsupportedModel(why));
+        }
+        let slots = model.state_slots();
+        if slots > 0 && slots < cfg.max_running {
+            return Err(ConfigError::StateSlots {
+                slots,
+                max_running: cfg.max_running,
+            });
         }
         Ok(Self::spawn(model, tokenizer, cfg))
     }

@@ -57,4 +57,9 @@ pub enum ConfigError {
     EmptyPool,
     #[error("{0}")]
     UnsupportedModel(String),
+    #[error(
+        "the model holds {slots} recurrent-state slots, fewer than max_running {max_running}: \
+         every running sequence needs one"
+    )]
+    StateSlots { slots: usize, max_running: usize },
 }

@@ -28,14 +28,18 @@
 //! refused at submit), so the head is eventually admitted: no deadlock, no starvation. The price
 //! is that `max_tokens` is budgeted in full even when generation stops early.
 //!
-//! ## Room for hybrid models (Qwen3.5), not implemented yet
-//! Qwen3.5 keeps, besides K/V for its attention layers, a fixed-size recurrent state per
-//! sequence that cannot be cut at an arbitrary token. Prefill chunks that do not end the prompt
-//! are cut at block boundaries (see `scheduler.rs`), so every chunk boundary is also a block
-//! boundary of the prefix index. The plan: the model snapshots its recurrent state at chunk
-//! boundaries into a snapshot slot, the index entry of the block that ends a chunk records the
-//! slot (`blocks.rs`, `CachedBlock`), and a prefix lookup for such a model stops at the deepest
-//! matched block that carries a snapshot. Snapshot slots would be budgeted like blocks.
+//! ## Hybrid models (Qwen3.5): recurrent state in the prefix cache
+//! A hybrid model keeps, besides K/V for its attention layers, a fixed-size recurrent state per
+//! sequence that cannot be cut at an arbitrary position. The model holds state slots
+//! ([`StepModel::state_slots`]): the first `max_running` belong to running sequences, the rest
+//! are the snapshot pool. Prefill chunks that do not end the prompt end on block boundaries
+//! (`scheduler.rs`), and after each chunk and at the end of every prompt the scheduler copies
+//! the sequence's state into a snapshot slot that hangs off the prefix index
+//! (`blocks/snapshots.rs`; a prompt ending inside a block gets a tail entry that keeps that
+//! block's positions with the snapshot). A hybrid prompt resumes from the longest cached
+//! prefix that ends at a snapshot (`scheduler/state.rs`). Snapshots are bounded per sequence
+//! ([`SNAPSHOTS_PER_SEQUENCE`]) and in all (the pool, least recently used evicted first); a
+//! snapshot lives exactly as long as its index entry.
 
 mod blocks;
 mod config;
@@ -57,7 +61,7 @@ pub use config::EngineConfig;
 pub use engine::Engine;
 pub use error::{ConfigError, SubmitError};
 pub use model::{SeqStep, StepModel};
-pub use paged::{plan_pool, PoolPlan, DEFAULT_MEMORY_FRACTION};
+pub use paged::{plan_pool, PoolPlan, DEFAULT_MEMORY_FRACTION, SNAPSHOTS_PER_SEQUENCE};
 pub use request::{Event, FinishReason, GenerateRequest, RequestHandle, TokenLogprob, Usage};
 pub use stats::EngineStats;
 pub use stop::{StopMatcher, StopOutcome};

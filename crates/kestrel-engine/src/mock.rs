@@ -4,6 +4,11 @@
 //! a clear maximum, the rest a fixed pattern. The mock keeps the token written at every KV
 //! position, so it can check that the engine only reads positions that were written, and it
 //! records every step (including the full context each sequence saw) for assertions.
+//!
+//! With [`MockModel::with_state_slots`] it plays a hybrid model: each state slot holds the
+//! tokens it has consumed, a step starting at 0 clears its slot, and every other step fails
+//! unless its slot holds exactly the context before `start` — so a resume from a wrong
+//! snapshot, or a state not carried, is an error.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +35,8 @@ pub struct MockLog {
     pub steps: Vec<Vec<RecordedSeq>>,
     /// `copy_block` calls: (src, dst, n_positions).
     pub copies: Vec<(u32, u32, usize)>,
+    /// `copy_state` calls: (src, dst).
+    pub state_copies: Vec<(u32, u32)>,
 }
 
 /// The mock model. See the module doc.
@@ -42,6 +49,8 @@ pub struct MockModel {
     log: Arc<Mutex<MockLog>>,
     fail_on_token: Option<u32>,
     delay: Duration,
+    /// Recurrent state per slot: the tokens consumed (`None`: never written).
+    states: Vec<Option<Vec<u32>>>,
 }
 
 impl MockModel {
@@ -59,7 +68,14 @@ impl MockModel {
             log: Arc::new(Mutex::new(MockLog::default())),
             fail_on_token: None,
             delay: Duration::ZERO,
+            states: Vec::new(),
         }
+    }
+
+    /// Plays a hybrid model with `n` recurrent-state slots (see the module doc).
+    pub fn with_state_slots(mut self, n: usize) -> Self {
+        self.states = vec![None; n];
+        self
     }
 
     /// The shared log (keep a clone before boxing the model).
@@ -139,6 +155,7 @@ impl StepModel for MockModel {
             let mut context = (0..s.start)
                 .map(|p| self.read(s.blocks, p))
                 .collect::<Result<Vec<u32>, String>>()?;
+            self.check_state(s, &context)?;
             context.extend_from_slice(s.tokens);
             recorded.push(RecordedSeq {
                 tokens: s.tokens.to_vec(),
@@ -154,6 +171,11 @@ impl StepModel for MockModel {
                 let pos = s.start + i;
                 let b = s.blocks[pos / self.block_size] as usize;
                 self.kv[b][pos % self.block_size] = Some(t);
+            }
+            if let Some(state) = self.states.get_mut(s.slot as usize) {
+                state
+                    .get_or_insert_with(Vec::new)
+                    .extend_from_slice(s.tokens);
             }
             if s.want_logits {
                 let pos = s.start + s.tokens.len() - 1;
@@ -182,5 +204,50 @@ impl StepModel for MockModel {
             .unwrap_or_else(|e| e.into_inner())
             .copies
             .push((src, dst, n_positions));
+    }
+
+    fn state_slots(&self) -> usize {
+        self.states.len()
+    }
+
+    fn copy_state(&mut self, src: u32, dst: u32) {
+        if let (Some(from), true) = (
+            self.states.get(src as usize).cloned(),
+            (dst as usize) < self.states.len(),
+        ) {
+            self.states[dst as usize] = from;
+        }
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .state_copies
+            .push((src, dst));
+    }
+}
+
+impl MockModel {
+    /// A hybrid step's slot must hold exactly the context before `start` (cleared at 0).
+    fn check_state(&mut self, s: &SeqStep<'_>, context: &[u32]) -> Result<(), String> {
+        if self.states.is_empty() {
+            return Ok(());
+        }
+        let n = self.states.len();
+        let state = self
+            .states
+            .get_mut(s.slot as usize)
+            .ok_or_else(|| format!("state slot {} of {n}", s.slot))?;
+        if s.start == 0 {
+            *state = Some(Vec::new());
+        }
+        match state {
+            Some(held) if held[..] == context[..s.start] => Ok(()),
+            Some(held) => Err(format!(
+                "state slot {} holds {} positions that are not the context before {}",
+                s.slot,
+                held.len(),
+                s.start
+            )),
+            None => Err(format!("state slot {} never written", s.slot)),
+        }
     }
 }

@@ -12,14 +12,19 @@ pub struct SeqStep<'a> {
     pub blocks: &'a [u32],
     /// Whether the logits of the last token are wanted (decode steps, last prefill chunk).
     pub want_logits: bool,
+    /// Recurrent-state slot of the sequence (models with [`StepModel::state_slots`] > 0; 0 and
+    /// ignored otherwise). The slot holds the state after positions `[0, start)`; a step with
+    /// `start == 0` starts from the empty state (the model clears the slot).
+    pub slot: u32,
 }
 
 /// A model that runs steps over a paged KV pool that it owns. The engine only hands out
 /// block ids; the model stores K/V for those blocks.
 ///
-/// A hybrid model (Qwen3.5) will also need a recurrent-state slot per sequence and snapshots
-/// at chunk boundaries; that will come as new methods with default implementations, so models
-/// without recurrent state do not change.
+/// A hybrid model (Qwen3.5) also keeps a fixed-size recurrent state per sequence, in slots it
+/// owns ([`StepModel::state_slots`]); the engine gives each running sequence a slot and keeps
+/// snapshots in the others ([`StepModel::copy_state`]). The defaults describe a model without
+/// recurrent state, which therefore implements neither.
 pub trait StepModel: Send {
     fn vocab_size(&self) -> usize;
     /// Number of KV blocks in the model's pool.
@@ -32,8 +37,16 @@ pub trait StepModel: Send {
     /// Copies K/V of the first `n_positions` of block `src` into block `dst` (copy-on-write of
     /// a partially filled shared block).
     fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize);
+    /// Recurrent-state slots the model holds (0: no recurrent state, K/V alone carry a
+    /// sequence). The engine uses the first `max_running` for running sequences and the rest
+    /// for snapshots.
+    fn state_slots(&self) -> usize {
+        0
+    }
+    /// Copies recurrent-state slot `src` into slot `dst` (a snapshot, or a resume from one).
+    fn copy_state(&mut self, _src: u32, _dst: u32) {}
     /// Why this engine cannot serve the model, if it cannot (checked at start): e.g. a hybrid
-    /// model whose recurrent state the engine does not keep yet.
+    /// model given no state slots.
     fn unsupported(&self) -> Option<String> {
         None
     }

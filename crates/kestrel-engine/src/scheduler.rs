@@ -1,6 +1,9 @@
 //! The scheduler: admission, step planning (decodes + prefill chunks), one forward call per
 //! step, sampling, cancellation and retirement. Synchronous and single-threaded; the engine
-//! thread (`engine.rs`) drives it.
+//! thread (`engine.rs`) drives it. Recurrent-state slots and snapshots of hybrid models:
+//! `scheduler/state.rs`.
+
+mod state;
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,6 +23,21 @@ use crate::stop::StopMatcher;
 enum Outcome {
     Finished(FinishReason),
     Failed(String),
+}
+
+/// What an admitted prompt takes from the prefix cache.
+struct Reuse {
+    /// Blocks shared as they are (one reference each).
+    shared: Vec<u32>,
+    /// Chain hashes of `shared`.
+    hashes: Vec<u64>,
+    /// A block whose first `n` positions are copied into a private block that continues the
+    /// sequence (a whole-prompt hit, or a hybrid model's tail entry).
+    copy: Option<(u32, usize)>,
+    /// The snapshot slot to resume the recurrent state from (hybrid models).
+    state: Option<u32>,
+    /// Positions reused when everything above is had.
+    pos: usize,
 }
 
 /// One sequence's share of the step being planned.
@@ -44,14 +62,26 @@ pub(crate) struct Scheduler<'t> {
     /// Blocks promised to running sequences and not handed out yet. Invariant:
     /// `reserved <= pool.available()`.
     reserved: usize,
+    /// Hybrid models: recurrent-state slots free for running sequences (the snapshot slots
+    /// are the block pool's). Empty for other models.
+    free_slots: Vec<u32>,
+    /// Running-sequence state slots (0 for models without recurrent state).
+    running_slots: usize,
     /// Counters (occupancy fields are filled in by `stats`).
     counters: EngineStats,
 }
 
 impl<'t> Scheduler<'t> {
     pub fn new(model: Box<dyn StepModel>, tokenizer: &'t Tokenizer, cfg: EngineConfig) -> Self {
-        let pool = BlockPool::new(model.kv_blocks(), cfg.block_size);
+        let mut pool = BlockPool::new(model.kv_blocks(), cfg.block_size);
+        let state_slots = model.state_slots();
+        let running_slots = cfg.max_running.min(state_slots);
+        if state_slots > 0 {
+            pool = pool.with_snapshots(running_slots as u32, state_slots - running_slots);
+        }
         Self {
+            free_slots: (0..running_slots as u32).rev().collect(),
+            running_slots,
             vocab: model.vocab_size(),
             eog: tokenizer.eog_ids().to_vec(),
             model,
@@ -83,6 +113,9 @@ impl<'t> Scheduler<'t> {
             blocks_reserved: self.reserved,
             queue_depth: self.queue.len(),
             running: self.running.len(),
+            snapshots_total: self.pool.snapshot_slots(),
+            snapshots_used: self.pool.snapshots_used(),
+            snapshots_evicted: self.pool.snapshots_evicted(),
             ..self.counters.clone()
         }
     }
@@ -100,6 +133,13 @@ impl<'t> Scheduler<'t> {
             return Err(format!(
                 "{} blocks still reserved while idle",
                 self.reserved
+            ));
+        }
+        if self.free_slots.len() != self.running_slots {
+            return Err(format!(
+                "{} of {} state slots free while idle",
+                self.free_slots.len(),
+                self.running_slots
             ));
         }
         self.pool.check_idle()
@@ -221,6 +261,7 @@ impl<'t> Scheduler<'t> {
                     start: p.start,
                     blocks: &s.blocks[..end.div_ceil(bs)],
                     want_logits: p.want_logits,
+                    slot: s.slot,
                 }
             })
             .collect();
@@ -273,6 +314,10 @@ impl<'t> Scheduler<'t> {
                         .register(seq.blocks[i], parent, &seq.tokens[i * bs..(i + 1) * bs]);
                 seq.hashes.push(h);
             }
+            if p.prefill && self.running_slots > 0 {
+                self.snapshot_after(p.seq, p.start + p.len);
+            }
+            let seq = &mut self.running[p.seq];
             if p.want_logits {
                 let l = &logits[k * self.vocab..(k + 1) * self.vocab];
                 k += 1;
@@ -314,30 +359,29 @@ impl<'t> Scheduler<'t> {
     /// blocks can be reserved (see the crate doc for why this cannot deadlock).
     fn admit(&mut self) {
         let bs = self.cfg.block_size;
+        let hybrid = self.running_slots > 0;
         while self.running.len() < self.cfg.max_running {
             let Some(front) = self.queue.front() else {
                 break;
             };
-            let prompt = &front.req.prompt;
-            let plen = prompt.len();
-            let m = self.pool.lookup(&prompt[..plen / bs * bs]);
-            // The last prompt token must run (its logits start generation): a prompt cached
-            // whole keeps all but its last block shared and copies that block's first
-            // block_size - 1 positions into a private block.
-            let cow = !m.blocks.is_empty() && m.blocks.len() * bs == plen;
-            let keep = if cow {
-                m.blocks.len() - 1
+            if hybrid && self.free_slots.is_empty() {
+                break;
+            }
+            let plen = front.req.prompt.len();
+            let reuse = if hybrid {
+                Self::reuse_state(&mut self.pool, &front.req.prompt)
             } else {
-                m.blocks.len()
+                self.reuse_kv(&front.req.prompt)
             };
             let total = (plen + front.req.max_tokens).div_ceil(bs);
-            let new_needed = total - keep;
-            let mut leaving_lru = m.blocks[..keep]
+            let new_needed = total - reuse.shared.len();
+            let mut leaving_lru = reuse
+                .shared
                 .iter()
                 .filter(|&&b| self.pool.is_evictable(b))
                 .count();
-            if cow && self.pool.is_evictable(m.blocks[keep]) {
-                leaving_lru += 1;
+            if let Some((src, _)) = reuse.copy {
+                leaving_lru += usize::from(self.pool.is_evictable(src));
             }
             if new_needed + leaving_lru + self.reserved > self.pool.available() {
                 break;
@@ -346,26 +390,41 @@ impl<'t> Scheduler<'t> {
                 break;
             };
 
-            for &b in &m.blocks[..keep] {
+            for &b in &reuse.shared {
                 self.pool.incref(b);
             }
-            let mut blocks = m.blocks[..keep].to_vec();
-            let hashes = m.hashes[..keep].to_vec();
+            let slot = if hybrid { self.free_slots.pop() } else { None };
+            if let (Some(from), Some(to)) = (reuse.state, slot) {
+                self.model.copy_state(from, to);
+            }
+            let mut blocks = reuse.shared;
             let mut allocated = 0;
-            let mut cached = keep * bs;
-            if cow {
-                let src = m.blocks[keep];
+            let mut cached = blocks.len() * bs;
+            if let Some((src, n)) = reuse.copy {
                 self.pool.incref(src);
                 let dst = self.pool.alloc();
                 if let Some(dst) = dst {
-                    if bs > 1 {
-                        self.model.copy_block(src, dst, bs - 1);
+                    if n > 0 {
+                        self.model.copy_block(src, dst, n);
                     }
                     blocks.push(dst);
                     allocated = 1;
-                    cached = plen - 1;
+                    cached += n;
                 }
                 self.pool.release(src);
+            }
+            if hybrid && cached != reuse.pos {
+                // The tail block could not be had (the reservation check makes this
+                // unreachable): the state would not match the blocks, so refuse.
+                self.pool.release_all(&blocks);
+                if let Some(slot) = slot {
+                    self.free_slots.push(slot);
+                }
+                self.counters.requests_failed += 1;
+                p.send(Event::Error {
+                    message: "internal error: no KV block to resume the cached state".into(),
+                });
+                continue;
             }
             let reserved_left = new_needed - allocated;
             self.reserved += reserved_left;
@@ -382,8 +441,10 @@ impl<'t> Scheduler<'t> {
                 cached_tokens: cached,
                 computed: cached,
                 blocks,
-                hashes,
+                hashes: reuse.hashes,
                 reserved_left,
+                slot: slot.unwrap_or(0),
+                snapshots: Default::default(),
                 max_tokens: req.max_tokens,
                 ignore_eos: req.ignore_eos,
                 logprobs: req.logprobs,
@@ -395,11 +456,37 @@ impl<'t> Scheduler<'t> {
         }
     }
 
+    /// What a prompt reuses of the prefix cache (models without recurrent state): its longest
+    /// cached prefix of full blocks. The last prompt token must run (its logits start
+    /// generation): a prompt cached whole keeps all but its last block shared and copies that
+    /// block's first block_size - 1 positions into a private block.
+    fn reuse_kv(&self, prompt: &[u32]) -> Reuse {
+        let bs = self.cfg.block_size;
+        let plen = prompt.len();
+        let m = self.pool.lookup(&prompt[..plen / bs * bs]);
+        let cow = !m.blocks.is_empty() && m.blocks.len() * bs == plen;
+        let keep = if cow {
+            m.blocks.len() - 1
+        } else {
+            m.blocks.len()
+        };
+        Reuse {
+            shared: m.blocks[..keep].to_vec(),
+            hashes: m.hashes[..keep].to_vec(),
+            copy: cow.then(|| (m.blocks[keep], bs - 1)),
+            state: None,
+            pos: if cow { plen - 1 } else { keep * bs },
+        }
+    }
+
     /// Takes sequence `i` out of the running set: releases its blocks and reservation, sends
     /// its last event.
     fn retire(&mut self, i: usize, outcome: Outcome) {
         let seq = self.running.remove(i);
         self.pool.release_all(&seq.blocks);
+        if self.running_slots > 0 {
+            self.free_slots.push(seq.slot);
+        }
         self.reserved -= seq.reserved_left;
         match outcome {
             Outcome::Finished(finish) => {

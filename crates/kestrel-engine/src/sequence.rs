@@ -53,6 +53,11 @@ pub(crate) struct Sequence<'t> {
     pub hashes: Vec<u64>,
     /// Blocks reserved at admission and not handed out yet.
     pub reserved_left: usize,
+    /// Recurrent-state slot (hybrid models; 0 otherwise).
+    pub slot: u32,
+    /// Chain hashes of the entries this sequence attached chunk-boundary snapshots to, oldest
+    /// first (hybrid models; bounded by `SNAPSHOTS_PER_SEQUENCE - 1`).
+    pub snapshots: std::collections::VecDeque<u64>,
     pub max_tokens: usize,
     pub ignore_eos: bool,
     pub logprobs: Option<usize>,

@@ -36,4 +36,10 @@ pub struct EngineStats {
     pub max_step_seqs: usize,
     /// Most decode sequences in one `forward` call.
     pub max_step_decodes: usize,
+    /// Hybrid models: the recurrent-state snapshot pool's size and the snapshots held now.
+    pub snapshots_total: usize,
+    pub snapshots_used: usize,
+    /// Snapshots taken, and evicted to make room for newer ones, since start.
+    pub snapshots_taken: u64,
+    pub snapshots_evicted: u64,
 }

@@ -596,3 +596,6 @@ fn model_error_fails_only_its_step_and_engine_continues() {
     assert_eq!(h.s.stats().requests_failed, 1);
     h.finish();
 }
+
+/// Hybrid models (recurrent state and its snapshots) over the mock playing one.
+mod state;

@@ -34,5 +34,5 @@ pub use error::ModelError;
 pub use kv::{KvCache, KvPool, KvType};
 pub use model::{LoadOptions, Logits, Model, SeqStep, WantLogits};
 pub use ops::MatmulPath;
-pub use paged::PagedModel;
+pub use paged::{PagedModel, PagedStep};
 pub use plan::MemoryPlan;

@@ -1,5 +1,6 @@
-//! A model together with the block pool it stores K/V in: what the serving engine drives.
-//! The engine hands out block ids and builds block tables; this side stores the data.
+//! A model together with the block pool it stores K/V in, and (hybrid models) the pool of
+//! recurrent-state slots: what the serving engine drives. The engine hands out block ids and
+//! slot ids and builds block tables; this side stores the data.
 
 use crate::deltanet::StatePool;
 use crate::kv::{KvPool, KvType};
@@ -8,22 +9,50 @@ use crate::ModelError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// One sequence's share of a [`PagedModel::step`].
+#[derive(Debug, Clone, Copy)]
+pub struct PagedStep<'a> {
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`.
+    pub start: usize,
+    /// Block table covering `0..start + tokens.len()`.
+    pub blocks: &'a [u32],
+    /// Recurrent-state slot (hybrid models; ignored by the others).
+    pub slot: usize,
+    /// Whether the last token's logits are wanted.
+    pub want_logits: bool,
+}
+
 pub struct PagedModel {
     pub model: Model,
     pub pool: KvPool,
+    /// Recurrent-state slots (empty for models without recurrent layers): the engine's
+    /// running sequences and its snapshots.
+    pub states: StatePool,
     /// Tokens that went through forward passes so far (prompt and decode: what really ran).
     /// Shared, so a caller can watch it after handing the model to the engine.
     pub tokens_computed: Arc<AtomicU64>,
 }
 
 impl PagedModel {
+    /// A model over `n_blocks` KV blocks, with no recurrent-state slots (see
+    /// [`PagedModel::with_state_slots`]).
     pub fn new(model: Model, n_blocks: usize, block_size: usize, kv_type: KvType) -> Self {
         let pool = model.new_pool(n_blocks, block_size, kv_type);
         Self {
             model,
             pool,
+            states: StatePool::empty(),
             tokens_computed: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// `n` recurrent-state slots for a hybrid model (no effect on other models).
+    pub fn with_state_slots(mut self, n: usize) -> Self {
+        if self.model.config.hybrid.is_some() {
+            self.states = self.model.new_state_pool(n);
+        }
+        self
     }
 
     /// Bytes one block takes across all layers.
@@ -36,19 +65,36 @@ impl PagedModel {
         self.model.config.vocab_size
     }
 
-    /// One batched step; `want_last[i]` says whether sequence i wants its last logits.
-    pub fn step(&mut self, seqs: &[(&[u32], usize, &[u32], bool)]) -> Result<Vec<f32>, ModelError> {
+    /// Recurrent-state slots (0 for models without recurrent layers).
+    pub fn state_slots(&self) -> usize {
+        if self.states.is_stateful() {
+            self.states.n_slots()
+        } else {
+            0
+        }
+    }
+
+    /// Copies state slot `src` into `dst`; out-of-range slots are ignored.
+    pub fn copy_state(&mut self, src: usize, dst: usize) {
+        let n = self.states.n_slots();
+        if src < n && dst < n {
+            self.states.copy_slot(src, dst);
+        }
+    }
+
+    /// One batched step; returns the last logits of every step that wants them, in order.
+    pub fn step(&mut self, seqs: &[PagedStep<'_>]) -> Result<Vec<f32>, ModelError> {
         if let Some(why) = self.unsupported() {
             return Err(ModelError::Unsupported(why));
         }
         let steps: Vec<SeqStep> = seqs
             .iter()
-            .map(|&(tokens, start, blocks, want)| SeqStep {
-                tokens,
-                start,
-                blocks,
-                slot: 0,
-                want: if want {
+            .map(|s| SeqStep {
+                tokens: s.tokens,
+                start: s.start,
+                blocks: s.blocks,
+                slot: s.slot,
+                want: if s.want_logits {
                     WantLogits::Last
                 } else {
                     WantLogits::None
@@ -57,19 +103,19 @@ impl PagedModel {
             .collect();
         let out = self
             .model
-            .forward_batch(&mut self.pool, &mut StatePool::empty(), &steps)?;
-        let n: u64 = seqs.iter().map(|s| s.0.len() as u64).sum();
+            .forward_batch(&mut self.pool, &mut self.states, &steps)?;
+        let n: u64 = seqs.iter().map(|s| s.tokens.len() as u64).sum();
         self.tokens_computed.fetch_add(n, Ordering::Relaxed);
         Ok(out)
     }
 
-    /// Why the serving engine cannot run this model yet, if it cannot: the engine does not
-    /// hand out recurrent-state slots, so hybrid models (Qwen3.5) are refused at start.
+    /// Why the serving engine cannot run this model, if it cannot: a hybrid model (Qwen3.5)
+    /// given no recurrent-state slots.
     pub fn unsupported(&self) -> Option<String> {
-        self.model.config.hybrid.as_ref().map(|_| {
+        let hybrid = self.model.config.hybrid.is_some();
+        (hybrid && self.state_slots() == 0).then(|| {
             format!(
-                "{}: the serving engine does not keep recurrent state yet, so `run`, `chat` and \
-                 `serve` cannot drive this model; `kestrel logits` and `bench` can",
+                "{}: a hybrid model needs recurrent-state slots (PagedModel::with_state_slots)",
                 self.model.config.arch.name()
             )
         })

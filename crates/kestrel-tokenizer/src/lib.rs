@@ -309,6 +309,9 @@ impl Tokenizer {
     }
 }
 
+/// Above this many user-defined tokens they are left to `Vocab::partition` alone.
+const MAX_REGISTERED_USER_TOKENS: usize = 4096;
+
 /// Register control tokens as special and user-defined ones as plain added tokens, so the inner
 /// tokenizer knows them as units; special-token matching itself is done by `Vocab::partition`,
 /// so the inner tokenizer is told to treat special-token text as plain text.
@@ -329,7 +332,13 @@ fn register_added_tokens(inner: &mut tokenizers::Tokenizer, vocab: &Vocab) {
         })
         .partition(|t| t.special);
     inner.add_special_tokens(&special);
-    inner.add_tokens(&plain);
+    // `Vocab::partition` cuts user-defined tokens out before the inner tokenizer sees the
+    // text, so registering them is belt and braces; the inner registration is quadratic in
+    // their number (tokenizers' AddedVocabulary), which a vocabulary padded with ~100k
+    // user-defined tokens (the random-weight benchmark files) would take minutes over.
+    if plain.len() <= MAX_REGISTERED_USER_TOKENS {
+        inner.add_tokens(&plain);
+    }
     inner.set_encode_special_tokens(true);
 }
 

@@ -81,6 +81,7 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
                 "kv_bytes_per_token_q8_0": plan.kv_bytes_per_token_q8_0,
                 "scratch_bytes": plan.scratch_bytes,
                 "state_bytes_per_sequence": plan.state_bytes_per_sequence,
+                "snapshots_per_sequence": if plan.state_bytes_per_sequence > 0 { kestrel_engine::SNAPSHOTS_PER_SEQUENCE } else { 0 },
                 "available_bytes": plan.available_bytes,
                 "contexts": rows,
             },
@@ -172,6 +173,12 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
         println!(
             "  state        {:>12}  (recurrent, per sequence)",
             human(plan.state_bytes_per_sequence)
+        );
+        let per_seq = kestrel_engine::SNAPSHOTS_PER_SEQUENCE;
+        println!(
+            "  snapshots    {:>12}  (state snapshots in the prefix cache: at most {per_seq} per sequence, {per_seq} x (parallel + 1) in all: {} for run/chat)",
+            human(plan.state_bytes_per_sequence),
+            human(plan.state_bytes_per_sequence * 2 * per_seq as u64)
         );
     }
     match plan.available_bytes {

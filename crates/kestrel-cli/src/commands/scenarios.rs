@@ -39,7 +39,8 @@ fn engine_for(
     )
     .map_err(|e| anyhow!(e))?;
     let model = src.load_model(opts.clone(), true)?;
-    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, KvType::F16);
+    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, KvType::F16)
+        .with_state_slots(plan.state_slots());
     let cfg = EngineConfig {
         block_size: plan.block_size,
         max_running: parallel,

@@ -8,8 +8,22 @@
 ///
 /// `x`, `out`: `[T, C]`; `taps`: `[K, C]` (tap-major, so the inner loop runs along channels).
 pub fn causal_conv_silu(x: &[f32], taps: &[f32], c: usize, window: &mut [f32], out: &mut [f32]) {
-    let k = taps.len() / c;
     let t_len = x.len() / c;
+    conv_silu_rows(x, taps, c, window, out, 0..t_len);
+    slide_window(x, c, window);
+}
+
+/// The outputs of tokens `rows` only (`out`: those rows, `[rows.len(), C]`), reading `window`
+/// without changing it, so token ranges can run as separate tasks; [`slide_window`] after.
+pub fn conv_silu_rows(
+    x: &[f32],
+    taps: &[f32],
+    c: usize,
+    window: &[f32],
+    out: &mut [f32],
+    rows: std::ops::Range<usize>,
+) {
+    let k = taps.len() / c;
     let hist = k - 1;
     debug_assert_eq!(window.len(), hist * c);
     // The input at time t - hist + j: from the window for negative times, else from x.
@@ -22,8 +36,8 @@ pub fn causal_conv_silu(x: &[f32], taps: &[f32], c: usize, window: &mut [f32], o
             &x[r * c..(r + 1) * c]
         }
     };
-    for t in 0..t_len {
-        let acc = &mut out[t * c..(t + 1) * c];
+    for (i, t) in rows.enumerate() {
+        let acc = &mut out[i * c..(i + 1) * c];
         acc.fill(0.0);
         for j in 0..k {
             let src = input(t as isize - hist as isize + j as isize);
@@ -36,7 +50,12 @@ pub fn causal_conv_silu(x: &[f32], taps: &[f32], c: usize, window: &mut [f32], o
             *a = silu(*a);
         }
     }
-    // Slide the window: keep the last `hist` inputs of (window ++ x).
+}
+
+/// Slides the window over `x` (`[T, C]`): it keeps the last `K - 1` inputs of (window ++ x).
+pub fn slide_window(x: &[f32], c: usize, window: &mut [f32]) {
+    let t_len = x.len() / c;
+    let hist = window.len() / c;
     if t_len >= hist {
         window.copy_from_slice(&x[(t_len - hist) * c..t_len * c]);
     } else {
@@ -99,5 +118,14 @@ mod tests {
         }
         assert_eq!(got, want);
         assert_eq!(window, window2);
+        // rows in two ranges, then the window slid
+        let mut window3 = vec![0f32; (k - 1) * c];
+        let mut got3 = vec![0f32; x.len()];
+        let (a, b) = got3.split_at_mut(4 * c);
+        conv_silu_rows(&x, &taps, c, &window3, a, 0..4);
+        conv_silu_rows(&x, &taps, c, &window3, b, 4..t_len);
+        slide_window(&x, c, &mut window3);
+        assert_eq!(got3, want);
+        assert_eq!(window3, window);
     }
 }

@@ -9,7 +9,7 @@
 //! x += W_out (rms_norm(o) * w * silu(h W_z))   per value head
 //! ```
 
-use super::conv::{causal_conv_silu, silu};
+use super::conv::{conv_silu_rows, silu, slide_window};
 use super::rule::{self, HeadSeq};
 use super::state::StatePool;
 use super::DeltaNetConfig;
@@ -19,6 +19,9 @@ use crate::pool::SharedMut;
 use crate::tap::tap;
 use crate::weights::{StoreFormat, TensorStore, Weight};
 use crate::ModelError;
+
+/// Tokens per convolution task (prefill runs split over the pool).
+const CONV_ROWS: usize = 32;
 
 /// Epsilon of the L2 normalization of q and k (as the reference implementations).
 const L2_EPS: f32 = 1e-6;
@@ -93,6 +96,42 @@ impl DeltaNetWeights {
     }
 }
 
+/// One pool thread's buffers for its (sequence, head) tasks: grown to the largest task seen,
+/// then reused (no allocation per task).
+#[derive(Default)]
+struct TaskScratch {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    g: Vec<f64>,
+    beta: Vec<f64>,
+    out: Vec<f64>,
+    delta: Vec<f64>,
+    rule: rule::Scratch,
+}
+
+impl TaskScratch {
+    fn fit(&mut self, n: usize, dk: usize, dv: usize) {
+        for (buf, len) in [
+            (&mut self.q, n * dk),
+            (&mut self.k, n * dk),
+            (&mut self.v, n * dv),
+            (&mut self.g, n),
+            (&mut self.beta, n),
+            (&mut self.out, n * dv),
+            (&mut self.delta, dv),
+        ] {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static TASK_SCRATCH: std::cell::RefCell<TaskScratch> = Default::default();
+}
+
 /// `x *= 1 / sqrt(sum(x²) + eps) * scale`
 fn l2_normalize(x: &mut [f32], scale: f32) {
     let sum: f32 = x.iter().map(|v| v * v).sum();
@@ -134,18 +173,36 @@ pub fn forward(
     let [qkv, z, alpha, beta_in] = ctx.matmul_fused([&w.qkv, &w.z, &w.alpha, &w.beta], &hn)?;
     tap("linear_attn_qkv_mixed", layer, &qkv);
 
-    // short convolution + SiLU, per sequence, through its window
+    // short convolution + SiLU, per sequence, through its window; long runs split over
+    // token ranges on the pool (each task reads the window, which slides afterwards)
     let mut conv = vec![0f32; t_len * ch];
+    {
+        let parts: Vec<(usize, std::ops::Range<usize>)> = ctx
+            .seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(si, s)| {
+                let step = CONV_ROWS.min(s.len).max(1);
+                (0..s.len)
+                    .step_by(step)
+                    .map(move |a| (si, a..(a + step).min(s.len)))
+            })
+            .collect();
+        let windows: Vec<&[f32]> = ctx.seqs.iter().map(|s| states.layer(s.slot, r).0).collect();
+        let conv_ptr = SharedMut::new(&mut conv);
+        let qkv_in = &qkv;
+        ctx.pool.run(parts.len(), &|task| {
+            let (si, rows) = parts[task].clone();
+            let s = &ctx.seqs[si];
+            // SAFETY: each task writes only its own token rows of `conv`.
+            let out = unsafe { conv_ptr.slice((s.t0 + rows.start) * ch, rows.len() * ch) };
+            let x = &qkv_in[s.t0 * ch..(s.t0 + s.len) * ch];
+            conv_silu_rows(x, &w.conv_taps, ch, windows[si], out, rows);
+        });
+    }
     for s in ctx.seqs {
         let (window, _) = states.layer_mut(s.slot, r);
-        let span = s.t0 * ch..(s.t0 + s.len) * ch;
-        causal_conv_silu(
-            &qkv[span.clone()],
-            &w.conv_taps,
-            ch,
-            window,
-            &mut conv[span],
-        );
+        slide_window(&qkv[s.t0 * ch..(s.t0 + s.len) * ch], ch, window);
     }
     tap("conv_output_silu", layer, &conv);
 
@@ -183,52 +240,60 @@ pub fn forward(
         let s: &SeqSpan = &ctx.seqs[si];
         let kh = h.k_head_of(vh);
         let n = s.len;
-        // gather this head's rows (in f64, see rule's module doc)
-        let widen = |dst: &mut [f64], src: &[f32]| {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = s as f64;
+        TASK_SCRATCH.with_borrow_mut(|ts| {
+            ts.fit(n, dk, dv);
+            let TaskScratch {
+                q,
+                k,
+                v,
+                g: gh,
+                beta: bh,
+                out,
+                delta,
+                rule,
+            } = ts;
+            // gather this head's rows (in f64, see rule's module doc)
+            let widen = |dst: &mut [f64], src: &[f32]| {
+                for (d, &s) in dst.iter_mut().zip(src) {
+                    *d = s as f64;
+                }
+            };
+            for i in 0..n {
+                let t = s.t0 + i;
+                let row = &conv[t * ch..(t + 1) * ch];
+                widen(&mut q[i * dk..(i + 1) * dk], &row[kh * dk..(kh + 1) * dk]);
+                let ko = key_dim + kh * dk;
+                widen(&mut k[i * dk..(i + 1) * dk], &row[ko..ko + dk]);
+                let vo = 2 * key_dim + vh * dv;
+                widen(&mut v[i * dv..(i + 1) * dv], &row[vo..vo + dv]);
+                gh[i] = g[t * nv + vh] as f64;
+                bh[i] = beta[t * nv + vh] as f64;
             }
-        };
-        let mut q = vec![0f64; n * dk];
-        let mut k = vec![0f64; n * dk];
-        let mut v = vec![0f64; n * dv];
-        let mut gh = vec![0f64; n];
-        let mut bh = vec![0f64; n];
-        for i in 0..n {
-            let t = s.t0 + i;
-            let row = &conv[t * ch..(t + 1) * ch];
-            widen(&mut q[i * dk..(i + 1) * dk], &row[kh * dk..(kh + 1) * dk]);
-            let ko = key_dim + kh * dk;
-            widen(&mut k[i * dk..(i + 1) * dk], &row[ko..ko + dk]);
-            let vo = 2 * key_dim + vh * dv;
-            widen(&mut v[i * dv..(i + 1) * dv], &row[vo..vo + dv]);
-            gh[i] = g[t * nv + vh] as f64;
-            bh[i] = beta[t * nv + vh] as f64;
-        }
-        let seq = HeadSeq {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &gh,
-            beta: &bh,
-        };
-        // SAFETY: head `vh` of slot `s.slot` belongs to this task only (slots of one step
-        // are distinct sequences').
-        let state = unsafe { states_ptr[si].slice(vh * dk * dv, dk * dv) };
-        let mut out = vec![0f64; n * dv];
-        if n == 1 {
-            rule::recurrent(&seq, dk, dv, state, &mut out);
-        } else {
-            rule::chunked(&seq, dk, dv, state, &mut out);
-        }
-        for i in 0..n {
-            let at = (s.t0 + i) * value_dim + vh * dv;
-            // SAFETY: (token, head vh) of this sequence is written by this task only.
-            let dst = unsafe { o_ptr.slice(at, dv) };
-            for (d, &s) in dst.iter_mut().zip(&out[i * dv..(i + 1) * dv]) {
-                *d = s as f32;
+            let seq = HeadSeq {
+                q: &q[..n * dk],
+                k: &k[..n * dk],
+                v: &v[..n * dv],
+                g: &gh[..n],
+                beta: &bh[..n],
+            };
+            // SAFETY: head `vh` of slot `s.slot` belongs to this task only (slots of one step
+            // are distinct sequences').
+            let state = unsafe { states_ptr[si].slice(vh * dk * dv, dk * dv) };
+            let out = &mut out[..n * dv];
+            if n == 1 {
+                rule::recurrent_step(&seq, dk, dv, state, delta, out);
+            } else {
+                rule::chunked_with(&seq, dk, dv, state, out, rule);
             }
-        }
+            for i in 0..n {
+                let at = (s.t0 + i) * value_dim + vh * dv;
+                // SAFETY: (token, head vh) of this sequence is written by this task only.
+                let dst = unsafe { o_ptr.slice(at, dv) };
+                for (d, &s) in dst.iter_mut().zip(&out[i * dv..(i + 1) * dv]) {
+                    *d = s as f32;
+                }
+            }
+        });
     });
     tap("attn_output", layer, &o);
 

@@ -18,10 +18,48 @@
 //! small random model amplifies rounding), in f64 by 2e-5. The cost is small beside the
 //! matmuls (one pass over the state per token or chunk). Every inner loop runs along a
 //! contiguous row (`d_k` for dot products, `d_v` for the row updates), so the compiler
-//! vectorizes them.
+//! vectorizes them; the entry points are compiled three times (AVX-512, AVX2, baseline) and
+//! picked at run time. The code has no fused multiply-adds and a fixed order of sums, so every
+//! variant gives the same bits.
+//!
+//! Decode runs [`recurrent_step`]: one token over the f32 state in place, two passes over it
+//! (`Sᵀk` of the decayed state, then the update with `o = Sᵀq`), no copy of the state: the
+//! same bits as [`recurrent`] on one token.
+
+use super::gemm::{gemm_acc, Mat};
 
 /// Tokens per chunk of the chunked form (as the reference implementations).
 pub const CHUNK: usize = 64;
+
+/// Defines `$name` as `$imp` compiled for AVX-512, AVX2 and the baseline, picked at run time
+/// (`$imp` is `#[inline(always)]`, so each variant gets its own vector code).
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident => $imp:ident ($($arg:ident : $ty:ty),* $(,)?)) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn v512($($arg: $ty),*) {
+                    $imp($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v256($($arg: $ty),*) {
+                    $imp($($arg),*)
+                }
+                if crate::vexp::has_avx512() {
+                    // SAFETY: the CPU has AVX-512F and FMA (checked).
+                    return unsafe { v512($($arg),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has AVX2 and FMA (checked).
+                    return unsafe { v256($($arg),*) };
+                }
+            }
+            $imp($($arg),*)
+        }
+    };
+}
 
 /// One value head's inputs over a run of tokens.
 pub struct HeadSeq<'a> {
@@ -35,24 +73,6 @@ pub struct HeadSeq<'a> {
     pub g: &'a [f64],
     /// `[T]`: the update strength, in (0, 1).
     pub beta: &'a [f64],
-}
-
-#[inline]
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    // Eight partial sums: vectorizes without reassociation by the compiler.
-    let mut acc = [0f64; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }
 
 /// `y += a x`
@@ -95,23 +115,131 @@ pub fn recurrent(h: &HeadSeq, dk: usize, dv: usize, state32: &mut [f32], out: &m
     }
 }
 
-/// Scratch of one chunk: cumulative log decays, the solved system `W = [W_v | W_k]` and the
-/// corrections `u`.
-struct Scratch {
+multiversion! {
+    /// One token of [`recurrent`] over the f32 state in place (decode): the same bits, without
+    /// a copy of the state. `delta`: `d_v` floats of scratch; `out`: `[d_v]`.
+    pub fn recurrent_step => recurrent_step_impl(
+        h: &HeadSeq,
+        dk: usize,
+        dv: usize,
+        state: &mut [f32],
+        delta: &mut [f64],
+        out: &mut [f64],
+    )
+}
+
+#[inline(always)]
+fn recurrent_step_impl(
+    h: &HeadSeq,
+    dk: usize,
+    dv: usize,
+    state: &mut [f32],
+    delta: &mut [f64],
+    out: &mut [f64],
+) {
+    let (q, k) = (&h.q[..dk], &h.k[..dk]);
+    let decay = h.g[0].exp();
+    let delta = &mut delta[..dv];
+    let out = &mut out[..dv];
+    // delta = beta (v - (decay S)ᵀk)
+    delta.copy_from_slice(&h.v[..dv]);
+    for (r, &kr) in k.iter().enumerate() {
+        let row = &state[r * dv..(r + 1) * dv];
+        for (d, &s) in delta.iter_mut().zip(row) {
+            *d += -kr * (s as f64 * decay);
+        }
+    }
+    for d in delta.iter_mut() {
+        *d *= h.beta[0];
+    }
+    // S = decay S + k deltaᵀ, o = Sᵀq
+    out.fill(0.0);
+    for r in 0..dk {
+        let row = &mut state[r * dv..(r + 1) * dv];
+        let (kr, qr) = (k[r], q[r]);
+        for ((s, &d), o) in row.iter_mut().zip(delta.iter()).zip(out.iter_mut()) {
+            let n = *s as f64 * decay + kr * d;
+            *o += qr * n;
+            *s = n as f32;
+        }
+    }
+}
+
+/// Scratch of the chunked form, reused across calls: the state in f64, cumulative log decays,
+/// the solved system `W = [W_v | W_k]` and the corrections `u`.
+#[derive(Default)]
+pub struct Scratch {
+    state: Vec<f64>,
     gc: Vec<f64>,
     w: Vec<f64>,
     u: Vec<f64>,
+    /// `[CHUNK, CHUNK]`: the solve's coefficients `A_ij`, then the outputs' `P_ij`.
+    a: Vec<f64>,
+    p: Vec<f64>,
+    /// `[d_k, CHUNK]`: the decayed keys, transposed, for the state update.
+    kt: Vec<f64>,
+}
+
+impl Scratch {
+    fn fit(&mut self, dk: usize, dv: usize) {
+        let fit = |v: &mut Vec<f64>, n: usize| {
+            if v.len() < n {
+                v.resize(n, 0.0);
+            }
+        };
+        fit(&mut self.state, dk * dv);
+        fit(&mut self.gc, CHUNK);
+        fit(&mut self.w, CHUNK * (dv + dk));
+        fit(&mut self.u, CHUNK * dv);
+        fit(&mut self.a, CHUNK * CHUNK);
+        fit(&mut self.p, CHUNK * CHUNK);
+        fit(&mut self.kt, dk * CHUNK);
+    }
 }
 
 /// In chunks of [`CHUNK`]: the prefill form. Same contract as [`recurrent`].
 pub fn chunked(h: &HeadSeq, dk: usize, dv: usize, state32: &mut [f32], out: &mut [f64]) {
-    let mut state: Vec<f64> = state32.iter().map(|&v| v as f64).collect();
+    chunked_with(h, dk, dv, state32, out, &mut Scratch::default())
+}
+
+/// [`chunked`] with caller-kept scratch (no allocation once it has grown).
+pub fn chunked_with(
+    h: &HeadSeq,
+    dk: usize,
+    dv: usize,
+    state32: &mut [f32],
+    out: &mut [f64],
+    s: &mut Scratch,
+) {
+    s.fit(dk, dv);
+    chunked_mv(h, dk, dv, state32, out, s)
+}
+
+multiversion! {
+    fn chunked_mv => chunked_impl(
+        h: &HeadSeq,
+        dk: usize,
+        dv: usize,
+        state32: &mut [f32],
+        out: &mut [f64],
+        s: &mut Scratch,
+    )
+}
+
+#[inline(always)]
+fn chunked_impl(
+    h: &HeadSeq,
+    dk: usize,
+    dv: usize,
+    state32: &mut [f32],
+    out: &mut [f64],
+    s: &mut Scratch,
+) {
+    let mut state = std::mem::take(&mut s.state);
+    for (d, &v) in state.iter_mut().zip(state32.iter()) {
+        *d = v as f64;
+    }
     let t_len = h.g.len();
-    let mut s = Scratch {
-        gc: vec![0.0; CHUNK],
-        w: vec![0.0; CHUNK * (dv + dk)],
-        u: vec![0.0; CHUNK * dv],
-    };
     for c0 in (0..t_len).step_by(CHUNK) {
         let n = (t_len - c0).min(CHUNK);
         let part = HeadSeq {
@@ -125,32 +253,54 @@ pub fn chunked(h: &HeadSeq, dk: usize, dv: usize, state32: &mut [f32], out: &mut
             &part,
             dk,
             dv,
-            &mut state,
+            &mut state[..dk * dv],
             &mut out[c0 * dv..(c0 + n) * dv],
-            &mut s,
+            s,
         );
     }
     for (d, s) in state32.iter_mut().zip(&state) {
         *d = *s as f32;
     }
+    s.state = state;
 }
 
-/// One chunk of `n <= CHUNK` tokens.
+/// One chunk of `n <= CHUNK` tokens: a triangular solve and four matrix products
+/// ([`gemm_acc`], blocked in registers).
+#[inline(always)]
 fn chunk(h: &HeadSeq, dk: usize, dv: usize, state: &mut [f64], out: &mut [f64], s: &mut Scratch) {
     let n = h.g.len();
     let (q, k) = (h.q, h.k);
     let row_k = |i: usize| &k[i * dk..(i + 1) * dk];
+    let Scratch {
+        gc, w, u, a, p, kt, ..
+    } = s;
     let mut acc = 0f64;
-    for (c, &g) in s.gc.iter_mut().zip(h.g) {
+    for (c, &g) in gc.iter_mut().zip(h.g) {
         acc += g;
         *c = acc;
     }
-    let gc = &s.gc[..n];
+    let gc = &gc[..n];
 
-    // W = (I + A)⁻¹ [beta v | beta e^G k], by forward substitution, row by row.
+    // K Kᵀ and Q Kᵀ as matrix products over the transposed keys
+    for (j, kj) in k.chunks_exact(dk).enumerate() {
+        for (r, &x) in kj.iter().enumerate() {
+            kt[r * CHUNK + j] = x;
+        }
+    }
+    let ktm = Mat {
+        data: kt,
+        ld: CHUNK,
+    };
+    a[..n * CHUNK].fill(0.0);
+    p[..n * CHUNK].fill(0.0);
+    gemm_acc(n, n, dk, 1.0, Mat { data: k, ld: dk }, ktm, a, CHUNK);
+    gemm_acc(n, n, dk, 1.0, Mat { data: q, ld: dk }, ktm, p, CHUNK);
+
+    // W = (I + A)⁻¹ [beta v | beta e^G k], by forward substitution, row by row:
+    // w_i = b_i - Σ_{j<i} A_ij w_j
     let wl = dv + dk;
     for i in 0..n {
-        let (done, rest) = s.w.split_at_mut(i * wl);
+        let (done, rest) = w.split_at_mut(i * wl);
         let wi = &mut rest[..wl];
         let b = h.beta[i];
         let bg = b * gc[i].exp();
@@ -160,38 +310,81 @@ fn chunk(h: &HeadSeq, dk: usize, dv: usize, state: &mut [f64], out: &mut [f64], 
         for (d, &x) in wi[dv..].iter_mut().zip(row_k(i)) {
             *d = bg * x;
         }
-        for j in 0..i {
-            let a = b * (gc[i] - gc[j]).exp() * dot(row_k(i), row_k(j));
-            axpy(wi, -a, &done[j * wl..(j + 1) * wl]);
+        let ai = &mut a[i * CHUNK..i * CHUNK + i];
+        for (j, aij) in ai.iter_mut().enumerate() {
+            *aij *= b * (gc[i] - gc[j]).exp();
         }
+        let am = Mat {
+            data: &a[i * CHUNK..],
+            ld: CHUNK,
+        };
+        gemm_acc(1, wl, i, -1.0, am, Mat { data: done, ld: wl }, wi, wl);
     }
 
     // u = W_v - W_k S0
-    for i in 0..n {
-        let wi = &s.w[i * wl..(i + 1) * wl];
-        let ui = &mut s.u[i * dv..(i + 1) * dv];
+    let u = &mut u[..n * dv];
+    for (ui, wi) in u.chunks_exact_mut(dv).zip(w.chunks_exact(wl)) {
         ui.copy_from_slice(&wi[..dv]);
-        for (r, &wk) in wi[dv..].iter().enumerate() {
-            axpy(ui, -wk, &state[r * dv..(r + 1) * dv]);
-        }
     }
+    let wk = Mat {
+        data: &w[dv..],
+        ld: wl,
+    };
+    gemm_acc(
+        n,
+        dv,
+        dk,
+        -1.0,
+        wk,
+        Mat {
+            data: state,
+            ld: dv,
+        },
+        u,
+        dv,
+    );
 
     // o_i = e^{G_i} S0ᵀ q_i + Σ_{j≤i} e^{G_i-G_j} (q_i·k_j) u_j
-    for i in 0..n {
-        let qi = &q[i * dk..(i + 1) * dk];
-        let oi = &mut out[i * dv..(i + 1) * dv];
-        oi.fill(0.0);
+    out.fill(0.0);
+    gemm_acc(
+        n,
+        dv,
+        dk,
+        1.0,
+        Mat { data: q, ld: dk },
+        Mat {
+            data: state,
+            ld: dv,
+        },
+        out,
+        dv,
+    );
+    for (i, oi) in out.chunks_exact_mut(dv).enumerate() {
         let e = gc[i].exp();
-        for (r, &qr) in qi.iter().enumerate() {
-            axpy(oi, e * qr, &state[r * dv..(r + 1) * dv]);
+        for o in oi.iter_mut() {
+            *o *= e;
         }
-        for j in 0..=i {
-            let a = (gc[i] - gc[j]).exp() * dot(qi, row_k(j));
-            axpy(oi, a, &s.u[j * dv..(j + 1) * dv]);
+        let pi = &mut p[i * CHUNK..i * CHUNK + n];
+        for (j, pij) in pi.iter_mut().enumerate() {
+            *pij = if j <= i {
+                (gc[i] - gc[j]).exp() * *pij
+            } else {
+                0.0
+            };
         }
     }
+    gemm_acc(
+        n,
+        dv,
+        n,
+        1.0,
+        Mat { data: p, ld: CHUNK },
+        Mat { data: u, ld: dv },
+        out,
+        dv,
+    );
 
-    // S = e^{G_n} S0 + Σ_j e^{G_n-G_j} k_j u_jᵀ
+    // S = e^{G_n} S0 + Σ_j e^{G_n-G_j} k_j u_jᵀ = e^{G_n} S0 + Kdᵀ U
     let last = gc[n - 1];
     let e = last.exp();
     for x in state.iter_mut() {
@@ -199,11 +392,23 @@ fn chunk(h: &HeadSeq, dk: usize, dv: usize, state: &mut [f64], out: &mut [f64], 
     }
     for (j, &gj) in gc.iter().enumerate() {
         let d = (last - gj).exp();
-        let uj = &s.u[j * dv..(j + 1) * dv];
         for (r, &kr) in row_k(j).iter().enumerate() {
-            axpy(&mut state[r * dv..(r + 1) * dv], d * kr, uj);
+            kt[r * CHUNK + j] = d * kr;
         }
     }
+    gemm_acc(
+        dk,
+        dv,
+        n,
+        1.0,
+        Mat {
+            data: kt,
+            ld: CHUNK,
+        },
+        Mat { data: u, ld: dv },
+        state,
+        dv,
+    );
 }
 
 #[cfg(test)]
@@ -229,6 +434,35 @@ mod tests {
             for v in row.iter_mut() {
                 *v *= scale / n;
             }
+        }
+    }
+
+    #[test]
+    fn recurrent_step_equals_recurrent_bit_for_bit() {
+        let (t_len, dk, dv) = (5, 16, 12);
+        let mut q = noise(11, t_len * dk);
+        let mut k = noise(12, t_len * dk);
+        l2_rows(&mut q, dk, 1.0 / (dk as f64).sqrt());
+        l2_rows(&mut k, dk, 1.0);
+        let v = noise(13, t_len * dv);
+        let g: Vec<f64> = noise(14, t_len).iter().map(|x| -0.3 * (x + 1.0)).collect();
+        let beta: Vec<f64> = noise(15, t_len).iter().map(|x| 0.5 + 0.45 * x).collect();
+        let s0: Vec<f32> = noise(16, dk * dv).iter().map(|&v| v as f32).collect();
+        let (mut a, mut b) = (s0.clone(), s0);
+        let mut delta = vec![0f64; dv];
+        for t in 0..t_len {
+            let h = HeadSeq {
+                q: &q[t * dk..(t + 1) * dk],
+                k: &k[t * dk..(t + 1) * dk],
+                v: &v[t * dv..(t + 1) * dv],
+                g: &g[t..t + 1],
+                beta: &beta[t..t + 1],
+            };
+            let (mut oa, mut ob) = (vec![0f64; dv], vec![0f64; dv]);
+            recurrent(&h, dk, dv, &mut a, &mut oa);
+            recurrent_step(&h, dk, dv, &mut b, &mut delta, &mut ob);
+            assert_eq!(oa, ob, "token {t}");
+            assert_eq!(a, b, "token {t}");
         }
     }
 

@@ -95,6 +95,13 @@ impl StatePool {
         self.data.copy_within(src * n..(src + 1) * n, dst * n);
     }
 
+    /// Read-only [`StatePool::layer_mut`].
+    pub fn layer(&self, s: usize, r: usize) -> (&[f32], &[f32]) {
+        let per_layer = self.conv_floats + self.ssm_floats;
+        let at = s * self.slot_floats() + r * per_layer;
+        self.data[at..at + per_layer].split_at(self.conv_floats)
+    }
+
     /// The convolution window and state matrices of DeltaNet layer `r` (counted among the
     /// recurrent layers only) in slot `s`.
     pub fn layer_mut(&mut self, s: usize, r: usize) -> (&mut [f32], &mut [f32]) {

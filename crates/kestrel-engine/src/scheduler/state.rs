@@ -1,0 +1,83 @@
+//! Recurrent state of hybrid models (Qwen3.5) in the scheduler: where an admitted prompt
+//! resumes, and the snapshots a prefill leaves behind.
+//!
+//! Every running sequence owns a state slot (`Sequence::slot`). After each prefill chunk the
+//! scheduler snapshots that slot into the block pool's snapshot slots:
+//! - at a chunk boundary inside the prompt (always block-aligned, see `plan`), attached to the
+//!   index entry of the block that ends there; a sequence keeps its latest
+//!   `SNAPSHOTS_PER_SEQUENCE - 1` of these (older ones are dropped as newer ones come);
+//! - at the end of the prompt, attached to the last block when the prompt ends on a block
+//!   boundary, else to a tail entry (the partial block's positions copied into a block of the
+//!   entry's own), so the next turn of a conversation, which extends this prompt, resumes
+//!   exactly there.
+//! A new prompt resumes from the longest cached prefix that ends at a snapshot: its full
+//! blocks are shared, a tail's positions copied into the sequence's own block, and the
+//! snapshot copied into its slot; `cached_tokens` is that position.
+
+use super::{Reuse, Scheduler};
+use crate::blocks::{BlockPool, ROOT_HASH};
+use crate::paged::SNAPSHOTS_PER_SEQUENCE;
+
+impl Scheduler<'_> {
+    /// What a hybrid prompt reuses: the longest cached prefix that ends at a snapshot, short
+    /// of the last prompt token (which must run for its logits).
+    pub(super) fn reuse_state(pool: &mut BlockPool, prompt: &[u32]) -> Reuse {
+        let searched = &prompt[..prompt.len() - 1];
+        match pool.lookup_resume(searched) {
+            Some(r) => Reuse {
+                shared: r.blocks,
+                hashes: r.hashes,
+                copy: r.tail,
+                state: Some(r.slot),
+                pos: r.pos,
+            },
+            None => Reuse {
+                shared: Vec::new(),
+                hashes: Vec::new(),
+                copy: None,
+                state: None,
+                pos: 0,
+            },
+        }
+    }
+
+    /// Snapshots sequence `i`'s state after a prefill chunk that ended at position `end`.
+    pub(super) fn snapshot_after(&mut self, i: usize, end: usize) {
+        let bs = self.cfg.block_size;
+        let seq = &self.running[i];
+        let work = seq.slot;
+        if end < seq.prompt_len {
+            let keep = SNAPSHOTS_PER_SEQUENCE.saturating_sub(1);
+            if end % bs != 0 || keep == 0 {
+                return;
+            }
+            let hash = seq.hashes[end / bs - 1];
+            if let Some(slot) = self.pool.attach_snapshot(hash) {
+                self.model.copy_state(work, slot);
+                self.counters.snapshots_taken += 1;
+                let seq = &mut self.running[i];
+                seq.snapshots.push_back(hash);
+                while seq.snapshots.len() > keep {
+                    if let Some(old) = seq.snapshots.pop_front() {
+                        self.pool.drop_snapshot(old);
+                    }
+                }
+            }
+        } else if end % bs == 0 {
+            if let Some(slot) = self.pool.attach_snapshot(seq.hashes[end / bs - 1]) {
+                self.model.copy_state(work, slot);
+                self.counters.snapshots_taken += 1;
+            }
+        } else {
+            let d = end / bs;
+            let parent = if d == 0 { ROOT_HASH } else { seq.hashes[d - 1] };
+            let src = seq.blocks[d];
+            let tail = self.pool.add_tail(parent, &seq.tokens[d * bs..end]);
+            if let Some((block, slot)) = tail {
+                self.model.copy_block(src, block, end - d * bs);
+                self.model.copy_state(work, slot);
+                self.counters.snapshots_taken += 1;
+            }
+        }
+    }
+}
