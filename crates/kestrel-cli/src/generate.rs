@@ -7,11 +7,12 @@ use anyhow::{anyhow, Result};
 use kestrel_engine::{
     plan_pool, Engine, EngineConfig, Event, FinishReason, GenerateRequest, PoolPlan, Usage,
 };
-use kestrel_models::{KvType, Model, PagedModel};
+use kestrel_engine::StepModel;
+use kestrel_models::KvType;
 use kestrel_tokenizer::ChatTemplate;
 
 /// Positions per KV block.
-const BLOCK_SIZE: usize = 16;
+pub const BLOCK_SIZE: usize = 16;
 
 /// The KV pool for `ctx` tokens per sequence (plus the prefix reserve), from the config alone:
 /// printed (unless `quiet`) or refused before any weight is loaded.
@@ -65,23 +66,21 @@ pub fn plan(
     Ok(plan)
 }
 
-/// Starts an engine over `model` with the planned pool, one sequence at a time.
+/// Starts an engine over `model` (on its device, with its planned pool), one sequence at a
+/// time.
 pub fn start_engine(
     src: &ModelSource,
-    model: Model,
+    model: Box<dyn StepModel>,
     plan: &PoolPlan,
     ctx: usize,
-    kv_type: KvType,
 ) -> Result<Engine> {
-    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type)
-        .with_state_slots(plan.state_slots());
     let cfg = EngineConfig {
         block_size: plan.block_size,
         max_running: 1,
         ctx_size: ctx,
         ..EngineConfig::default()
     };
-    Engine::try_start(Box::new(paged), src.tokenizer.clone(), cfg)
+    Engine::try_start(model, src.tokenizer.clone(), cfg)
         .map_err(|e| anyhow!("engine configuration: {e}"))
 }
 

@@ -2,6 +2,7 @@
 
 mod commands;
 mod generate;
+mod gpu;
 mod source;
 
 use clap::{Parser, Subcommand};
@@ -96,6 +97,28 @@ enum Command {
         /// KV cache element type: f32 (default here, for parity), f16 or q8_0.
         #[arg(long, default_value = "f32")]
         kv_type: String,
+        /// cpu, cuda, cuda:N, or auto (the GPU when one is present).
+        #[arg(long, default_value = "auto")]
+        device: String,
+    },
+    /// Check the CUDA backend on this machine's GPU: every op against the CPU, mat-vec speed,
+    /// and each model's logits and greedy tokens against the CPU path.
+    #[command(hide = true)]
+    GpuCheck {
+        #[arg(long, default_value = "cuda")]
+        device: String,
+        #[arg(short, long)]
+        model: Vec<PathBuf>,
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[arg(long, default_value_t = 32)]
+        gen: usize,
+        /// Also time the mat-vec kernels.
+        #[arg(long)]
+        perf: bool,
+        /// Only compile the kernels with NVRTC for this architecture (needs no GPU).
+        #[arg(long)]
+        compile_only: Option<String>,
     },
 }
 
@@ -154,7 +177,33 @@ fn main() -> ExitCode {
             reference,
             threads,
             kv_type,
-        } => commands::logits::run(&model, &prompt_ids, &out, reference, threads, &kv_type),
+            device,
+        } => gpu::Device::parse(&device).and_then(|d| {
+            commands::logits::run(&model, &prompt_ids, &out, reference, threads, &kv_type, d)
+        }),
+        Command::GpuCheck {
+            device,
+            model,
+            prompt_len,
+            gen,
+            perf,
+            compile_only: Some(arch),
+        } => {
+            let _ = (device, model, prompt_len, gen, perf);
+            gpu::compile_only(&arch)
+        }
+        Command::GpuCheck {
+            device,
+            model,
+            prompt_len,
+            gen,
+            perf,
+            compile_only: None,
+        } => match gpu::Device::parse(&device) {
+            Ok(gpu::Device::Cuda(n)) => gpu::check(n, &model, prompt_len, gen, perf),
+            Ok(_) => Err(anyhow::anyhow!("gpu-check needs --device cuda or cuda:N")),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -97,6 +97,19 @@ impl ModelSource {
         })
     }
 
+    /// The tensor index (what a GPU backend uploads from).
+    pub fn tensor_store(&self) -> Result<kestrel_models::weights::TensorStore> {
+        Ok(match &self.gguf {
+            Some(file) => kestrel_models::weights::TensorStore::from_gguf(file),
+            None => kestrel_models::weights::TensorStore::from_hf_dir(&self.path)?,
+        })
+    }
+
+    /// Bytes of every tensor as stored (what a GPU holds: no CPU repacking).
+    pub fn tensor_bytes(&self) -> u64 {
+        self.tensor_types.iter().map(|(_, b)| b).sum()
+    }
+
     /// Loads the weights, showing a progress bar on stderr while pages are brought in.
     pub fn load_model(&self, opts: LoadOptions, quiet: bool) -> Result<Model> {
         let bar = if quiet {

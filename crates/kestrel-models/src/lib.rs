@@ -11,6 +11,7 @@
 //! oracle) and [`ops::MatmulPath::Quantized`] (8-bit activations, SIMD integer dot products).
 
 pub mod attention;
+pub mod backend;
 pub mod config;
 pub mod deltanet;
 mod error;

@@ -49,6 +49,12 @@ pub struct BenchArgs {
     /// Concurrency levels of `--scenario concurrent`.
     #[arg(short = 'c', long, default_value = "1,2,4,8")]
     pub concurrency: String,
+    /// cpu, cuda, cuda:N, or auto (the GPU when one is present).
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// On the GPU: run decode steps eagerly instead of replaying CUDA graphs.
+    #[arg(long)]
+    pub no_graphs: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +301,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(other) => anyhow::bail!("unknown --scenario '{other}' (agent or concurrent)"),
     }
     let src = ModelSource::open(&args.model)?;
+    if let Some(n) = crate::gpu::bench_device(crate::gpu::Device::parse(&args.device)?)? {
+        return crate::gpu::bench(&src, n, &ps, &ns, &ds, args.reps, args.no_graphs);
+    }
     let threads = opts.threads;
     let mut model = src.load_model(opts, true)?;
     let vocab = model.config.vocab_size;

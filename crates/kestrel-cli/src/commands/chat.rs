@@ -30,10 +30,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let template = generate::chat_template(&src)?;
     let tok = src.tokenizer.clone();
     let ctx = args.engine.context(&src)?;
-    let kv_type = args.engine.kv_type(&src)?;
-    let plan = generate::plan(&src, ctx, 1, kv_type, None, false)?;
-    let model = src.load_model(args.engine.load_options(), false)?;
-    let engine = generate::start_engine(&src, model, &plan, ctx, kv_type)?;
+    let engine = args.engine.engine(&src, ctx, false, false)?;
     let params = args.sampling.params();
     let seed = params
         .seed

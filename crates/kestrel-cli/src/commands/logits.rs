@@ -12,10 +12,14 @@ pub fn run(
     reference: bool,
     threads: Option<usize>,
     kv_type: &str,
+    device: crate::gpu::Device,
 ) -> Result<()> {
     let src = ModelSource::open(model)?;
     let ids = crate::parse_ids(prompt_ids)?;
     anyhow::ensure!(!ids.is_empty(), "--prompt-ids is empty");
+    if let Some(logits) = crate::gpu::logits(&src, &ids, device, reference)? {
+        return write(out, &logits, ids.len(), src.config.vocab_size);
+    }
     let mut opts = LoadOptions::default();
     if let Some(t) = threads {
         opts.threads = t;
@@ -27,19 +31,19 @@ pub fn run(
     let kv = crate::commands::run::parse_kv_type(kv_type, &src)?;
     let mut cache = m.new_cache(ids.len(), kv);
     let logits = m.forward(&ids, &mut cache, Logits::All)?;
+    write(out, &logits, ids.len(), m.config.vocab_size)
+}
+
+/// Writes `[n, vocab]` logits as the safetensors file `out`.
+fn write(out: &Path, logits: &[f32], n: usize, vocab: usize) -> Result<()> {
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
     let view = safetensors::tensor::TensorView::new(
         safetensors::Dtype::F32,
-        vec![ids.len(), m.config.vocab_size],
+        vec![n, vocab],
         &bytes,
     )?;
     safetensors::serialize_to_file([("logits", view)], &None, out)
         .with_context(|| format!("writing {}", out.display()))?;
-    eprintln!(
-        "wrote logits [{}, {}] to {}",
-        ids.len(),
-        m.config.vocab_size,
-        out.display()
-    );
+    eprintln!("wrote logits [{n}, {vocab}] to {}", out.display());
     Ok(())
 }

@@ -67,6 +67,9 @@ pub struct EngineArgs {
     /// Use the scalar f32 reference kernels (slow; the oracle for parity checks).
     #[arg(long)]
     pub reference: bool,
+    /// cpu, cuda, cuda:N, or auto (the GPU when one is present and the plan fits there).
+    #[arg(long, default_value = "auto")]
+    pub device: String,
 }
 
 impl EngineArgs {
@@ -79,6 +82,36 @@ impl EngineArgs {
             o.matmul = MatmulPath::Reference;
         }
         o
+    }
+
+    pub fn device(&self) -> Result<crate::gpu::Device> {
+        let d = crate::gpu::Device::parse(&self.device)?;
+        // the scalar reference path is the CPU's
+        Ok(if self.reference { crate::gpu::Device::Cpu } else { d })
+    }
+
+    /// The engine over the model on its device (the plan printed unless `quiet_plan`, the
+    /// loading bar shown unless `quiet_load`).
+    pub fn engine(
+        &self,
+        src: &ModelSource,
+        ctx: usize,
+        quiet_plan: bool,
+        quiet_load: bool,
+    ) -> Result<kestrel_engine::Engine> {
+        let kv_type = self.kv_type(src)?;
+        let (model, plan) = crate::gpu::step_model(
+            src,
+            self.device()?,
+            self.load_options(),
+            ctx,
+            1,
+            kv_type,
+            None,
+            quiet_plan,
+            quiet_load,
+        )?;
+        crate::generate::start_engine(src, model, &plan, ctx)
     }
 
     pub fn kv_type(&self, src: &ModelSource) -> Result<KvType> {
@@ -149,10 +182,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     anyhow::ensure!(!prompt.is_empty(), "the prompt is empty");
     let ctx = args.engine.context(&src)?;
-    let kv_type = args.engine.kv_type(&src)?;
-    let plan = generate::plan(&src, ctx, 1, kv_type, None, true)?;
-    let model = src.load_model(args.engine.load_options(), args.json)?;
-    let engine = generate::start_engine(&src, model, &plan, ctx, kv_type)?;
+    let engine = args.engine.engine(&src, ctx, true, args.json)?;
     let max_tokens = args.max_tokens.min(ctx.saturating_sub(prompt.len()));
     anyhow::ensure!(
         max_tokens > 0,

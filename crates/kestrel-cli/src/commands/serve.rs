@@ -5,7 +5,6 @@ use crate::commands::run::EngineArgs;
 use crate::source::ModelSource;
 use anyhow::{Context, Result};
 use kestrel_engine::{Engine, EngineConfig};
-use kestrel_models::PagedModel;
 use kestrel_sampler::SamplingParams;
 use kestrel_server::{AppState, ServerConfig};
 use std::sync::Arc;
@@ -89,10 +88,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .unwrap_or_else(|| "model".into())
     });
     // The plan comes from the config alone: printed, or refused, before any weight is loaded.
-    let plan = crate::generate::plan(&src, ctx, args.parallel, kv_type, args.max_memory, false)?;
-    let model = src.load_model(args.engine.load_options(), false)?;
-    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type)
-        .with_state_slots(plan.state_slots());
+    let (paged, plan) = crate::gpu::step_model(
+        &src,
+        args.engine.device()?,
+        args.engine.load_options(),
+        ctx,
+        args.parallel,
+        kv_type,
+        args.max_memory,
+        false,
+        false,
+    )?;
     let cfg = EngineConfig {
         block_size: plan.block_size,
         max_running: args.parallel.max(1),
@@ -100,7 +106,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         step_token_budget: 512.max(args.parallel),
         ..EngineConfig::default()
     };
-    let engine = Engine::try_start(Box::new(paged), src.tokenizer.clone(), cfg)
+    let engine = Engine::try_start(paged, src.tokenizer.clone(), cfg)
         .map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
     let config = ServerConfig {
         api_key: args.api_key.clone(),

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod conv;
+pub mod gemm;
 pub mod layer;
 pub mod rule;
 pub mod state;

@@ -26,6 +26,8 @@
 //! (`Sᵀk` of the decayed state, then the update with `o = Sᵀq`), no copy of the state: the
 //! same bits as [`recurrent`] on one token.
 
+use super::gemm::{gemm_acc, Mat};
+
 /// Tokens per chunk of the chunked form (as the reference implementations).
 pub const CHUNK: usize = 64;
 
@@ -71,24 +73,6 @@ pub struct HeadSeq<'a> {
     pub g: &'a [f64],
     /// `[T]`: the update strength, in (0, 1).
     pub beta: &'a [f64],
-}
-
-#[inline]
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    // Eight partial sums: vectorizes without reassociation by the compiler.
-    let mut acc = [0f64; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }
 
 /// `y += a x`
@@ -189,6 +173,11 @@ pub struct Scratch {
     gc: Vec<f64>,
     w: Vec<f64>,
     u: Vec<f64>,
+    /// `[CHUNK, CHUNK]`: the solve's coefficients `A_ij`, then the outputs' `P_ij`.
+    a: Vec<f64>,
+    p: Vec<f64>,
+    /// `[d_k, CHUNK]`: the decayed keys, transposed, for the state update.
+    kt: Vec<f64>,
 }
 
 impl Scratch {
@@ -202,6 +191,9 @@ impl Scratch {
         fit(&mut self.gc, CHUNK);
         fit(&mut self.w, CHUNK * (dv + dk));
         fit(&mut self.u, CHUNK * dv);
+        fit(&mut self.a, CHUNK * CHUNK);
+        fit(&mut self.p, CHUNK * CHUNK);
+        fit(&mut self.kt, dk * CHUNK);
     }
 }
 
@@ -272,23 +264,43 @@ fn chunked_impl(
     s.state = state;
 }
 
-/// One chunk of `n <= CHUNK` tokens.
+/// One chunk of `n <= CHUNK` tokens: a triangular solve and four matrix products
+/// ([`gemm_acc`], blocked in registers).
 #[inline(always)]
 fn chunk(h: &HeadSeq, dk: usize, dv: usize, state: &mut [f64], out: &mut [f64], s: &mut Scratch) {
     let n = h.g.len();
     let (q, k) = (h.q, h.k);
     let row_k = |i: usize| &k[i * dk..(i + 1) * dk];
+    let Scratch {
+        gc, w, u, a, p, kt, ..
+    } = s;
     let mut acc = 0f64;
-    for (c, &g) in s.gc.iter_mut().zip(h.g) {
+    for (c, &g) in gc.iter_mut().zip(h.g) {
         acc += g;
         *c = acc;
     }
-    let gc = &s.gc[..n];
+    let gc = &gc[..n];
 
-    // W = (I + A)⁻¹ [beta v | beta e^G k], by forward substitution, row by row.
+    // K Kᵀ and Q Kᵀ as matrix products over the transposed keys
+    for (j, kj) in k.chunks_exact(dk).enumerate() {
+        for (r, &x) in kj.iter().enumerate() {
+            kt[r * CHUNK + j] = x;
+        }
+    }
+    let ktm = Mat {
+        data: kt,
+        ld: CHUNK,
+    };
+    a[..n * CHUNK].fill(0.0);
+    p[..n * CHUNK].fill(0.0);
+    gemm_acc(n, n, dk, 1.0, Mat { data: k, ld: dk }, ktm, a, CHUNK);
+    gemm_acc(n, n, dk, 1.0, Mat { data: q, ld: dk }, ktm, p, CHUNK);
+
+    // W = (I + A)⁻¹ [beta v | beta e^G k], by forward substitution, row by row:
+    // w_i = b_i - Σ_{j<i} A_ij w_j
     let wl = dv + dk;
     for i in 0..n {
-        let (done, rest) = s.w.split_at_mut(i * wl);
+        let (done, rest) = w.split_at_mut(i * wl);
         let wi = &mut rest[..wl];
         let b = h.beta[i];
         let bg = b * gc[i].exp();
@@ -298,38 +310,81 @@ fn chunk(h: &HeadSeq, dk: usize, dv: usize, state: &mut [f64], out: &mut [f64], 
         for (d, &x) in wi[dv..].iter_mut().zip(row_k(i)) {
             *d = bg * x;
         }
-        for j in 0..i {
-            let a = b * (gc[i] - gc[j]).exp() * dot(row_k(i), row_k(j));
-            axpy(wi, -a, &done[j * wl..(j + 1) * wl]);
+        let ai = &mut a[i * CHUNK..i * CHUNK + i];
+        for (j, aij) in ai.iter_mut().enumerate() {
+            *aij *= b * (gc[i] - gc[j]).exp();
         }
+        let am = Mat {
+            data: &a[i * CHUNK..],
+            ld: CHUNK,
+        };
+        gemm_acc(1, wl, i, -1.0, am, Mat { data: done, ld: wl }, wi, wl);
     }
 
     // u = W_v - W_k S0
-    for i in 0..n {
-        let wi = &s.w[i * wl..(i + 1) * wl];
-        let ui = &mut s.u[i * dv..(i + 1) * dv];
+    let u = &mut u[..n * dv];
+    for (ui, wi) in u.chunks_exact_mut(dv).zip(w.chunks_exact(wl)) {
         ui.copy_from_slice(&wi[..dv]);
-        for (r, &wk) in wi[dv..].iter().enumerate() {
-            axpy(ui, -wk, &state[r * dv..(r + 1) * dv]);
-        }
     }
+    let wk = Mat {
+        data: &w[dv..],
+        ld: wl,
+    };
+    gemm_acc(
+        n,
+        dv,
+        dk,
+        -1.0,
+        wk,
+        Mat {
+            data: state,
+            ld: dv,
+        },
+        u,
+        dv,
+    );
 
     // o_i = e^{G_i} S0ᵀ q_i + Σ_{j≤i} e^{G_i-G_j} (q_i·k_j) u_j
-    for i in 0..n {
-        let qi = &q[i * dk..(i + 1) * dk];
-        let oi = &mut out[i * dv..(i + 1) * dv];
-        oi.fill(0.0);
+    out.fill(0.0);
+    gemm_acc(
+        n,
+        dv,
+        dk,
+        1.0,
+        Mat { data: q, ld: dk },
+        Mat {
+            data: state,
+            ld: dv,
+        },
+        out,
+        dv,
+    );
+    for (i, oi) in out.chunks_exact_mut(dv).enumerate() {
         let e = gc[i].exp();
-        for (r, &qr) in qi.iter().enumerate() {
-            axpy(oi, e * qr, &state[r * dv..(r + 1) * dv]);
+        for o in oi.iter_mut() {
+            *o *= e;
         }
-        for j in 0..=i {
-            let a = (gc[i] - gc[j]).exp() * dot(qi, row_k(j));
-            axpy(oi, a, &s.u[j * dv..(j + 1) * dv]);
+        let pi = &mut p[i * CHUNK..i * CHUNK + n];
+        for (j, pij) in pi.iter_mut().enumerate() {
+            *pij = if j <= i {
+                (gc[i] - gc[j]).exp() * *pij
+            } else {
+                0.0
+            };
         }
     }
+    gemm_acc(
+        n,
+        dv,
+        n,
+        1.0,
+        Mat { data: p, ld: CHUNK },
+        Mat { data: u, ld: dv },
+        out,
+        dv,
+    );
 
-    // S = e^{G_n} S0 + Σ_j e^{G_n-G_j} k_j u_jᵀ
+    // S = e^{G_n} S0 + Σ_j e^{G_n-G_j} k_j u_jᵀ = e^{G_n} S0 + Kdᵀ U
     let last = gc[n - 1];
     let e = last.exp();
     for x in state.iter_mut() {
@@ -337,11 +392,23 @@ fn chunk(h: &HeadSeq, dk: usize, dv: usize, state: &mut [f64], out: &mut [f64], 
     }
     for (j, &gj) in gc.iter().enumerate() {
         let d = (last - gj).exp();
-        let uj = &s.u[j * dv..(j + 1) * dv];
         for (r, &kr) in row_k(j).iter().enumerate() {
-            axpy(&mut state[r * dv..(r + 1) * dv], d * kr, uj);
+            kt[r * CHUNK + j] = d * kr;
         }
     }
+    gemm_acc(
+        dk,
+        dv,
+        n,
+        1.0,
+        Mat {
+            data: kt,
+            ld: CHUNK,
+        },
+        Mat { data: u, ld: dv },
+        state,
+        dv,
+    );
 }
 
 #[cfg(test)]

@@ -1,0 +1,141 @@
+//! The kernels: CUDA C++ in `kernels/`, compiled by NVRTC at start for the device's own
+//! architecture (sm_90 on an H200) and cached on disk.
+//!
+//! Why NVRTC at start rather than PTX shipped in the binary:
+//! - One binary for everyone, built with no CUDA toolkit (CI and most users have none): an
+//!   nvcc step in build.rs would make the toolkit a build dependency of the whole workspace.
+//! - Machine code for the exact device: NVRTC compiles straight to the device's SASS
+//!   (`--gpu-architecture=sm_XY`), so Hopper (and later chips) get their own code paths, where
+//!   PTX for one fixed virtual architecture would leave the driver to JIT it at every load
+//!   (~110 ms more per load on the H200, shared/examples/cuda-smoke) and tie every kernel to
+//!   the oldest architecture we chose to ship.
+//! - The cost is one compile on a device's first start; the cubin is then cached under
+//!   `$XDG_CACHE_HOME/kestrel/cuda` (or `~/.cache/kestrel/cuda`), keyed by a hash of the source,
+//!   the architecture and the NVRTC version, so later starts load it in milliseconds.
+
+use crate::error::{CudaError, Result};
+use cudarc::nvrtc::sys as nv;
+use std::ffi::CString;
+use std::path::PathBuf;
+
+/// Every kernel, as one translation unit.
+pub fn source() -> String {
+    [
+        include_str!("kernels/common.cuh"),
+        include_str!("kernels/matvec.cu"),
+        include_str!("kernels/elementwise.cu"),
+        include_str!("kernels/attention.cu"),
+    ]
+    .join("\n")
+}
+
+/// FNV-1a: a hash that stays the same across Rust versions (the cache key outlives a build).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("kestrel").join("cuda"))
+}
+
+fn nvrtc_version() -> (i32, i32) {
+    let (mut maj, mut min) = (0, 0);
+    // SAFETY: writes two ints.
+    unsafe { nv::nvrtcVersion(&mut maj, &mut min) };
+    (maj, min)
+}
+
+/// The cubin for `arch` ("sm_90"): from the disk cache, or compiled (and cached). Returns the
+/// cubin and whether it came from the cache.
+pub fn cubin(arch: &str) -> Result<(Vec<u8>, bool)> {
+    let src = source();
+    let (maj, min) = nvrtc_version();
+    let key = fnv1a(format!("{src}\n{arch}\n{maj}.{min}").as_bytes());
+    let path = cache_dir().map(|d| d.join(format!("kernels-{arch}-{key:016x}.cubin")));
+    if let Some(p) = &path {
+        if let Ok(bin) = std::fs::read(p) {
+            if !bin.is_empty() {
+                return Ok((bin, true));
+            }
+        }
+    }
+    let bin = compile(&src, arch)?;
+    if let Some(p) = &path {
+        // A cache that cannot be written only costs the next start a compile.
+        if let Some(dir) = p.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = p.with_extension("tmp");
+        if std::fs::write(&tmp, &bin).is_ok() {
+            let _ = std::fs::rename(&tmp, p);
+        }
+    }
+    Ok((bin, false))
+}
+
+fn check(r: nv::nvrtcResult, arch: &str, what: &str) -> Result<()> {
+    if r == nv::nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Compile {
+            arch: arch.into(),
+            log: format!("{what}: {r:?}"),
+        })
+    }
+}
+
+/// NVRTC straight to machine code (cudarc's helper stops at PTX).
+pub fn compile(src: &str, arch: &str) -> Result<Vec<u8>> {
+    let bad = |e: std::ffi::NulError| CudaError::Compile {
+        arch: arch.into(),
+        log: e.to_string(),
+    };
+    let csrc = CString::new(src).map_err(bad)?;
+    let name = CString::new("kestrel.cu").map_err(bad)?;
+    let opts: Vec<CString> = [
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".into(),
+        "--use_fast_math".into(),
+        "-default-device".into(),
+    ]
+    .into_iter()
+    .map(CString::new)
+    .collect::<std::result::Result<_, _>>()
+    .map_err(bad)?;
+    let optp: Vec<*const std::ffi::c_char> = opts.iter().map(|s| s.as_ptr()).collect();
+    // SAFETY: NVRTC's C API with valid NUL-terminated strings; the program is destroyed on
+    // every path after creation.
+    unsafe {
+        let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
+        check(
+            nv::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()),
+            arch,
+            "create",
+        )?;
+        let r = nv::nvrtcCompileProgram(prog, optp.len() as i32, optp.as_ptr());
+        let out = if r != nv::nvrtcResult::NVRTC_SUCCESS {
+            let mut n = 0usize;
+            nv::nvrtcGetProgramLogSize(prog, &mut n);
+            let mut log = vec![0u8; n];
+            nv::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut _);
+            Err(CudaError::Compile {
+                arch: arch.into(),
+                log: String::from_utf8_lossy(&log).trim_end_matches('\0').to_string(),
+            })
+        } else {
+            let mut n = 0usize;
+            check(nv::nvrtcGetCUBINSize(prog, &mut n), arch, "cubin size").and_then(|_| {
+                let mut bin = vec![0u8; n];
+                check(nv::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut _), arch, "cubin")?;
+                Ok(bin)
+            })
+        };
+        nv::nvrtcDestroyProgram(&mut prog);
+        out
+    }
+}

@@ -1,0 +1,240 @@
+//! One GPU: its context, the stream every kernel runs on, the compiled kernels, cuBLAS, and
+//! device buffers addressed by raw pointer (kernels take plain pointers, and a captured graph
+//! keeps them: buffers are allocated once and never move).
+
+use crate::error::{CudaError, Result};
+use crate::{compile, probe};
+use cudarc::cublas::sys as bsys;
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A device allocation and its address.
+pub struct DevBuf {
+    _slice: CudaSlice<u8>,
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    blas: bsys::cublasHandle_t,
+    pub name: String,
+    pub arch: String,
+    pub sms: u32,
+    /// Milliseconds spent compiling (or loading from the cache) the kernels, and whether the
+    /// cache served them.
+    pub kernels_ms: f64,
+    pub kernels_cached: bool,
+}
+
+// SAFETY: the handles inside (context, stream, module, cuBLAS handle) are used by one thread
+// at a time (the model's owner: the CLI or the engine thread); every entry point binds the
+// context to the calling thread first (`Gpu::bind`).
+unsafe impl Send for Gpu {}
+
+/// Parses `cuda`, `cuda:N`.
+pub fn parse_ordinal(device: &str) -> Option<usize> {
+    match device {
+        "cuda" => Some(0),
+        d => d.strip_prefix("cuda:").and_then(|n| n.parse().ok()),
+    }
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: probes the libraries first, so a machine without CUDA gets one
+    /// line ("no CUDA device found: ...") instead of an abort inside a library loader.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let n = probe::device_count()?;
+        if n == 0 {
+            return Err(CudaError::NoDevice("the driver reports no GPU".into()));
+        }
+        if ordinal >= n {
+            return Err(CudaError::NoDevice(format!(
+                "cuda:{ordinal} asked for, but the driver reports {n} device(s)"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)?;
+        // Kernels are ordered on one stream; per-launch event bookkeeping would only add host
+        // work and gets in the way of graph capture.
+        // SAFETY: called before any allocation on this context.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let (maj, min) = ctx.compute_capability()?;
+        let arch = format!("sm_{maj}{min}");
+        let t = Instant::now();
+        let (bin, cached) = compile::cubin(&arch)?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin))?;
+        let kernels_ms = t.elapsed().as_secs_f64() * 1e3;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(1) as u32;
+        let mut blas: bsys::cublasHandle_t = std::ptr::null_mut();
+        // SAFETY: creates a handle and binds it to our stream.
+        unsafe {
+            blas_ok(bsys::cublasCreate_v2(&mut blas), "create")?;
+            blas_ok(bsys::cublasSetStream_v2(blas, stream.cu_stream() as _), "set stream")?;
+        }
+        Ok(Self {
+            name: ctx.name()?,
+            ctx,
+            stream,
+            module,
+            funcs: HashMap::new(),
+            blas,
+            arch,
+            sms,
+            kernels_ms,
+            kernels_cached: cached,
+        })
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread()?;
+        Ok(())
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn memory(&self) -> Result<(usize, usize)> {
+        Ok(self.ctx.mem_get_info()?)
+    }
+
+    pub fn func(&mut self, name: &str) -> Result<CudaFunction> {
+        if let Some(f) = self.funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name)?;
+        self.funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        // SAFETY: every buffer is written before it is read (uploads, kernels).
+        let slice = unsafe { self.stream.alloc::<u8>(bytes.max(16))? };
+        let ptr = slice.device_ptr(&self.stream).0;
+        Ok(DevBuf {
+            _slice: slice,
+            ptr,
+            bytes,
+        })
+    }
+
+    pub fn upload(&self, host: &[u8]) -> Result<DevBuf> {
+        let slice = self.stream.clone_htod(host)?;
+        let ptr = slice.device_ptr(&self.stream).0;
+        Ok(DevBuf {
+            _slice: slice,
+            ptr,
+            bytes: host.len(),
+        })
+    }
+
+    pub fn upload_f32(&self, host: &[f32]) -> Result<DevBuf> {
+        let bytes: Vec<u8> = host.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.upload(&bytes)
+    }
+
+    /// Copies `host` to device address `dst` (stream-ordered).
+    pub fn write(&self, dst: u64, host: &[u8]) -> Result<()> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: dst points into a live allocation at least host.len() bytes long (callers
+        // size their buffers for the largest step).
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, host, self.stream.cu_stream())?;
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes from device address `src`, waiting for them.
+    pub fn read(&self, src: u64, out: &mut [u8]) -> Result<()> {
+        // SAFETY: src points into a live allocation at least out.len() bytes long.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(out, src, self.stream.cu_stream())?;
+        }
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: both ranges lie in live device allocations.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())? };
+        Ok(())
+    }
+
+    pub fn read_f32(&self, src: u64, n: usize) -> Result<Vec<f32>> {
+        let mut b = vec![0u8; n * 4];
+        self.read(src, &mut b)?;
+        Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    /// `C[n, m] (+)= A[m, k] · B[n, k]ᵀ` in row-major terms: weights A (f16 rows), activations
+    /// B (f16 rows), output C f32 (beta 1 adds into C). cuBLAS is column-major, so this is
+    /// `C' = A'ᵀ B'` on the same bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_f16(&self, m: usize, n: usize, k: usize, a: u64, b: u64, c: u64, ldc: usize, beta: f32) -> Result<()> {
+        self.gemm(bsys::cudaDataType::CUDA_R_16F, m, n, k, a, b, c, ldc, beta)
+    }
+
+    /// As [`Gpu::gemm_f16`] with f32 operands (F32 weights: tiny models, exact checks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_f32(&self, m: usize, n: usize, k: usize, a: u64, b: u64, c: u64, ldc: usize, beta: f32) -> Result<()> {
+        self.gemm(bsys::cudaDataType::CUDA_R_32F, m, n, k, a, b, c, ldc, beta)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(&self, ty: bsys::cudaDataType, m: usize, n: usize, k: usize, a: u64, b: u64, c: u64, ldc: usize, beta: f32) -> Result<()> {
+        let (alpha, beta) = (1.0f32, beta);
+        // SAFETY: the pointers address device buffers of the stated shapes.
+        unsafe {
+            blas_ok(
+                bsys::cublasGemmEx(
+                    self.blas,
+                    bsys::cublasOperation_t::CUBLAS_OP_T,
+                    bsys::cublasOperation_t::CUBLAS_OP_N,
+                    m as i32,
+                    n as i32,
+                    k as i32,
+                    &alpha as *const f32 as *const _,
+                    a as *const _,
+                    ty,
+                    k as i32,
+                    b as *const _,
+                    ty,
+                    k as i32,
+                    &beta as *const f32 as *const _,
+                    c as *mut _,
+                    bsys::cudaDataType::CUDA_R_32F,
+                    ldc as i32,
+                    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                ),
+                "gemm",
+            )
+        }
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the handle was created in `open` and is destroyed once.
+        unsafe {
+            bsys::cublasDestroy_v2(self.blas);
+        }
+    }
+}
+
+fn blas_ok(s: bsys::cublasStatus_t, what: &str) -> Result<()> {
+    if s == bsys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError::Blas(format!("{what}: {s:?}")))
+    }
+}

@@ -1,0 +1,62 @@
+// Shared by every kernel: fixed-width types, f16 conversion and warp reductions, with no
+// header (NVRTC compiles this with no CUDA include path).
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Weight types as the host numbers them (kestrel_cuda::weights::Kind).
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q5_0 3
+#define T_Q8_0 4
+#define T_Q4_K 5
+#define T_Q6_K 6
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Sum over a block of `blockDim.x` threads (a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float s[32];
+    v = warp_sum(v);
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) s[w] = v;
+    __syncthreads();
+    v = l < (int)(blockDim.x >> 5) ? s[l] : 0.f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// Quantizes 32 consecutive values held one per lane to int8 with one scale (llama.cpp's
+// Q8_1 activation blocks: d = amax / 127, q = round(x / d), s = d * sum(q)).
+__device__ __forceinline__ void quant32(float v, i8* q, float2* ds) {
+    int lane = threadIdx.x & 31;
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.f;
+    int qi = amax == 0.f ? 0 : __float2int_rn(v / d);
+    q[lane] = (i8)qi;
+    float s = warp_sum((float)qi);
+    if (lane == 0) *ds = make_float2(d, d * s);
+}

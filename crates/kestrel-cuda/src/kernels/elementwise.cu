@@ -1,0 +1,170 @@
+// Row-wise kernels: RMSNorm (with the 8-bit quantization of its output for the mat-vec fused
+// in), quantize, the q/k/v epilogue (bias, per-head norm, RoPE, KV-cache write, fused), token
+// embeddings, row picking, and dequantization to f16 for the cuBLAS prefill path.
+
+// Rows of n over grid (rows, parts), 256 threads: block (r, p) writes the 32-wide chunks
+// p*8 + warp, p*8 + warp + 8*parts, ... of row r: out = x / rms(x) * w, and the int8 blocks of
+// `out` when q is not null (n a multiple of 32). Every block sums the squares of the whole row
+// itself (a few KB from L2), so a decode step's norm is many blocks, not one. `out` may be `x`
+// only with one part.
+extern "C" __global__ void __launch_bounds__(256) rms_norm_q(const float* x, const float* w, float* out,
+                                                             i8* q, float2* qd, int n, float eps) {
+    const float* xr = x + (u64)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    float scale = rsqrtf(ss / (float)n + eps);
+    float* orow = out + (u64)blockIdx.x * n;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
+        int i = base + lane;
+        float v = i < n ? xr[i] * scale * w[i] : 0.f;
+        if (i < n) orow[i] = v;
+        if (q != nullptr) quant32(v, q + (u64)blockIdx.x * n + base, qd + (u64)blockIdx.x * (n / 32) + base / 32);
+    }
+}
+
+// int8 blocks of rows of n (a multiple of 32), grid (rows, parts) as rms_norm_q.
+extern "C" __global__ void __launch_bounds__(256) quantize_q(const float* x, i8* q, float2* qd, int n) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
+        quant32(x[(u64)blockIdx.x * n + base + lane], q + (u64)blockIdx.x * n + base,
+                qd + (u64)blockIdx.x * (n / 32) + base / 32);
+    }
+}
+
+extern "C" __global__ void to_f16(const float* x, u16* out, u64 n) {
+    u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(x[i]);
+}
+
+// The q/k/v epilogue of attention, one block per (token, head) over the Q heads, then the K
+// heads, then the V heads: + bias (if given), RMSNorm of the head (if a weight is given),
+// RoPE (q and k, if rope_dim > 0), then K and V go to the cache as f16 at row kv_row[t] and Q
+// back in place (K and V too, in place, when kc is null). blockDim = head_dim rounded up to 32.
+extern "C" __global__ void qkv_epilogue(float* Q, float* K, float* V, int n_heads, int n_kv,
+                                        int hd, const float* bq, const float* bk, const float* bv,
+                                        const float* qn, const float* kn, float eps, const int* pos,
+                                        int rope_dim, float theta_scale, int neox, u16* kc, u16* vc,
+                                        const int* kv_row) {
+    __shared__ float s[256];
+    int t = blockIdx.y, h = blockIdx.x, i = threadIdx.x;
+    int kind = h < n_heads ? 0 : (h < n_heads + n_kv ? 1 : 2);
+    int hh = kind == 0 ? h : (kind == 1 ? h - n_heads : h - n_heads - n_kv);
+    int kv_dim = n_kv * hd;
+    const float* src = kind == 0 ? Q + (u64)t * n_heads * hd : (kind == 1 ? K : V) + (u64)t * kv_dim;
+    src += hh * hd;
+    const float* bias = kind == 0 ? bq : (kind == 1 ? bk : bv);
+    float v = i < hd ? src[i] : 0.f;
+    if (bias != nullptr && i < hd) v += bias[hh * hd + i];
+    const float* nw = kind == 0 ? qn : (kind == 1 ? kn : nullptr);
+    if (nw != nullptr) {
+        float ss = block_sum(v * v);
+        if (i < hd) v = v * rsqrtf(ss / (float)hd + eps) * nw[i];
+    }
+    if (kind < 2 && rope_dim > 0) {
+        if (i < hd) s[i] = v;
+        __syncthreads();
+        int half = rope_dim / 2;
+        if (i < rope_dim) {
+            int pair = neox ? (i < half ? i : i - half) : i / 2;
+            bool first = neox ? i < half : (i % 2 == 0);
+            float x0 = neox ? s[pair] : s[2 * pair];
+            float x1 = neox ? s[pair + half] : s[2 * pair + 1];
+            // theta = pos * theta_scale^pair, by repeated f32 products as ggml (and the CPU) do
+            float theta = (float)pos[t];
+            for (int k = 0; k < pair; k++) theta *= theta_scale;
+            float c = cosf(theta), sn = sinf(theta);
+            v = first ? fmaf(x0, c, -(x1 * sn)) : fmaf(x0, sn, x1 * c);
+        }
+    }
+    if (i >= hd) return;
+    if (kind == 0) {
+        Q[(u64)t * n_heads * hd + hh * hd + i] = v;
+    } else if (kc == nullptr) {
+        (kind == 1 ? K : V)[(u64)t * kv_dim + hh * hd + i] = v;
+    } else {
+        u16* cache = kind == 1 ? kc : vc;
+        cache[(u64)kv_row[t] * kv_dim + hh * hd + i] = f2h(v);
+    }
+}
+
+// A weight element as f32, from the device layout of its type (see matvec.cu).
+__device__ float deq(int ty, const u8* W, int rows, int cols, u64 r, int c) {
+    switch (ty) {
+    case T_F32: return ((const float*)W)[r * cols + c];
+    case T_F16: return h2f(((const u16*)W)[r * cols + c]);
+    case T_Q5_0: {
+        u64 nb = (u64)rows * (cols / 32), blk = r * (cols / 32) + c / 32;
+        int j = c % 32;
+        const u8* a = W + blk * 20;
+        float d = h2f(((const u16*)(W + nb * 20))[blk]);
+        u32 qh = (u32)a[0] | ((u32)a[1] << 8) | ((u32)a[2] << 16) | ((u32)a[3] << 24);
+        u32 byte = a[4 + (j & 15)];
+        u32 lo = j < 16 ? (byte & 0xFu) : (byte >> 4);
+        u32 hi = (qh >> j) & 1u;
+        return d * (float)((int)(lo | (hi << 4)) - 16);
+    }
+    case T_Q4_0: case T_Q8_0: {
+        int A = ty == T_Q4_0 ? 16 : 32;
+        u64 blk = r * (cols / 32) + c / 32;
+        int j = c % 32;
+        const u8* a = W + blk * A;
+        float d = h2f(((const u16*)(W + (u64)rows * (cols / 32) * A))[blk]);
+        if (ty == T_Q8_0) return d * (float)((const i8*)a)[j];
+        return d * (float)(((j < 16 ? a[j] : a[j - 16] >> 4) & 0xF) - 8);
+    }
+    case T_Q4_K: {
+        const u8* b = W + (r * (cols / 256) + c / 256) * 144;
+        int e = c % 256, j = e / 32, l = e % 32, ch = j / 2;
+        int s, m;
+        get_scale_min_k4(j, b + 4, s, m);
+        int q = (b[16 + 32 * ch + l] >> (4 * (j & 1))) & 0xF;
+        return h2f(*(const u16*)b) * (float)s * (float)q - h2f(*(const u16*)(b + 2)) * (float)m;
+    }
+    case T_Q6_K: {
+        u64 bi = r * (cols / 256) + c / 256;
+        const u8* b = W + bi * 208;
+        float d = h2f(((const u16*)(W + (u64)rows * (cols / 256) * 208))[bi]);
+        int e = c % 256, n = e / 128, p = (e % 128) / 32, l = e % 32;
+        int ql = (b[64 * n + 32 * (p & 1) + l] >> (4 * (p >> 1))) & 0xF;
+        int qh = (b[128 + 32 * n + l] >> (2 * p)) & 3;
+        int sc = ((const i8*)(b + 192 + 8 * n))[2 * p + l / 16];
+        return d * (float)sc * (float)((ql | (qh << 4)) - 32);
+    }
+    }
+    return 0.f;
+}
+
+// out[t] = row ids[t] of the table (vocab, dim); one block per token.
+extern "C" __global__ void embed_rows(int ty, const u8* W, int rows, int cols, const u32* ids, float* out) {
+    u32 r = ids[blockIdx.x];
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) out[(u64)blockIdx.x * cols + c] = deq(ty, W, rows, cols, r, c);
+}
+
+// Rows r0 .. r0 + n_rows of W as f16, for a cuBLAS GEMM.
+extern "C" __global__ void dequant_f16(int ty, const u8* W, int rows, int cols, int r0, int n_rows, u16* out) {
+    u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (i >= (u64)n_rows * cols) return;
+    u64 r = i / cols;
+    int c = (int)(i % cols);
+    out[i] = f2h(deq(ty, W, rows, cols, r0 + r, c));
+}
+
+// out[k] = x[idx[k]] for the rows whose logits are wanted; one block per picked row.
+extern "C" __global__ void pick_rows(const float* x, const int* idx, int n, float* out) {
+    const float* src = x + (u64)idx[blockIdx.x] * n;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) out[(u64)blockIdx.x * n + c] = src[c];
+}
+
+// x[t] += b (a bias that was not fused into the q/k/v epilogue).
+extern "C" __global__ void add_bias(float* x, const float* b, int n, u64 total) {
+    u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (i < total) x[i] += b[i % n];
+}
+
+// gate = silu(gate) * up, elementwise.
+extern "C" __global__ void swiglu(float* gate, const float* up, u64 total) {
+    u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (i < total) gate[i] = silu(gate[i]) * up[i];
+}

@@ -1,0 +1,28 @@
+//! kestrel's CUDA backend: the dense recipe ([`kestrel_models::backend::dense`]) carried out
+//! on an NVIDIA GPU.
+//!
+//! Shaped like the data's path:
+//! - [`probe`]: the CUDA libraries are found (or the one missing is named) before any CUDA
+//!   call, so one binary runs everywhere and says "no CUDA device found" as one line.
+//! - [`compile`]: the CUDA C++ kernels in `kernels/`, compiled by NVRTC for the device's
+//!   architecture at start and cached on disk (the doc there says why not shipped PTX).
+//! - [`device`]: context, stream, cuBLAS, device buffers.
+//! - [`weights`]: GGUF blocks uploaded in the kernels' layout.
+//! - [`ops`]: the backend's [`kestrel_models::backend::Ops`] (fusions documented there).
+//! - [`model`]: weights + paged KV pool + scratch on the device, the forward pass, CUDA graphs
+//!   for decode, and the engine's `StepModel`.
+//! - [`plan`]: the GPU memory plan. [`check`]: every op against the CPU, and whole models.
+
+pub mod check;
+pub mod compile;
+pub mod device;
+pub mod error;
+pub mod model;
+pub mod ops;
+pub mod plan;
+pub mod probe;
+pub mod weights;
+
+pub use device::{parse_ordinal, Gpu};
+pub use error::{CudaError, Result};
+pub use model::{CudaModel, GpuShape, SeqIn};

@@ -1,0 +1,493 @@
+//! A dense model (llama, qwen2, qwen3) on one GPU: its weights, its paged KV pool and its
+//! activation buffers in device memory, and the forward pass of the shared recipe
+//! ([`kestrel_models::backend::dense`]) run by [`crate::ops`]. Decode steps of up to
+//! [`MATVEC_MAX`] tokens are captured once per shape into a CUDA graph and replayed.
+
+use crate::device::{DevBuf, Gpu};
+use crate::error::{CudaError, Result};
+use crate::ops::{Pending, MATVEC_MAX};
+use crate::weights::DevMatrix;
+use cudarc::driver::sys;
+use kestrel_models::backend::{dense, Buf};
+use kestrel_models::{recipes, Arch, ModelConfig};
+use kestrel_models::weights::TensorStore;
+use std::collections::HashMap;
+
+/// One layer's weights on the device.
+pub struct LayerDev {
+    pub attn_norm: DevBuf, // (dim) f32
+    pub wq: DevMatrix,
+    pub wk: DevMatrix,
+    pub wv: DevMatrix,
+    pub wo: DevMatrix,
+    pub bias: [Option<DevBuf>; 3],    // q, k, v (Qwen2)
+    pub qk_norm: [Option<DevBuf>; 2], // q, k (Qwen3)
+    pub ffn_norm: DevBuf,
+    pub gate: DevMatrix,
+    pub up: DevMatrix,
+    pub down: DevMatrix,
+}
+
+pub struct WeightsDev {
+    pub layers: Vec<LayerDev>,
+    pub embed: DevMatrix,
+    /// None when tied to the embedding.
+    pub output: Option<DevMatrix>,
+    pub output_norm: DevBuf,
+}
+
+/// The paged KV pool: for each layer, `n_blocks * block_size` rows of `kv_dim` f16, K and V.
+pub struct KvDev {
+    pub k: DevBuf,
+    pub v: DevBuf,
+    pub n_blocks: usize,
+    pub block_size: usize,
+    layer_bytes: usize,
+    row_bytes: usize,
+}
+
+impl KvDev {
+    pub fn bytes_for(cfg: &ModelConfig, n_blocks: usize, block_size: usize) -> u64 {
+        2 * (cfg.n_layers * n_blocks * block_size * cfg.kv_dim() * 2) as u64
+    }
+    pub fn k_layer(&self, l: usize) -> u64 {
+        self.k.ptr + (l * self.layer_bytes) as u64
+    }
+    pub fn v_layer(&self, l: usize) -> u64 {
+        self.v.ptr + (l * self.layer_bytes) as u64
+    }
+}
+
+/// Activation buffers and per-step inputs, sized once for `max_batch` tokens.
+pub struct Scratch {
+    pub x: DevBuf,
+    pub h: DevBuf,
+    pub q: DevBuf,
+    pub k: DevBuf,
+    pub v: DevBuf,
+    pub att: DevBuf,
+    pub ffn: DevBuf,
+    pub up: DevBuf,
+    pub picked: DevBuf,
+    pub logits: DevBuf,
+    pub xq: DevBuf,
+    pub xd: DevBuf,
+    pub act16: DevBuf,
+    pub wf16: DevBuf,
+    pub wf16_elems: usize,
+    pub partial: DevBuf,
+    /// The step's inputs, one upload: [ids | pos | kv_row | tbl_off | pick] (max_batch i32
+    /// each) then the block tables (tables_cap i32); the fields below point into it.
+    pub step_in: DevBuf,
+    pub ids: Sub,
+    pub pos: Sub,
+    pub kv_row: Sub,
+    pub tbl_off: Sub,
+    pub pick: Sub,
+    pub tables: Sub,
+    pub tables_cap: usize,
+    pub max_batch: usize,
+}
+
+/// A part of a device buffer.
+#[derive(Clone, Copy)]
+pub struct Sub {
+    pub ptr: u64,
+}
+
+/// f16 elements of the weight-dequantization buffer of the GEMM path (64 MiB): weights are
+/// dequantized in row chunks of this size, so prefill scratch does not grow with the vocabulary.
+const WF16_ELEMS: usize = 32 << 20;
+
+/// Splits of the context in decode attention (flash-decoding).
+pub const DECODE_SPLITS: usize = 32;
+
+impl Scratch {
+    /// Bytes of scratch for a model and a step size, for the memory plan.
+    pub fn bytes_for(cfg: &ModelConfig, max_batch: usize, max_table: usize) -> u64 {
+        let t = max_batch as u64;
+        let widest = cfg.dim.max(cfg.q_dim()).max(cfg.ffn_dim) as u64;
+        let f32s = t * (3 * cfg.dim + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.ffn_dim + cfg.vocab_size) as u64;
+        let q8 = MATVEC_MAX as u64 * widest * 3;
+        let act16 = t * widest * 2;
+        let partial = Self::partial_floats(cfg, max_batch) as u64 * 4;
+        4 * f32s + q8 + act16 + WF16_ELEMS as u64 * 2 + partial + 4 * (5 * t + max_table as u64)
+    }
+
+    fn partial_floats(cfg: &ModelConfig, max_batch: usize) -> usize {
+        (MATVEC_MAX * DECODE_SPLITS).max(max_batch) * cfg.n_heads * (cfg.head_dim + 2)
+    }
+
+    fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: usize, max_table: usize) -> Result<Self> {
+        let t = max_batch;
+        let widest = cfg.dim.max(cfg.q_dim()).max(cfg.ffn_dim);
+        let f = |n: usize| -> Result<DevBuf> {
+            let b = gpu.alloc(n * 4)?;
+            gpu.write(b.ptr, &vec![0u8; n * 4])?;
+            Ok(b)
+        };
+        Ok(Self {
+            x: f(t * cfg.dim)?,
+            h: f(t * cfg.dim)?,
+            q: f(t * cfg.q_dim())?,
+            k: f(t * cfg.kv_dim())?,
+            v: f(t * cfg.kv_dim())?,
+            att: f(t * cfg.q_dim())?,
+            ffn: f(t * cfg.ffn_dim)?,
+            up: f(t * cfg.ffn_dim)?,
+            picked: f(t * cfg.dim)?,
+            logits: gpu.alloc(t * cfg.vocab_size * 4)?,
+            xq: f(MATVEC_MAX * widest / 4 + 4)?,
+            xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
+            act16: gpu.alloc(t * widest * 2)?,
+            wf16: gpu.alloc(WF16_ELEMS * 2)?,
+            wf16_elems: WF16_ELEMS,
+            partial: f(Self::partial_floats(cfg, max_batch))?,
+            step_in: f(5 * t + max_table)?,
+            ids: Sub { ptr: 0 },
+            pos: Sub { ptr: 0 },
+            kv_row: Sub { ptr: 0 },
+            tbl_off: Sub { ptr: 0 },
+            pick: Sub { ptr: 0 },
+            tables: Sub { ptr: 0 },
+            tables_cap: max_table,
+            max_batch: t,
+        }
+        .with_parts())
+    }
+
+    fn with_parts(mut self) -> Self {
+        let (base, t) = (self.step_in.ptr, (self.max_batch * 4) as u64);
+        self.ids = Sub { ptr: base };
+        self.pos = Sub { ptr: base + t };
+        self.kv_row = Sub { ptr: base + 2 * t };
+        self.tbl_off = Sub { ptr: base + 3 * t };
+        self.pick = Sub { ptr: base + 4 * t };
+        self.tables = Sub { ptr: base + 5 * t };
+        self
+    }
+}
+
+/// Per-step state of the operations (host side).
+#[derive(Default)]
+pub struct StepState {
+    pub t: usize,
+    pub n_out: usize,
+    pub n_splits: usize,
+    pub q8_of: Option<Buf>,
+    pub f16_of: Option<Buf>,
+    pub pending: Pending,
+    /// Mat-vecs deferred to run as one launch, and their shared input.
+    pub mm: Vec<(kestrel_models::backend::W, Buf)>,
+    pub mm_x: Option<Buf>,
+}
+
+/// One sequence's share of a step (as the engine's `SeqStep`).
+pub struct SeqIn<'a> {
+    pub tokens: &'a [u32],
+    pub start: usize,
+    pub blocks: &'a [u32],
+    pub want_logits: bool,
+    /// Logits of every token, not only the last (parity checks, `kestrel logits`).
+    pub all_logits: bool,
+}
+
+/// A captured decode step: (tokens, rows of logits) -> graph.
+struct Graphs(HashMap<(usize, usize), cudarc::driver::CudaGraph>);
+// SAFETY: graphs are launched only by the model's owner, with the context bound (Gpu::bind).
+unsafe impl Send for Graphs {}
+
+pub struct CudaModel {
+    pub config: ModelConfig,
+    pub(crate) gpu: Gpu,
+    pub(crate) weights: WeightsDev,
+    pub(crate) kv: KvDev,
+    pub(crate) scratch: Scratch,
+    pub(crate) step: StepState,
+    family: dense::Family,
+    max_batch: usize,
+    max_blocks_per_seq: usize,
+    graphs: Graphs,
+    /// Capture decode steps into CUDA graphs (default on; off for A/B checks).
+    pub use_graphs: bool,
+    pub weight_bytes: u64,
+}
+
+/// Sizes of a model on the GPU.
+#[derive(Debug, Clone)]
+pub struct GpuShape {
+    pub n_blocks: usize,
+    pub block_size: usize,
+    pub max_batch: usize,
+    /// Longest sequence, in tokens (sizes the block tables).
+    pub max_context: usize,
+}
+
+impl CudaModel {
+    /// Uploads the weights of `store` and allocates the KV pool and scratch.
+    pub fn load(gpu: Gpu, cfg: ModelConfig, store: &TensorStore, shape: &GpuShape) -> Result<Self> {
+        let family = dense::Family::of(cfg.arch)
+            .ok_or_else(|| CudaError::Unsupported(format!("the {} architecture (dense llama, qwen2, qwen3 only)", cfg.arch.name())))?;
+        gpu.bind()?;
+        let load_layer = match cfg.arch {
+            Arch::Llama => recipes::llama::load_layer,
+            Arch::Qwen2 => recipes::qwen2::load_layer,
+            _ => recipes::qwen3::load_layer,
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        let mut weight_bytes = 0u64;
+        for i in 0..cfg.n_layers {
+            let l = load_layer(store, &cfg, i)?;
+            let a = l.attention(i)?;
+            let m = |w| DevMatrix::upload(&gpu, w);
+            let d = LayerDev {
+                attn_norm: gpu.upload_f32(&a.norm)?,
+                wq: m(&a.wq)?,
+                wk: m(&a.wk)?,
+                wv: m(&a.wv)?,
+                wo: m(&a.wo)?,
+                bias: match &a.bias {
+                    Some(b) => [Some(gpu.upload_f32(&b.q)?), Some(gpu.upload_f32(&b.k)?), Some(gpu.upload_f32(&b.v)?)],
+                    None => [None, None, None],
+                },
+                qk_norm: match &a.qk_norm {
+                    Some(n) => [Some(gpu.upload_f32(&n.q)?), Some(gpu.upload_f32(&n.k)?)],
+                    None => [None, None],
+                },
+                ffn_norm: gpu.upload_f32(&l.mlp.norm)?,
+                gate: m(&l.mlp.gate)?,
+                up: m(&l.mlp.up)?,
+                down: m(&l.mlp.down)?,
+            };
+            weight_bytes += [&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down].iter().map(|m| m.bytes() as u64).sum::<u64>();
+            layers.push(d);
+        }
+        let embed = DevMatrix::upload(&gpu, &store.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)?)?;
+        let output = if store.contains("output.weight") {
+            Some(DevMatrix::upload(&gpu, &store.matrix("output.weight", cfg.vocab_size, cfg.dim)?)?)
+        } else {
+            None
+        };
+        weight_bytes += embed.bytes() as u64 + output.as_ref().map_or(0, |o| o.bytes() as u64);
+        let output_norm = gpu.upload_f32(&store.vector("output_norm.weight", cfg.dim)?)?;
+        let max_blocks_per_seq = shape.max_context.div_ceil(shape.block_size);
+        let max_table = shape.max_batch.max(MATVEC_MAX) * max_blocks_per_seq;
+        let scratch = Scratch::new(&gpu, &cfg, shape.max_batch, max_table)?;
+        let row_bytes = cfg.kv_dim() * 2;
+        let layer_bytes = shape.n_blocks * shape.block_size * row_bytes;
+        let kv = KvDev {
+            k: gpu.alloc(layer_bytes * cfg.n_layers)?,
+            v: gpu.alloc(layer_bytes * cfg.n_layers)?,
+            n_blocks: shape.n_blocks,
+            block_size: shape.block_size,
+            layer_bytes,
+            row_bytes,
+        };
+        gpu.stream.synchronize()?;
+        Ok(Self {
+            config: cfg,
+            gpu,
+            weights: WeightsDev { layers, embed, output, output_norm },
+            kv,
+            scratch,
+            step: StepState::default(),
+            family,
+            max_batch: shape.max_batch,
+            max_blocks_per_seq,
+            graphs: Graphs(HashMap::new()),
+            use_graphs: true,
+            weight_bytes,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Bytes of weights one decode step reads (every matrix, one embedding row).
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let w = &self.weights;
+        let mats: u64 = w.layers.iter().map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down].iter().map(|m| m.bytes() as u64).sum::<u64>()
+        }).sum();
+        mats + w.output.as_ref().unwrap_or(&w.embed).bytes() as u64 + (w.embed.bytes() / w.embed.rows) as u64
+    }
+
+    /// One step over the new tokens of several sequences; returns the logits of those that
+    /// want them, in order. Steps over `max_batch` tokens are cut into several passes.
+    pub fn forward(&mut self, seqs: &[SeqIn]) -> Result<Vec<f32>> {
+        self.gpu.bind()?;
+        let (vocab, bs) = (self.config.vocab_size, self.kv.block_size);
+        for s in seqs {
+            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(kestrel_models::ModelError::BadToken { id, vocab }.into());
+            }
+            let end = s.start + s.tokens.len();
+            if end > s.blocks.len() * bs || s.blocks.iter().any(|&b| b as usize >= self.kv.n_blocks) {
+                return Err(kestrel_models::ModelError::ContextFull { needed: end, capacity: s.blocks.len() * bs }.into());
+            }
+            if s.blocks.len() > self.max_blocks_per_seq {
+                return Err(CudaError::Plan(format!("a sequence of {end} tokens is longer than the planned context")));
+            }
+        }
+        let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if total <= self.max_batch {
+            return self.pass(seqs);
+        }
+        // Too many tokens for one pass: sequence by sequence, in chunks of max_batch.
+        let mut out = Vec::new();
+        for s in seqs {
+            let n = s.tokens.len();
+            let mut i = 0;
+            while i < n {
+                let j = (i + self.max_batch).min(n);
+                let part = SeqIn { tokens: &s.tokens[i..j], start: s.start + i, blocks: s.blocks, want_logits: s.want_logits && j == n, all_logits: s.all_logits };
+                out.extend(self.pass(&[part])?);
+                i = j;
+            }
+        }
+        Ok(out)
+    }
+
+    /// One pass of at most `max_batch` tokens.
+    fn pass(&mut self, seqs: &[SeqIn]) -> Result<Vec<f32>> {
+        let bs = self.kv.block_size;
+        let mut ids = Vec::new();
+        let mut pos = Vec::new();
+        let mut kv_row = Vec::new();
+        let mut tbl_off = Vec::new();
+        let mut tables: Vec<i32> = Vec::new();
+        let mut pick = Vec::new();
+        for s in seqs {
+            let off = tables.len() as i32;
+            tables.extend(s.blocks.iter().map(|&b| b as i32));
+            for (i, &tok) in s.tokens.iter().enumerate() {
+                let p = s.start + i;
+                ids.push(tok);
+                pos.push(p as i32);
+                kv_row.push((s.blocks[p / bs] as usize * bs + p % bs) as i32);
+                tbl_off.push(off);
+                if s.all_logits {
+                    pick.push(ids.len() as i32 - 1);
+                }
+            }
+            if s.want_logits && !s.all_logits && !s.tokens.is_empty() {
+                pick.push(ids.len() as i32 - 1);
+            }
+        }
+        let t = ids.len();
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        if tables.len() > self.scratch.tables_cap {
+            return Err(CudaError::Plan("block tables exceed the planned size".into()));
+        }
+        // one upload: five sections of max_batch, then the tables
+        let mb = self.scratch.max_batch;
+        let mut host = vec![0u8; (5 * mb + tables.len()) * 4];
+        let mut put = |section: usize, v: &mut dyn Iterator<Item = u32>| {
+            for (i, x) in v.enumerate() {
+                let at = (section * mb + i) * 4;
+                host[at..at + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        };
+        put(0, &mut ids.iter().copied());
+        put(1, &mut pos.iter().map(|&x| x as u32));
+        put(2, &mut kv_row.iter().map(|&x| x as u32));
+        put(3, &mut tbl_off.iter().map(|&x| x as u32));
+        put(4, &mut pick.iter().map(|&x| x as u32));
+        put(5, &mut tables.iter().map(|&x| x as u32));
+        self.gpu.write(self.scratch.step_in.ptr, &host)?;
+        let n_out = pick.len();
+        self.step = StepState {
+            t,
+            n_out,
+            n_splits: if t <= MATVEC_MAX { DECODE_SPLITS } else { 1 },
+            ..StepState::default()
+        };
+        if t <= MATVEC_MAX && self.use_graphs {
+            self.replay(t, n_out)?;
+        } else {
+            self.run_recipe()?;
+        }
+        let mut out = vec![0u8; n_out * self.config.vocab_size * 4];
+        self.gpu.read(self.scratch.logits.ptr, &mut out)?;
+        Ok(out.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+
+    fn run_recipe(&mut self) -> Result<()> {
+        let (cfg, fam) = (self.config.clone(), self.family);
+        dense::forward(self, &cfg, fam)?;
+        self.flush()
+    }
+
+    /// Launches the graph of this step shape, capturing it first if it is new.
+    fn replay(&mut self, t: usize, n_out: usize) -> Result<()> {
+        if !self.graphs.0.contains_key(&(t, n_out)) {
+            // load every kernel before capture (module calls are not captured)
+            self.run_recipe().map_err(|e| CudaError::Other(format!("decode step before capture: {e}")))?;
+            self.step = StepState { t, n_out, n_splits: DECODE_SPLITS, ..StepState::default() };
+            let stream = self.gpu.stream.clone();
+            stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+            let r = self.run_recipe();
+            let g = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            r.map_err(|e| CudaError::Other(format!("capturing the decode step: {e}")))?;
+            let g = g.map_err(|e| CudaError::Other(format!("instantiating the decode graph: {e}")))?
+                .ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
+            self.graphs.0.insert((t, n_out), g);
+            // the eager run above already computed this step
+            return Ok(());
+        }
+        if let Some(g) = self.graphs.0.get(&(t, n_out)) {
+            g.launch()?;
+        }
+        Ok(())
+    }
+
+    /// Copies the K/V of the first `n` positions of block `src` into block `dst`, every layer.
+    pub fn copy_block(&mut self, src: u32, dst: u32, n: usize) -> Result<()> {
+        self.gpu.bind()?;
+        let rb = self.kv.row_bytes;
+        let bs = self.kv.block_size;
+        for l in 0..self.config.n_layers {
+            for (base_of, _) in [(KvDev::k_layer as fn(&KvDev, usize) -> u64, 0), (KvDev::v_layer, 1)] {
+                let base = base_of(&self.kv, l);
+                let s = base + (src as usize * bs * rb) as u64;
+                let d = base + (dst as usize * bs * rb) as u64;
+                self.gpu.copy(d, s, n.min(bs) * rb)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn kv_blocks(&self) -> usize {
+        self.kv.n_blocks
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.kv.block_size
+    }
+}
+
+impl kestrel_engine::StepModel for CudaModel {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+    fn kv_blocks(&self) -> usize {
+        self.kv.n_blocks
+    }
+    fn block_size(&self) -> usize {
+        self.kv.block_size
+    }
+    fn forward(&mut self, seqs: &[kestrel_engine::SeqStep<'_>]) -> std::result::Result<Vec<f32>, String> {
+        let s: Vec<SeqIn> = seqs
+            .iter()
+            .map(|s| SeqIn { tokens: s.tokens, start: s.start, blocks: s.blocks, want_logits: s.want_logits, all_logits: false })
+            .collect();
+        CudaModel::forward(self, &s).map_err(|e| e.to_string())
+    }
+    fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
+        // The trait has no error path; a failed device copy surfaces at the next forward.
+        let _ = CudaModel::copy_block(self, src, dst, n_positions);
+    }
+}

@@ -1,0 +1,145 @@
+//! Weights in device memory, in the layout the kernels read (kernels/matvec.cu):
+//! - F32, F16, Q4_K: the GGUF bytes as they are (a Q4_K block is 144 bytes, so every block
+//!   starts 16-byte aligned);
+//! - Q6_K (210 bytes), Q8_0 (34), Q4_0 (18), Q5_0 (22): the f16 scale of each block moves to a
+//!   plane after all blocks, so the payloads are 16- (Q6_K, Q8_0, Q4_0) or 4-byte (Q5_0)
+//!   aligned and read with wide loads. Same bytes in all, no padding.
+
+use crate::device::{DevBuf, Gpu};
+use crate::error::{CudaError, Result};
+use kestrel_gguf::GgmlType;
+use kestrel_models::weights::Weight;
+
+/// Weight types the kernels read; the numbers are the kernels' `T_*` constants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q5_0 = 3,
+    Q8_0 = 4,
+    Q4K = 5,
+    Q6K = 6,
+}
+
+impl Kind {
+    pub fn of(ty: GgmlType) -> Option<Self> {
+        Some(match ty {
+            GgmlType::F32 => Self::F32,
+            GgmlType::F16 => Self::F16,
+            GgmlType::Q4_0 => Self::Q4_0,
+            GgmlType::Q5_0 => Self::Q5_0,
+            GgmlType::Q8_0 => Self::Q8_0,
+            GgmlType::Q4_K => Self::Q4K,
+            GgmlType::Q6_K => Self::Q6K,
+            _ => return None,
+        })
+    }
+
+    /// The kernel-name fragment (`mv_q4_k_1_0`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Q4_0 => "q4_0",
+            Self::Q5_0 => "q5_0",
+            Self::Q8_0 => "q8_0",
+            Self::Q4K => "q4_k",
+            Self::Q6K => "q6_k",
+        }
+    }
+
+    /// Whether the mat-vec reads 8-bit activations (else f32).
+    pub fn int8_activations(self) -> bool {
+        !matches!(self, Self::F32 | Self::F16)
+    }
+
+    /// (bytes per block in the file, where its f16 scale sits, weights per block) of the types
+    /// whose scale moves to a plane.
+    fn split(self) -> Option<(usize, usize, usize)> {
+        match self {
+            Self::Q4_0 => Some((18, 0, 32)),
+            Self::Q5_0 => Some((22, 0, 32)),
+            Self::Q8_0 => Some((34, 0, 32)),
+            Self::Q6K => Some((210, 208, 256)),
+            _ => None,
+        }
+    }
+}
+
+/// GGUF blocks -> device layout (see the module doc).
+pub fn to_device_layout(kind: Kind, bytes: &[u8]) -> Vec<u8> {
+    let Some((bb, at, _)) = kind.split() else {
+        return bytes.to_vec();
+    };
+    let n = bytes.len() / bb;
+    let mut payload = Vec::with_capacity(bytes.len());
+    let mut scales = Vec::with_capacity(2 * n);
+    for b in bytes.chunks_exact(bb) {
+        scales.extend_from_slice(&b[at..at + 2]);
+        if at == 0 {
+            payload.extend_from_slice(&b[2..]);
+        } else {
+            payload.extend_from_slice(&b[..at]);
+        }
+    }
+    payload.extend_from_slice(&scales);
+    payload
+}
+
+/// A matrix `[rows, cols]` in device memory.
+pub struct DevMatrix {
+    pub kind: Kind,
+    pub rows: usize,
+    pub cols: usize,
+    pub buf: DevBuf,
+}
+
+impl DevMatrix {
+    pub fn upload(gpu: &Gpu, w: &Weight) -> Result<Self> {
+        let kind = Kind::of(w.ty).ok_or_else(|| {
+            CudaError::Unsupported(format!("{} of type {} (the GPU kernels read F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)", w.name, w.ty))
+        })?;
+        let host = to_device_layout(kind, w.bytes());
+        Ok(Self {
+            kind,
+            rows: w.rows,
+            cols: w.cols,
+            buf: gpu.upload(&host)?,
+        })
+    }
+
+    /// Device bytes (the same as the file's).
+    pub fn bytes(&self) -> usize {
+        self.buf.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_scales_move_to_a_plane() {
+        // two blocks: scale bytes (1,2) and (3,4), payloads of 32 bytes each
+        let mut file = vec![1u8, 2];
+        file.extend(0..32u8);
+        file.extend([3u8, 4]);
+        file.extend(100..132u8);
+        let dev = to_device_layout(Kind::Q8_0, &file);
+        assert_eq!(dev.len(), file.len());
+        assert_eq!(&dev[..32], &(0..32u8).collect::<Vec<_>>()[..]);
+        assert_eq!(&dev[32..64], &(100..132u8).collect::<Vec<_>>()[..]);
+        assert_eq!(&dev[64..], &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn q6_k_keeps_its_payload_order() {
+        let mut file: Vec<u8> = (0..210).map(|i| i as u8).collect();
+        file.extend((0..210).map(|i| (i as u8).wrapping_add(7)));
+        let dev = to_device_layout(Kind::Q6K, &file);
+        assert_eq!(&dev[..208], &file[..208]);
+        assert_eq!(&dev[208..416], &file[210..418]);
+        assert_eq!(&dev[416..], &[file[208], file[209], file[418], file[419]]);
+    }
+}
