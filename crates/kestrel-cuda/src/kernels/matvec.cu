@@ -93,16 +93,8 @@ __device__ __forceinline__ void unit_acc(const u8* __restrict__ W, u64 nblk, int
         // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c+1 (high nibbles) of chunk c
         int b = u >> 2, c = u & 3;
         const u8* blk = W + ((u64)row * bpr + b) * 144;
-        // d, dmin and the 12 scale bytes as four 4-byte loads
-        const u32* hdr = (const u32*)blk;
-        u32 dd = hdr[0];
-        float d = h2f((u16)(dd & 0xFFFF)), dmin = h2f((u16)(dd >> 16));
-        u8 sc[12];
-#pragma unroll
-        for (int i = 0; i < 3; i++) {
-            u32 w = hdr[1 + i];
-            sc[4 * i] = w & 0xFF; sc[4 * i + 1] = (w >> 8) & 0xFF; sc[4 * i + 2] = (w >> 16) & 0xFF; sc[4 * i + 3] = w >> 24;
-        }
+        float d = h2f(*(const u16*)blk), dmin = h2f(*(const u16*)(blk + 2));
+        const u8* sc = blk + 4;
         const int4* qp = (const int4*)(blk + 16 + 32 * c);
         int4 v0 = qp[0], v1 = qp[1];
         int vs[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
