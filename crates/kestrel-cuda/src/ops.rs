@@ -97,7 +97,10 @@ impl CudaModel {
             W::Embed => &ws.embed,
             W::Output => ws.output.as_ref().unwrap_or(&ws.embed),
             W::Layer(l, p) => {
-                let l = ws.layers.get(l).ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
+                let l = ws
+                    .layers
+                    .get(l)
+                    .ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
                 match p {
                     Param::Wq => &l.wq,
                     Param::Wk => &l.wk,
@@ -120,7 +123,10 @@ impl CudaModel {
         Ok(match w {
             W::OutputNorm => ws.output_norm.ptr,
             W::Layer(l, p) => {
-                let l = ws.layers.get(l).ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
+                let l = ws
+                    .layers
+                    .get(l)
+                    .ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
                 let opt = |b: &Option<crate::device::DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
                 match p {
                     Param::AttnNorm => l.attn_norm.ptr,
@@ -156,7 +162,9 @@ impl CudaModel {
     /// Runs the deferred mat-vecs (one fused launch for two or three).
     fn flush_mm(&mut self) -> Result<()> {
         let pend = std::mem::take(&mut self.step.mm);
-        let Some(x) = self.step.mm_x.take() else { return Ok(()) };
+        let Some(x) = self.step.mm_x.take() else {
+            return Ok(());
+        };
         if pend.len() == 1 {
             let (w, out) = pend[0];
             let (op, _) = self.buf(out);
@@ -171,7 +179,10 @@ impl CudaModel {
                 Ok((m.buf.ptr, m.rows as i32, m.kind as i32, self.buf(out).0))
             })
             .collect::<Result<_>>()?;
-        if pend.iter().any(|&(w, _)| self.matrix(w).is_ok_and(|m| m.kind.int8_activations())) {
+        if pend
+            .iter()
+            .any(|&(w, _)| self.matrix(w).is_ok_and(|m| m.kind.int8_activations()))
+        {
             self.quantize(x)?;
         }
         let rows = self.rows(x);
@@ -184,11 +195,25 @@ impl CudaModel {
         let total = (a.1 + b.1 + c.1) as usize;
         // SAFETY: as in flush_epilogue.
         unsafe {
-            self.gpu.stream.launch_builder(&f)
-                .arg(&a.0).arg(&a.1).arg(&a.2).arg(&a.3)
-                .arg(&b.0).arg(&b.1).arg(&b.2).arg(&b.3)
-                .arg(&c.0).arg(&c.1).arg(&c.2).arg(&c.3)
-                .arg(&ci).arg(&q).arg(&qd).arg(&xp)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&a.0)
+                .arg(&a.1)
+                .arg(&a.2)
+                .arg(&a.3)
+                .arg(&b.0)
+                .arg(&b.1)
+                .arg(&b.2)
+                .arg(&b.3)
+                .arg(&c.0)
+                .arg(&c.1)
+                .arg(&c.2)
+                .arg(&c.3)
+                .arg(&ci)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&xp)
                 .launch(cfg((total.div_ceil(4) as u32, 1, 1), 128))?;
         }
         for (_, out) in pend {
@@ -223,9 +248,25 @@ impl CudaModel {
         // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
         unsafe {
             s.launch_builder(&f)
-                .arg(&q).arg(&k).arg(&v).arg(&n_heads).arg(&n_kv).arg(&hd)
-                .arg(&p.bias[0]).arg(&p.bias[1]).arg(&p.bias[2]).arg(&p.qn).arg(&p.kn).arg(&eps)
-                .arg(&pos).arg(&rope_dim).arg(&theta_scale).arg(&neox).arg(&kc).arg(&vc).arg(&kv_row)
+                .arg(&q)
+                .arg(&k)
+                .arg(&v)
+                .arg(&n_heads)
+                .arg(&n_kv)
+                .arg(&hd)
+                .arg(&p.bias[0])
+                .arg(&p.bias[1])
+                .arg(&p.bias[2])
+                .arg(&p.qn)
+                .arg(&p.kn)
+                .arg(&eps)
+                .arg(&pos)
+                .arg(&rope_dim)
+                .arg(&theta_scale)
+                .arg(&neox)
+                .arg(&kc)
+                .arg(&vc)
+                .arg(&kv_row)
                 .launch(cfg((heads, self.step.t as u32, 1), block))?;
         }
         for b in [Buf::Q, Buf::K, Buf::V] {
@@ -255,7 +296,13 @@ impl CudaModel {
         let (q, qd, ni) = (self.scratch.xq.ptr, self.scratch.xd.ptr, n as i32);
         // SAFETY: as in flush.
         unsafe {
-            self.gpu.stream.launch_builder(&f).arg(&ptr).arg(&q).arg(&qd).arg(&ni)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&ptr)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ni)
                 .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
         }
         self.step.q8_of = Some(x);
@@ -273,7 +320,12 @@ impl CudaModel {
         let out = self.scratch.act16.ptr;
         // SAFETY: as in flush.
         unsafe {
-            self.gpu.stream.launch_builder(&f).arg(&ptr).arg(&out).arg(&total)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&ptr)
+                .arg(&out)
+                .arg(&total)
                 .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
         }
         self.step.f16_of = Some(x);
@@ -291,7 +343,9 @@ impl CudaModel {
             (m.kind, m.rows, m.cols)
         };
         if wcols != xn || wrows != on {
-            return Err(CudaError::Other(format!("{w:?}: [{wrows}, {wcols}] against rows of {xn} -> {on}")));
+            return Err(CudaError::Other(format!(
+                "{w:?}: [{wrows}, {wcols}] against rows of {xn} -> {on}"
+            )));
         }
         if rows == 0 {
             return Ok(());
@@ -332,13 +386,26 @@ impl CudaModel {
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
         let wpr = warps_per_row(kind, wcols);
-        let f = self.gpu.func(&format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()))?;
+        let f = self
+            .gpu
+            .func(&format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()))?;
         let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
         unsafe {
-            self.gpu.stream.launch_builder(&f)
-                .arg(&wp).arg(&up_ptr).arg(&r).arg(&c).arg(&q).arg(&qd).arg(&ld).arg(&xp).arg(&op).arg(&old)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&wp)
+                .arg(&up_ptr)
+                .arg(&r)
+                .arg(&c)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ld)
+                .arg(&xp)
+                .arg(&op)
+                .arg(&old)
                 .launch(cfg((wrows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
         }
         Ok(())
@@ -348,7 +415,12 @@ impl CudaModel {
         let f = self.gpu.func("swiglu")?;
         // SAFETY: as in flush.
         unsafe {
-            self.gpu.stream.launch_builder(&f).arg(&gate).arg(&up).arg(&total)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&gate)
+                .arg(&up)
+                .arg(&total)
                 .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
         }
         Ok(())
@@ -365,7 +437,9 @@ impl CudaModel {
         if kind == crate::weights::Kind::F32 {
             // f32 weights multiply as they are, in f32
             let (xp, _) = self.buf(x);
-            return self.gpu.gemm_f32(wrows, rows, wcols, wp, xp, out, wrows, beta);
+            return self
+                .gpu
+                .gemm_f32(wrows, rows, wcols, wp, xp, out, wrows, beta);
         }
         self.to_f16(x)?;
         let chunk = (self.scratch.wf16_elems / wcols).clamp(1, wrows);
@@ -374,15 +448,33 @@ impl CudaModel {
         let mut r0 = 0;
         while r0 < wrows {
             let n = chunk.min(wrows - r0);
-            let (ty, r, c, r0i, ni) = (kind as i32, wrows as i32, wcols as i32, r0 as i32, n as i32);
+            let (ty, r, c, r0i, ni) =
+                (kind as i32, wrows as i32, wcols as i32, r0 as i32, n as i32);
             let total = (n * wcols) as u64;
             // SAFETY: as in flush.
             unsafe {
-                self.gpu.stream.launch_builder(&deq)
-                    .arg(&ty).arg(&wp).arg(&r).arg(&c).arg(&r0i).arg(&ni).arg(&wbuf)
+                self.gpu
+                    .stream
+                    .launch_builder(&deq)
+                    .arg(&ty)
+                    .arg(&wp)
+                    .arg(&r)
+                    .arg(&c)
+                    .arg(&r0i)
+                    .arg(&ni)
+                    .arg(&wbuf)
                     .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
             }
-            self.gpu.gemm_f16(n, rows, wcols, wbuf, act, out + (r0 * 4) as u64, wrows, beta)?;
+            self.gpu.gemm_f16(
+                n,
+                rows,
+                wcols,
+                wbuf,
+                act,
+                out + (r0 * 4) as u64,
+                wrows,
+                beta,
+            )?;
             r0 += n;
         }
         Ok(())
@@ -401,7 +493,15 @@ impl Ops for CudaModel {
         let f = self.gpu.func("embed_rows")?;
         // SAFETY: as in flush.
         unsafe {
-            self.gpu.stream.launch_builder(&f).arg(&ty).arg(&wp).arg(&r).arg(&c).arg(&ids).arg(&op)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&ty)
+                .arg(&wp)
+                .arg(&r)
+                .arg(&c)
+                .arg(&ids)
+                .arg(&op)
                 .launch(cfg((self.step.t as u32, 1, 1), 256))?;
         }
         self.wrote(out);
@@ -418,14 +518,27 @@ impl Ops for CudaModel {
             return Ok(());
         }
         let quant = rows <= MATVEC_MAX && n % 32 == 0;
-        let (q, qd) = if quant { (self.scratch.xq.ptr, self.scratch.xd.ptr) } else { (0, 0) };
+        let (q, qd) = if quant {
+            (self.scratch.xq.ptr, self.scratch.xd.ptr)
+        } else {
+            (0, 0)
+        };
         let (ni, eps) = (n as i32, self.config.rms_eps);
         let f = self.gpu.func("rms_norm_q")?;
         // SAFETY: as in flush.
         unsafe {
             // in place, one block per row must read the row before anyone writes it
             let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
-            self.gpu.stream.launch_builder(&f).arg(&xp).arg(&wp).arg(&op).arg(&q).arg(&qd).arg(&ni).arg(&eps)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&xp)
+                .arg(&wp)
+                .arg(&op)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ni)
+                .arg(&eps)
                 .launch(cfg((rows as u32, parts, 1), 256))?;
         }
         self.wrote(out);
@@ -468,7 +581,10 @@ impl Ops for CudaModel {
             return self.mm(w, None, x, out, false);
         }
         let int8 = m.kind.int8_activations();
-        let same_kind_class = self.step.mm.iter().all(|&(w2, _)| self.matrix(w2).is_ok_and(|m2| m2.kind.int8_activations() == int8));
+        let same_kind_class = self.step.mm.iter().all(|&(w2, _)| {
+            self.matrix(w2)
+                .is_ok_and(|m2| m2.kind.int8_activations() == int8)
+        });
         if self.step.mm_x != Some(x) || self.step.mm.len() == 3 || !same_kind_class {
             self.flush_mm()?;
         }
@@ -496,7 +612,9 @@ impl Ops for CudaModel {
 
     fn kv_write(&mut self, layer: usize, k: Buf, v: Buf) -> Result<()> {
         if (k, v) != (Buf::K, Buf::V) {
-            return Err(CudaError::Unsupported(format!("kv_write from {k:?}, {v:?}")));
+            return Err(CudaError::Unsupported(format!(
+                "kv_write from {k:?}, {v:?}"
+            )));
         }
         self.record(4, |p| p.kv_layer = Some(layer))
     }
@@ -511,7 +629,11 @@ impl Ops for CudaModel {
         let split = self.gpu.func(&attn_kernel(c.head_dim))?;
         let combine = self.gpu.func("attn_combine")?;
         let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
-        let (kc, vc, bs) = (self.kv.k_layer(layer), self.kv.v_layer(layer), self.kv.block_size as i32);
+        let (kc, vc, bs) = (
+            self.kv.k_layer(layer),
+            self.kv.v_layer(layer),
+            self.kv.block_size as i32,
+        );
         let s = &self.scratch;
         let (pos, off, tables, part) = (s.pos.ptr, s.tbl_off.ptr, s.tables.ptr, s.partial.ptr);
         let (ns, scale) = (n_splits as i32, 1.0 / (c.head_dim as f32).sqrt());
@@ -519,12 +641,33 @@ impl Ops for CudaModel {
         let (xq, xd) = if quant { (s.xq.ptr, s.xd.ptr) } else { (0, 0) };
         // SAFETY: as in flush.
         unsafe {
-            self.gpu.stream.launch_builder(&split)
-                .arg(&qp).arg(&nh).arg(&nkv).arg(&hd).arg(&kc).arg(&vc).arg(&bs)
-                .arg(&pos).arg(&off).arg(&tables).arg(&ns).arg(&scale).arg(&part)
+            self.gpu
+                .stream
+                .launch_builder(&split)
+                .arg(&qp)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&hd)
+                .arg(&kc)
+                .arg(&vc)
+                .arg(&bs)
+                .arg(&pos)
+                .arg(&off)
+                .arg(&tables)
+                .arg(&ns)
+                .arg(&scale)
+                .arg(&part)
                 .launch(cfg((c.n_heads as u32, t as u32, n_splits as u32), 128))?;
-            self.gpu.stream.launch_builder(&combine)
-                .arg(&part).arg(&nh).arg(&hd).arg(&ns).arg(&op).arg(&xq).arg(&xd)
+            self.gpu
+                .stream
+                .launch_builder(&combine)
+                .arg(&part)
+                .arg(&nh)
+                .arg(&hd)
+                .arg(&ns)
+                .arg(&op)
+                .arg(&xq)
+                .arg(&xd)
                 .launch(cfg((t as u32, on.div_ceil(256) as u32, 1), 256))?;
         }
         self.wrote(out);
@@ -543,7 +686,13 @@ impl Ops for CudaModel {
         if self.step.n_out > 0 {
             // SAFETY: as in flush.
             unsafe {
-                self.gpu.stream.launch_builder(&f).arg(&xp).arg(&idx).arg(&ni).arg(&op)
+                self.gpu
+                    .stream
+                    .launch_builder(&f)
+                    .arg(&xp)
+                    .arg(&idx)
+                    .arg(&ni)
+                    .arg(&op)
                     .launch(cfg((self.step.n_out as u32, 1, 1), 256))?;
             }
         }

@@ -25,9 +25,9 @@ pub struct CpuBackend {
 
 struct CpuWeights {
     layers: Vec<LayerWeights>,
-    embed: Weight,         // (vocab, dim)
+    embed: Weight,          // (vocab, dim)
     output: Option<Weight>, // (vocab, dim); None when tied
-    output_norm: Vec<f32>, // (dim)
+    output_norm: Vec<f32>,  // (dim)
     pool: ThreadPool,
     path: MatmulPath,
     family: dense::Family,
@@ -62,7 +62,14 @@ impl CpuBackend {
             None
         };
         let c = &config;
-        let kv = KvPool::new(c.n_kv_layers(), c.n_kv_heads, c.head_dim, n_blocks, block_size, KvType::F32);
+        let kv = KvPool::new(
+            c.n_kv_layers(),
+            c.n_kv_heads,
+            c.head_dim,
+            n_blocks,
+            block_size,
+            KvType::F32,
+        );
         Ok(Self {
             weights: CpuWeights {
                 layers,
@@ -88,15 +95,24 @@ impl CpuBackend {
             for (i, &tok) in s.tokens.iter().enumerate() {
                 let pos = s.start + i;
                 if tok as usize >= cfg.vocab_size {
-                    return Err(ModelError::BadToken { id: tok, vocab: cfg.vocab_size });
+                    return Err(ModelError::BadToken {
+                        id: tok,
+                        vocab: cfg.vocab_size,
+                    });
                 }
                 if pos / bs >= s.blocks.len() {
-                    return Err(ModelError::ContextFull { needed: pos + 1, capacity: s.blocks.len() * bs });
+                    return Err(ModelError::ContextFull {
+                        needed: pos + 1,
+                        capacity: s.blocks.len() * bs,
+                    });
                 }
                 tokens.push(tok);
                 positions.push(pos);
                 rows.push(row_of(s.blocks, bs, pos));
-                tkv.push(TokenKv { pos, blocks: s.blocks });
+                tkv.push(TokenKv {
+                    pos,
+                    blocks: s.blocks,
+                });
                 if s.want == WantLogits::All {
                     picks.push(tokens.len() - 1);
                 }
@@ -105,7 +121,12 @@ impl CpuBackend {
                 picks.push(tokens.len() - 1);
             }
         }
-        let rope = Rope::new(&positions, cfg.rope_dim, cfg.rope_base, cfg.rope_layout == RopeLayout::NeoX);
+        let rope = Rope::new(
+            &positions,
+            cfg.rope_dim,
+            cfg.rope_base,
+            cfg.rope_layout == RopeLayout::NeoX,
+        );
         let mut step = Step {
             cfg,
             w: &self.weights,
@@ -156,7 +177,10 @@ impl Step<'_> {
             W::Embed => &ws.embed,
             W::Output => ws.output.as_ref().unwrap_or(&ws.embed),
             W::Layer(l, p) => {
-                let layer = ws.layers.get(l).ok_or_else(|| bad(format!("no layer {l}")))?;
+                let layer = ws
+                    .layers
+                    .get(l)
+                    .ok_or_else(|| bad(format!("no layer {l}")))?;
                 let a = layer.attention(l)?;
                 match p {
                     Param::Wq => &a.wq,
@@ -179,7 +203,10 @@ impl Step<'_> {
         Ok(match w {
             W::OutputNorm => &ws.output_norm,
             W::Layer(l, p) => {
-                let layer = ws.layers.get(l).ok_or_else(|| bad(format!("no layer {l}")))?;
+                let layer = ws
+                    .layers
+                    .get(l)
+                    .ok_or_else(|| bad(format!("no layer {l}")))?;
                 let a = layer.attention(l)?;
                 let bias = a.bias.as_ref();
                 let qk = a.qk_norm.as_ref();
@@ -208,7 +235,10 @@ impl Step<'_> {
 }
 
 fn bad(reason: String) -> ModelError {
-    ModelError::BadParam { key: "backend step".into(), reason }
+    ModelError::BadParam {
+        key: "backend step".into(),
+        reason,
+    }
 }
 
 impl Ops for Step<'_> {
@@ -218,7 +248,9 @@ impl Ops for Step<'_> {
         let dim = self.cfg.dim;
         let mut x = vec![0f32; self.tokens.len() * dim];
         for (t, &tok) in self.tokens.iter().enumerate() {
-            self.w.embed.row_f32(tok as usize, &mut x[t * dim..(t + 1) * dim])?;
+            self.w
+                .embed
+                .row_f32(tok as usize, &mut x[t * dim..(t + 1) * dim])?;
         }
         self.bufs[slot(out)] = x;
         Ok(())
@@ -274,7 +306,12 @@ impl Ops for Step<'_> {
         let kv_dim = self.cfg.kv_dim();
         for (t, &row) in self.rows.iter().enumerate() {
             let span = t * kv_dim..(t + 1) * kv_dim;
-            self.kv.write_row(layer, row, &self.bufs[slot(k)][span.clone()], &self.bufs[slot(v)][span]);
+            self.kv.write_row(
+                layer,
+                row,
+                &self.bufs[slot(k)][span.clone()],
+                &self.bufs[slot(v)][span],
+            );
         }
         Ok(())
     }
@@ -282,7 +319,17 @@ impl Ops for Step<'_> {
     fn attention(&mut self, layer: usize, q: Buf, out: Buf) -> Result<(), ModelError> {
         let c = self.cfg;
         let mut att = vec![0f32; self.bufs[slot(q)].len()];
-        causal_attention(&self.w.pool, self.kv, layer, &self.bufs[slot(q)], &self.tkv, c.n_heads, c.n_kv_heads, c.head_dim, &mut att);
+        causal_attention(
+            &self.w.pool,
+            self.kv,
+            layer,
+            &self.bufs[slot(q)],
+            &self.tkv,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            &mut att,
+        );
         self.bufs[slot(out)] = att;
         Ok(())
     }
@@ -290,7 +337,11 @@ impl Ops for Step<'_> {
     fn pick_rows(&mut self, x: Buf, out: Buf) -> Result<(), ModelError> {
         let dim = self.cfg.dim;
         let src = &self.bufs[slot(x)];
-        let picked: Vec<f32> = self.picks.iter().flat_map(|&t| src[t * dim..(t + 1) * dim].iter().copied()).collect();
+        let picked: Vec<f32> = self
+            .picks
+            .iter()
+            .flat_map(|&t| src[t * dim..(t + 1) * dim].iter().copied())
+            .collect();
         self.bufs[slot(out)] = picked;
         Ok(())
     }
