@@ -185,7 +185,8 @@ fn info_plans_weights_from_tensor_sizes() {
 
 #[test]
 fn run_reproduces_transformers_greedy_continuations() {
-    for arch in ["llama", "qwen2", "qwen3"] {
+    // qwen3_5: the hybrid model through the serving engine, its recurrent state in a slot
+    for arch in ["llama", "qwen2", "qwen3", "qwen3_5"] {
         let bytes = std::fs::read(tiny(arch).join("reference.safetensors")).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let ints = |name: &str| -> Vec<u32> {

@@ -21,6 +21,8 @@ use std::time::Instant;
 
 const CONVERSATION: &str = include_str!("agent_conversation.json");
 const BLOCK_SIZE: usize = 16;
+/// ChatML with the tools listed in the system turn, for files without a chat template.
+const CHATML: &str = "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}{%- for m in messages %}{%- if not (tools and loop.first and m.role == 'system') %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 fn engine_for(
     src: &ModelSource,
@@ -85,7 +87,15 @@ fn cold_ttft_ms(model: &Model, prompt: &[u32]) -> Result<f64> {
 pub fn agent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     let src = ModelSource::open(&args.model)?;
     let conv: Value = serde_json::from_str(CONVERSATION)?;
-    let template = crate::generate::chat_template(&src)?;
+    let template = match src.tokenizer.chat_template()? {
+        Some(t) => t,
+        None => {
+            // Random-weight files of real shapes carry a bare vocabulary: replay the
+            // conversation through plain ChatML (the Qwen families' format).
+            eprintln!("no chat template in the file: the conversation is rendered as ChatML");
+            kestrel_tokenizer::ChatTemplate::new(CHATML, "", "<|im_end|>")?
+        }
+    };
     let tools = conv["tools"].as_array().cloned().unwrap_or_default();
     let ctx = 8192.min(src.config.max_context);
     let engine = engine_for(&src, &opts, ctx, 1)?;
