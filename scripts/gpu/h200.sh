@@ -36,15 +36,20 @@ for s in $STAGES; do
     # the second start loads the cached kernels
     $K run -m $T/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1,2,3 -n 8 --temp 0 --device cuda 2>&1 | tail -3
     ;;
+  serve)  # kestrel serve --device cuda against --device cpu (tiny fixtures: greedy ties are rare there)
+    for f in $T/tiny-qwen2/qwen2-f32.gguf $T/tiny-llama/llama-f32.gguf; do
+      python3 $B/serve-check.py $K $f 2>&1 | tee -a $OUT/serve.log
+    done
+    ;;
   small|big)
     wait $QB; cat /tmp/w/qbuild.txt
     if [ $s = small ]; then SH=qwen2.5-1.5b; else SH=qwen3-8b; fi
     M=/tmp/w/$SH-q4_k_m.gguf
     make_model $SH $M || { tail -5 /tmp/w/quant-$SH.log; continue; }
     { [ $s = small ] || [ -n "${PARITY_BIG:-}" ]; } && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  matvec\|^ok  rms\|^ok  qkv\|^ok  att\|^ok  embed\|^ok  deq" | tee $OUT/parity-$SH.log
-    $K bench -m $M -p 512 -n 128 -r 3 --device cuda 2>&1 | tee $OUT/bench-$SH.log
+    $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
     $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
-    [ $s = big ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
+    [ $s = big ] && [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
     if [ -n "${PROF:-}" ]; then  # per-kernel times of eager decode steps (ncu, clocks left alone)
       NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
       $NCU --clock-control none --metrics gpu__time_duration.sum --csv -c ${PROF} $K bench -m $M -p 0 -n 2 -r 1 --device cuda --no-graphs > /tmp/w/ncu.csv 2>/tmp/w/ncu.err

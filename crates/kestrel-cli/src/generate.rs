@@ -4,10 +4,10 @@
 use crate::commands::info::human;
 use crate::source::ModelSource;
 use anyhow::{anyhow, Result};
+use kestrel_engine::StepModel;
 use kestrel_engine::{
     plan_pool, Engine, EngineConfig, Event, FinishReason, GenerateRequest, PoolPlan, Usage,
 };
-use kestrel_engine::StepModel;
 use kestrel_models::KvType;
 use kestrel_tokenizer::ChatTemplate;
 

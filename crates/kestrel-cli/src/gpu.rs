@@ -47,19 +47,37 @@ pub fn open_cuda(
 ) -> Result<(CudaModel, GpuPlan)> {
     let gpu = Gpu::open(ordinal)?;
     let (free, _) = gpu.memory()?;
-    let plan = kestrel_cuda::plan::plan(&src.config, src.tensor_bytes(), ctx, parallel, block_size, GPU_MAX_BATCH, free as u64, max_memory)?;
+    let plan = kestrel_cuda::plan::plan(
+        &src.config,
+        src.tensor_bytes(),
+        ctx,
+        parallel,
+        block_size,
+        GPU_MAX_BATCH,
+        free as u64,
+        max_memory,
+    )?;
     if !quiet {
         eprintln!(
             "device: {} ({}), kernels {} in {:.0} ms",
             gpu.name,
             gpu.arch,
-            if gpu.kernels_cached { "from the cache" } else { "compiled by NVRTC" },
+            if gpu.kernels_cached {
+                "from the cache"
+            } else {
+                "compiled by NVRTC"
+            },
             gpu.kernels_ms
         );
         eprintln!("{plan}");
     }
     let store = src.tensor_store()?;
-    let shape = GpuShape { n_blocks: plan.n_blocks, block_size, max_batch: GPU_MAX_BATCH, max_context: ctx };
+    let shape = GpuShape {
+        n_blocks: plan.n_blocks,
+        block_size,
+        max_batch: GPU_MAX_BATCH,
+        max_context: ctx,
+    };
     let model = CudaModel::load(gpu, src.config.clone(), &store, &shape)?;
     Ok((model, plan))
 }
@@ -81,7 +99,9 @@ pub fn step_model(
     let block_size = crate::generate::BLOCK_SIZE;
     let cuda = match device {
         Device::Cpu => None,
-        Device::Cuda(n) => Some(open_cuda(src, n, ctx, parallel, block_size, max_memory, quiet)?),
+        Device::Cuda(n) => Some(open_cuda(
+            src, n, ctx, parallel, block_size, max_memory, quiet,
+        )?),
         Device::Auto => match open_cuda(src, 0, ctx, parallel, block_size, max_memory, quiet) {
             Ok(m) => Some(m),
             Err(e) => {
@@ -136,16 +156,41 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Runs `tokens` at positions `start..` of the one bench sequence (blocks 0, 1, 2, ...).
-fn feed(m: &mut CudaModel, table: &[u32], tokens: &[u32], start: usize, want: bool) -> Result<Vec<f32>> {
-    Ok(m.forward(&[SeqIn { tokens, start, blocks: table, want_logits: want, all_logits: false }])?)
+fn feed(
+    m: &mut CudaModel,
+    table: &[u32],
+    tokens: &[u32],
+    start: usize,
+    want: bool,
+) -> Result<Vec<f32>> {
+    Ok(m.forward(&[SeqIn {
+        tokens,
+        start,
+        blocks: table,
+        want_logits: want,
+        all_logits: false,
+    }])?)
 }
 
 /// llama-bench's pp / tg / depth on the GPU: prompt-eval tok/s over P tokens and decode tok/s
 /// over N tokens (greedy, logits copied back every step), after D tokens of depth; median of
 /// `reps` after one warm-up; decode beside the bandwidth limit (weight bytes per token / 4.65
 /// TB/s, the H200's measured read bandwidth).
-pub fn bench(src: &ModelSource, ordinal: usize, ps: &[usize], ns: &[usize], ds: &[usize], reps: usize, no_graphs: bool) -> Result<()> {
-    let longest = ds.iter().max().unwrap_or(&0) + ps.iter().max().unwrap_or(&0).max(ns.iter().max().unwrap_or(&0)) + 1;
+pub fn bench(
+    src: &ModelSource,
+    ordinal: usize,
+    ps: &[usize],
+    ns: &[usize],
+    ds: &[usize],
+    reps: usize,
+    no_graphs: bool,
+) -> Result<()> {
+    let longest = ds.iter().max().unwrap_or(&0)
+        + ps.iter()
+            .max()
+            .unwrap_or(&0)
+            .max(ns.iter().max().unwrap_or(&0))
+        + 1;
     let (mut m, _) = open_cuda(src, ordinal, longest, 0, 16, None, false)?;
     m.use_graphs = !no_graphs;
     let table: Vec<u32> = (0..longest.div_ceil(16) as u32).collect();
@@ -154,9 +199,17 @@ pub fn bench(src: &ModelSource, ordinal: usize, ps: &[usize], ns: &[usize], ds: 
     const BW: f64 = 4.65e12;
     println!("| model | device | test | tok/s (median of {reps}) | min | max | note |");
     println!("|---|---|---|---:|---:|---:|---|");
-    let name = src.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = src
+        .path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let dev = m.gpu().name.clone();
-    let prompt = |n: usize, seed: u64| -> Vec<u32> { (0..n as u64).map(|i| ((i * 7919 + seed * 104729) % vocab) as u32).collect() };
+    let prompt = |n: usize, seed: u64| -> Vec<u32> {
+        (0..n as u64)
+            .map(|i| ((i * 7919 + seed * 104729) % vocab) as u32)
+            .collect()
+    };
     for &d in ds {
         for &p in ps.iter().filter(|&&p| p > 0) {
             let mut v = Vec::new();
@@ -172,8 +225,19 @@ pub fn bench(src: &ModelSource, ordinal: usize, ps: &[usize], ns: &[usize], ds: 
                     v.push(p as f64 / s);
                 }
             }
-            let (lo, hi) = (v.iter().cloned().fold(f64::MAX, f64::min), v.iter().cloned().fold(0.0, f64::max));
-            println!("| {name} | {dev} | pp{p}{} | {:.0} | {lo:.0} | {hi:.0} | |", if d > 0 { format!(" @ d{d}") } else { String::new() }, median(&mut v));
+            let (lo, hi) = (
+                v.iter().cloned().fold(f64::MAX, f64::min),
+                v.iter().cloned().fold(0.0, f64::max),
+            );
+            println!(
+                "| {name} | {dev} | pp{p}{} | {:.0} | {lo:.0} | {hi:.0} | |",
+                if d > 0 {
+                    format!(" @ d{d}")
+                } else {
+                    String::new()
+                },
+                median(&mut v)
+            );
         }
         for &n in ns.iter().filter(|&&n| n > 0) {
             let mut v = Vec::new();
@@ -192,7 +256,10 @@ pub fn bench(src: &ModelSource, ordinal: usize, ps: &[usize], ns: &[usize], ds: 
                     v.push(n as f64 / s);
                 }
             }
-            let (lo, hi) = (v.iter().cloned().fold(f64::MAX, f64::min), v.iter().cloned().fold(0.0, f64::max));
+            let (lo, hi) = (
+                v.iter().cloned().fold(f64::MAX, f64::min),
+                v.iter().cloned().fold(0.0, f64::max),
+            );
             let med = median(&mut v);
             let limit = BW / wbytes as f64;
             println!(
@@ -210,8 +277,16 @@ pub fn bench(src: &ModelSource, ordinal: usize, ps: &[usize], ns: &[usize], ds: 
 fn st_tensor(st: &safetensors::SafeTensors, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
     let v = st.tensor(name)?;
     let vals = match v.dtype() {
-        safetensors::Dtype::F32 => v.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        safetensors::Dtype::I32 => v.data().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect(),
+        safetensors::Dtype::F32 => v
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        safetensors::Dtype::I32 => v
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+            .collect(),
         other => anyhow::bail!("{name}: unexpected dtype {other:?}"),
     };
     Ok((v.shape().to_vec(), vals))
@@ -234,23 +309,45 @@ fn gpu_greedy(m: &mut CudaModel, table: &[u32], prompt: &[u32], n: usize) -> Res
 /// `kestrel gpu-check`: the op harness, mat-vec speed, and for each model the GPU's logits and
 /// greedy tokens against the CPU path of this binary (and against the fixture's reference
 /// logits when a `reference.safetensors` sits beside it). Exit status 1 when a check fails.
-pub fn check(ordinal: usize, models: &[std::path::PathBuf], prompt_len: usize, gen: usize, perf: bool) -> Result<()> {
+pub fn check(
+    ordinal: usize,
+    models: &[std::path::PathBuf],
+    prompt_len: usize,
+    gen: usize,
+    perf: bool,
+) -> Result<()> {
     let mut failed = 0usize;
     {
         let mut gpu = Gpu::open(ordinal)?;
         println!(
             "device: {} ({}, {} SMs), kernels {} in {:.0} ms",
-            gpu.name, gpu.arch, gpu.sms,
-            if gpu.kernels_cached { "from the cache" } else { "compiled by NVRTC" },
+            gpu.name,
+            gpu.arch,
+            gpu.sms,
+            if gpu.kernels_cached {
+                "from the cache"
+            } else {
+                "compiled by NVRTC"
+            },
             gpu.kernels_ms
         );
         let t = Instant::now();
         let results = kestrel_cuda::check::run_all(&mut gpu, 1)?;
         for r in &results {
-            println!("{} {:<90} rel err {:.2e} (tol {:.0e})", if r.pass() { "ok  " } else { "FAIL" }, r.op, r.err, r.tol);
+            println!(
+                "{} {:<90} rel err {:.2e} (tol {:.0e})",
+                if r.pass() { "ok  " } else { "FAIL" },
+                r.op,
+                r.err,
+                r.tol
+            );
         }
         let bad = results.iter().filter(|r| !r.pass()).count();
-        println!("op harness: {} cases, {bad} failed ({:.1} s)", results.len(), t.elapsed().as_secs_f64());
+        println!(
+            "op harness: {} cases, {bad} failed ({:.1} s)",
+            results.len(),
+            t.elapsed().as_secs_f64()
+        );
         failed += bad;
         if perf {
             let mut rng = kestrel_cuda::check::Rng::new(7);
@@ -264,7 +361,10 @@ pub fn check(ordinal: usize, models: &[std::path::PathBuf], prompt_len: usize, g
         let name = path.display();
         let vocab = src.config.vocab_size;
         // fixture reference (transformers, f64)
-        let reference = path.parent().map(|d| d.join("reference.safetensors")).filter(|p| p.exists());
+        let reference = path
+            .parent()
+            .map(|d| d.join("reference.safetensors"))
+            .filter(|p| p.exists());
         let ctx = (prompt_len + gen + 8).max(400);
         let (mut gm, _) = open_cuda(&src, ordinal, ctx, 0, 16, None, true)?;
         let table: Vec<u32> = (0..ctx.div_ceil(16) as u32).collect();
@@ -272,11 +372,23 @@ pub fn check(ordinal: usize, models: &[std::path::PathBuf], prompt_len: usize, g
             let bytes = std::fs::read(&refp)?;
             let st = safetensors::SafeTensors::deserialize(&bytes)?;
             for i in 0.. {
-                let Ok((_, toks)) = st_tensor(&st, &format!("tokens_{i}")) else { break };
+                let Ok((_, toks)) = st_tensor(&st, &format!("tokens_{i}")) else {
+                    break;
+                };
                 let toks: Vec<u32> = toks.iter().map(|&t| t as u32).collect();
                 let (_, want) = st_tensor(&st, &format!("logits_{i}"))?;
-                let got = gm.forward(&[SeqIn { tokens: &toks, start: 0, blocks: &table, want_logits: true, all_logits: true }])?;
-                let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                let got = gm.forward(&[SeqIn {
+                    tokens: &toks,
+                    start: 0,
+                    blocks: &table,
+                    want_logits: true,
+                    all_logits: true,
+                }])?;
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
                 let (_, greedy) = st_tensor(&st, &format!("greedy_{i}"))?;
                 let want_g: Vec<u32> = greedy.iter().map(|&t| t as u32).collect();
                 let got_g = gpu_greedy(&mut gm, &table, &toks, want_g.len())?;
@@ -287,16 +399,29 @@ pub fn check(ordinal: usize, models: &[std::path::PathBuf], prompt_len: usize, g
         }
         // CPU path of this binary (quantized kernels) against the GPU
         let mut cpu = src.load_model(LoadOptions::default(), true)?;
-        let prompt: Vec<u32> = (0..prompt_len as u64).map(|i| ((i * 7919 + 17) % vocab as u64) as u32).collect();
+        let prompt: Vec<u32> = (0..prompt_len as u64)
+            .map(|i| ((i * 7919 + 17) % vocab as u64) as u32)
+            .collect();
         let mut cache = cpu.new_cache(ctx, KvType::F16);
         let cpu_logits = cpu.forward(&prompt, &mut cache, kestrel_models::Logits::All)?;
-        let gpu_logits = gm.forward(&[SeqIn { tokens: &prompt, start: 0, blocks: &table, want_logits: true, all_logits: true }])?;
+        let gpu_logits = gm.forward(&[SeqIn {
+            tokens: &prompt,
+            start: 0,
+            blocks: &table,
+            want_logits: true,
+            all_logits: true,
+        }])?;
         // worst |a - b| over each row's spread (max - min of b), and the largest |a - b|
         let spread_err = |a: &[f32], b: &[f32]| -> (f64, f32) {
             let (mut worst, mut abs) = (0f64, 0f32);
             for (c, g) in b.chunks_exact(vocab).zip(a.chunks_exact(vocab)) {
-                let spread = c.iter().cloned().fold(f32::MIN, f32::max) - c.iter().cloned().fold(f32::MAX, f32::min);
-                let e = c.iter().zip(g).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+                let spread = c.iter().cloned().fold(f32::MIN, f32::max)
+                    - c.iter().cloned().fold(f32::MAX, f32::min);
+                let e = c
+                    .iter()
+                    .zip(g)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
                 abs = abs.max(e);
                 worst = worst.max((e / spread.max(1e-9)) as f64);
             }
@@ -308,7 +433,11 @@ pub fn check(ordinal: usize, models: &[std::path::PathBuf], prompt_len: usize, g
         let n_ref = prompt_len.min(16);
         cpu.set_matmul_path(kestrel_models::MatmulPath::Reference);
         let mut ref_cache = cpu.new_cache(ctx, KvType::F32);
-        let ref_logits = cpu.forward(&prompt[..n_ref], &mut ref_cache, kestrel_models::Logits::All)?;
+        let ref_logits = cpu.forward(
+            &prompt[..n_ref],
+            &mut ref_cache,
+            kestrel_models::Logits::All,
+        )?;
         cpu.set_matmul_path(kestrel_models::MatmulPath::Quantized);
         let (g_ref, _) = spread_err(&gpu_logits[..n_ref * vocab], &ref_logits);
         let (q_ref, _) = spread_err(&cpu_logits[..n_ref * vocab], &ref_logits);
@@ -330,7 +459,11 @@ pub fn check(ordinal: usize, models: &[std::path::PathBuf], prompt_len: usize, g
             last = cpu.forward(&[t], &mut cache, kestrel_models::Logits::Last)?;
         }
         let gpu_toks = gpu_greedy(&mut gm, &table, &prompt, gen)?;
-        let same = cpu_toks.iter().zip(&gpu_toks).take_while(|(a, b)| a == b).count();
+        let same = cpu_toks
+            .iter()
+            .zip(&gpu_toks)
+            .take_while(|(a, b)| a == b)
+            .count();
         // a near-tie: the CPU's top two differ by less than twice the largest logit difference
         let near_tie = same < gen && margins[same] < 2.0 * max_abs;
         gm.use_graphs = false;
@@ -366,7 +499,12 @@ pub fn bench_device(device: Device) -> Result<Option<usize>> {
 
 /// `kestrel logits` on the GPU: every position's logits, or None when the CPU should run
 /// (`--device cpu`, `--reference`, or `auto` without a GPU).
-pub fn logits(src: &ModelSource, ids: &[u32], device: Device, reference: bool) -> Result<Option<Vec<f32>>> {
+pub fn logits(
+    src: &ModelSource,
+    ids: &[u32],
+    device: Device,
+    reference: bool,
+) -> Result<Option<Vec<f32>>> {
     let ordinal = match (device, reference) {
         (_, true) | (Device::Cpu, _) => return Ok(None),
         (Device::Cuda(n), _) => n,
@@ -377,7 +515,13 @@ pub fn logits(src: &ModelSource, ids: &[u32], device: Device, reference: bool) -
     };
     let (mut m, _) = open_cuda(src, ordinal, ids.len(), 0, 16, None, true)?;
     let table: Vec<u32> = (0..ids.len().div_ceil(16) as u32).collect();
-    Ok(Some(m.forward(&[SeqIn { tokens: ids, start: 0, blocks: &table, want_logits: true, all_logits: true }])?))
+    Ok(Some(m.forward(&[SeqIn {
+        tokens: ids,
+        start: 0,
+        blocks: &table,
+        want_logits: true,
+        all_logits: true,
+    }])?))
 }
 
 /// Compiles the kernels with NVRTC for `arch` and reports the time (no GPU needed).
@@ -385,6 +529,10 @@ pub fn compile_only(arch: &str) -> Result<()> {
     kestrel_cuda::probe::nvrtc()?;
     let t = Instant::now();
     let bin = kestrel_cuda::compile::compile(&kestrel_cuda::compile::source(), arch)?;
-    println!("kernels compiled for {arch}: {} bytes in {:.0} ms", bin.len(), t.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "kernels compiled for {arch}: {} bytes in {:.0} ms",
+        bin.len(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
     Ok(())
 }

@@ -113,7 +113,14 @@ pub fn compile(src: &str, arch: &str) -> Result<Vec<u8>> {
     unsafe {
         let mut prog: nv::nvrtcProgram = std::ptr::null_mut();
         check(
-            nv::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null()),
+            nv::nvrtcCreateProgram(
+                &mut prog,
+                csrc.as_ptr(),
+                name.as_ptr(),
+                0,
+                std::ptr::null(),
+                std::ptr::null(),
+            ),
             arch,
             "create",
         )?;
@@ -125,13 +132,19 @@ pub fn compile(src: &str, arch: &str) -> Result<Vec<u8>> {
             nv::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut _);
             Err(CudaError::Compile {
                 arch: arch.into(),
-                log: String::from_utf8_lossy(&log).trim_end_matches('\0').to_string(),
+                log: String::from_utf8_lossy(&log)
+                    .trim_end_matches('\0')
+                    .to_string(),
             })
         } else {
             let mut n = 0usize;
             check(nv::nvrtcGetCUBINSize(prog, &mut n), arch, "cubin size").and_then(|_| {
                 let mut bin = vec![0u8; n];
-                check(nv::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut _), arch, "cubin")?;
+                check(
+                    nv::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut _),
+                    arch,
+                    "cubin",
+                )?;
                 Ok(bin)
             })
         };

@@ -5,7 +5,9 @@
 use crate::error::{CudaError, Result};
 use crate::{compile, probe};
 use cudarc::cublas::sys as bsys;
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -77,7 +79,10 @@ impl Gpu {
         // SAFETY: creates a handle and binds it to our stream.
         unsafe {
             blas_ok(bsys::cublasCreate_v2(&mut blas), "create")?;
-            blas_ok(bsys::cublasSetStream_v2(blas, stream.cu_stream() as _), "set stream")?;
+            blas_ok(
+                bsys::cublasSetStream_v2(blas, stream.cu_stream() as _),
+                "set stream",
+            )?;
         }
         Ok(Self {
             name: ctx.name()?,
@@ -164,32 +169,67 @@ impl Gpu {
 
     pub fn copy(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
         // SAFETY: both ranges lie in live device allocations.
-        unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())? };
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())?
+        };
         Ok(())
     }
 
     pub fn read_f32(&self, src: u64, n: usize) -> Result<Vec<f32>> {
         let mut b = vec![0u8; n * 4];
         self.read(src, &mut b)?;
-        Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     /// `C[n, m] (+)= A[m, k] · B[n, k]ᵀ` in row-major terms: weights A (f16 rows), activations
     /// B (f16 rows), output C f32 (beta 1 adds into C). cuBLAS is column-major, so this is
     /// `C' = A'ᵀ B'` on the same bytes.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_f16(&self, m: usize, n: usize, k: usize, a: u64, b: u64, c: u64, ldc: usize, beta: f32) -> Result<()> {
+    pub fn gemm_f16(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        b: u64,
+        c: u64,
+        ldc: usize,
+        beta: f32,
+    ) -> Result<()> {
         self.gemm(bsys::cudaDataType::CUDA_R_16F, m, n, k, a, b, c, ldc, beta)
     }
 
     /// As [`Gpu::gemm_f16`] with f32 operands (F32 weights: tiny models, exact checks).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_f32(&self, m: usize, n: usize, k: usize, a: u64, b: u64, c: u64, ldc: usize, beta: f32) -> Result<()> {
+    pub fn gemm_f32(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        b: u64,
+        c: u64,
+        ldc: usize,
+        beta: f32,
+    ) -> Result<()> {
         self.gemm(bsys::cudaDataType::CUDA_R_32F, m, n, k, a, b, c, ldc, beta)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn gemm(&self, ty: bsys::cudaDataType, m: usize, n: usize, k: usize, a: u64, b: u64, c: u64, ldc: usize, beta: f32) -> Result<()> {
+    fn gemm(
+        &self,
+        ty: bsys::cudaDataType,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        b: u64,
+        c: u64,
+        ldc: usize,
+        beta: f32,
+    ) -> Result<()> {
         let (alpha, beta) = (1.0f32, beta);
         // SAFETY: the pointers address device buffers of the stated shapes.
         unsafe {

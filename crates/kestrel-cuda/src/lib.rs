@@ -17,6 +17,7 @@ pub mod check;
 pub mod compile;
 pub mod device;
 pub mod error;
+mod matmul;
 pub mod model;
 pub mod ops;
 pub mod plan;

@@ -9,8 +9,8 @@ use crate::ops::{Pending, MATVEC_MAX};
 use crate::weights::DevMatrix;
 use cudarc::driver::sys;
 use kestrel_models::backend::{dense, Buf};
-use kestrel_models::{recipes, Arch, ModelConfig};
 use kestrel_models::weights::TensorStore;
+use kestrel_models::{recipes, Arch, ModelConfig};
 use std::collections::HashMap;
 
 /// One layer's weights on the device.
@@ -107,7 +107,9 @@ impl Scratch {
     pub fn bytes_for(cfg: &ModelConfig, max_batch: usize, max_table: usize) -> u64 {
         let t = max_batch as u64;
         let widest = cfg.dim.max(cfg.q_dim()).max(cfg.ffn_dim) as u64;
-        let f32s = t * (3 * cfg.dim + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.ffn_dim + cfg.vocab_size) as u64;
+        let f32s = t
+            * (3 * cfg.dim + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.ffn_dim + cfg.vocab_size)
+                as u64;
         let q8 = MATVEC_MAX as u64 * widest * 3;
         let act16 = t * widest * 2;
         let partial = Self::partial_floats(cfg, max_batch) as u64 * 4;
@@ -226,8 +228,12 @@ pub struct GpuShape {
 impl CudaModel {
     /// Uploads the weights of `store` and allocates the KV pool and scratch.
     pub fn load(gpu: Gpu, cfg: ModelConfig, store: &TensorStore, shape: &GpuShape) -> Result<Self> {
-        let family = dense::Family::of(cfg.arch)
-            .ok_or_else(|| CudaError::Unsupported(format!("the {} architecture (dense llama, qwen2, qwen3 only)", cfg.arch.name())))?;
+        let family = dense::Family::of(cfg.arch).ok_or_else(|| {
+            CudaError::Unsupported(format!(
+                "the {} architecture (dense llama, qwen2, qwen3 only)",
+                cfg.arch.name()
+            ))
+        })?;
         gpu.bind()?;
         let load_layer = match cfg.arch {
             Arch::Llama => recipes::llama::load_layer,
@@ -247,7 +253,11 @@ impl CudaModel {
                 wv: m(&a.wv)?,
                 wo: m(&a.wo)?,
                 bias: match &a.bias {
-                    Some(b) => [Some(gpu.upload_f32(&b.q)?), Some(gpu.upload_f32(&b.k)?), Some(gpu.upload_f32(&b.v)?)],
+                    Some(b) => [
+                        Some(gpu.upload_f32(&b.q)?),
+                        Some(gpu.upload_f32(&b.k)?),
+                        Some(gpu.upload_f32(&b.v)?),
+                    ],
                     None => [None, None, None],
                 },
                 qk_norm: match &a.qk_norm {
@@ -259,12 +269,21 @@ impl CudaModel {
                 up: m(&l.mlp.up)?,
                 down: m(&l.mlp.down)?,
             };
-            weight_bytes += [&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down].iter().map(|m| m.bytes() as u64).sum::<u64>();
+            weight_bytes += [&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down]
+                .iter()
+                .map(|m| m.bytes() as u64)
+                .sum::<u64>();
             layers.push(d);
         }
-        let embed = DevMatrix::upload(&gpu, &store.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)?)?;
+        let embed = DevMatrix::upload(
+            &gpu,
+            &store.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)?,
+        )?;
         let output = if store.contains("output.weight") {
-            Some(DevMatrix::upload(&gpu, &store.matrix("output.weight", cfg.vocab_size, cfg.dim)?)?)
+            Some(DevMatrix::upload(
+                &gpu,
+                &store.matrix("output.weight", cfg.vocab_size, cfg.dim)?,
+            )?)
         } else {
             None
         };
@@ -287,7 +306,12 @@ impl CudaModel {
         Ok(Self {
             config: cfg,
             gpu,
-            weights: WeightsDev { layers, embed, output, output_norm },
+            weights: WeightsDev {
+                layers,
+                embed,
+                output,
+                output_norm,
+            },
             kv,
             scratch,
             step: StepState::default(),
@@ -307,10 +331,18 @@ impl CudaModel {
     /// Bytes of weights one decode step reads (every matrix, one embedding row).
     pub fn weight_bytes_per_token(&self) -> u64 {
         let w = &self.weights;
-        let mats: u64 = w.layers.iter().map(|l| {
-            [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down].iter().map(|m| m.bytes() as u64).sum::<u64>()
-        }).sum();
-        mats + w.output.as_ref().unwrap_or(&w.embed).bytes() as u64 + (w.embed.bytes() / w.embed.rows) as u64
+        let mats: u64 = w
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.bytes() as u64)
+                    .sum::<u64>()
+            })
+            .sum();
+        mats + w.output.as_ref().unwrap_or(&w.embed).bytes() as u64
+            + (w.embed.bytes() / w.embed.rows) as u64
     }
 
     /// One step over the new tokens of several sequences; returns the logits of those that
@@ -323,11 +355,18 @@ impl CudaModel {
                 return Err(kestrel_models::ModelError::BadToken { id, vocab }.into());
             }
             let end = s.start + s.tokens.len();
-            if end > s.blocks.len() * bs || s.blocks.iter().any(|&b| b as usize >= self.kv.n_blocks) {
-                return Err(kestrel_models::ModelError::ContextFull { needed: end, capacity: s.blocks.len() * bs }.into());
+            if end > s.blocks.len() * bs || s.blocks.iter().any(|&b| b as usize >= self.kv.n_blocks)
+            {
+                return Err(kestrel_models::ModelError::ContextFull {
+                    needed: end,
+                    capacity: s.blocks.len() * bs,
+                }
+                .into());
             }
             if s.blocks.len() > self.max_blocks_per_seq {
-                return Err(CudaError::Plan(format!("a sequence of {end} tokens is longer than the planned context")));
+                return Err(CudaError::Plan(format!(
+                    "a sequence of {end} tokens is longer than the planned context"
+                )));
             }
         }
         let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
@@ -341,7 +380,13 @@ impl CudaModel {
             let mut i = 0;
             while i < n {
                 let j = (i + self.max_batch).min(n);
-                let part = SeqIn { tokens: &s.tokens[i..j], start: s.start + i, blocks: s.blocks, want_logits: s.want_logits && j == n, all_logits: s.all_logits };
+                let part = SeqIn {
+                    tokens: &s.tokens[i..j],
+                    start: s.start + i,
+                    blocks: s.blocks,
+                    want_logits: s.want_logits && j == n,
+                    all_logits: s.all_logits,
+                };
                 out.extend(self.pass(&[part])?);
                 i = j;
             }
@@ -380,7 +425,9 @@ impl CudaModel {
             return Ok(Vec::new());
         }
         if tables.len() > self.scratch.tables_cap {
-            return Err(CudaError::Plan("block tables exceed the planned size".into()));
+            return Err(CudaError::Plan(
+                "block tables exceed the planned size".into(),
+            ));
         }
         // one upload: five sections of max_batch, then the tables
         let mb = self.scratch.max_batch;
@@ -412,7 +459,10 @@ impl CudaModel {
         }
         let mut out = vec![0u8; n_out * self.config.vocab_size * 4];
         self.gpu.read(self.scratch.logits.ptr, &mut out)?;
-        Ok(out.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(out
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     fn run_recipe(&mut self) -> Result<()> {
@@ -425,14 +475,21 @@ impl CudaModel {
     fn replay(&mut self, t: usize, n_out: usize) -> Result<()> {
         if !self.graphs.0.contains_key(&(t, n_out)) {
             // load every kernel before capture (module calls are not captured)
-            self.run_recipe().map_err(|e| CudaError::Other(format!("decode step before capture: {e}")))?;
-            self.step = StepState { t, n_out, n_splits: DECODE_SPLITS, ..StepState::default() };
+            self.run_recipe()
+                .map_err(|e| CudaError::Other(format!("decode step before capture: {e}")))?;
+            self.step = StepState {
+                t,
+                n_out,
+                n_splits: DECODE_SPLITS,
+                ..StepState::default()
+            };
             let stream = self.gpu.stream.clone();
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
             let r = self.run_recipe();
             let g = stream.end_capture(sys::CUgraphInstantiate_flags(0));
             r.map_err(|e| CudaError::Other(format!("capturing the decode step: {e}")))?;
-            let g = g.map_err(|e| CudaError::Other(format!("instantiating the decode graph: {e}")))?
+            let g = g
+                .map_err(|e| CudaError::Other(format!("instantiating the decode graph: {e}")))?
                 .ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
             self.graphs.0.insert((t, n_out), g);
             // the eager run above already computed this step
@@ -450,7 +507,10 @@ impl CudaModel {
         let rb = self.kv.row_bytes;
         let bs = self.kv.block_size;
         for l in 0..self.config.n_layers {
-            for (base_of, _) in [(KvDev::k_layer as fn(&KvDev, usize) -> u64, 0), (KvDev::v_layer, 1)] {
+            for (base_of, _) in [
+                (KvDev::k_layer as fn(&KvDev, usize) -> u64, 0),
+                (KvDev::v_layer, 1),
+            ] {
                 let base = base_of(&self.kv, l);
                 let s = base + (src as usize * bs * rb) as u64;
                 let d = base + (dst as usize * bs * rb) as u64;
@@ -479,10 +539,19 @@ impl kestrel_engine::StepModel for CudaModel {
     fn block_size(&self) -> usize {
         self.kv.block_size
     }
-    fn forward(&mut self, seqs: &[kestrel_engine::SeqStep<'_>]) -> std::result::Result<Vec<f32>, String> {
+    fn forward(
+        &mut self,
+        seqs: &[kestrel_engine::SeqStep<'_>],
+    ) -> std::result::Result<Vec<f32>, String> {
         let s: Vec<SeqIn> = seqs
             .iter()
-            .map(|s| SeqIn { tokens: s.tokens, start: s.start, blocks: s.blocks, want_logits: s.want_logits, all_logits: false })
+            .map(|s| SeqIn {
+                tokens: s.tokens,
+                start: s.start,
+                blocks: s.blocks,
+                want_logits: s.want_logits,
+                all_logits: false,
+            })
             .collect();
         CudaModel::forward(self, &s).map_err(|e| e.to_string())
     }

@@ -10,6 +10,7 @@
 //! - The residual add is the mat-vec's epilogue (`matmul_add`), SwiGLU the gate/up mat-vec's.
 
 use crate::error::{CudaError, Result};
+pub use crate::matmul::warps_per_row;
 use crate::model::CudaModel;
 use crate::weights::DevMatrix;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -30,24 +31,6 @@ pub struct Pending {
     pub stage: u8,
 }
 
-/// Warps that share one row of the mat-vec: long rows get more loads in flight (units of 64
-/// weights for the K-quants, 32 for the others, 8 for f16/f32; a lane takes one at a time).
-pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
-    use crate::weights::Kind;
-    let units = match kind {
-        Kind::Q4K | Kind::Q6K => cols / 64,
-        Kind::F32 | Kind::F16 => return if cols >= 4096 { 4 } else { 1 },
-        _ => cols / 32,
-    };
-    if units >= 128 {
-        4
-    } else if units >= 64 {
-        2
-    } else {
-        1
-    }
-}
-
 /// The attention kernel for a head size: four positions per warp step (`attn_split_gE`,
 /// head_dim = 8 E) where the size allows, else one position per warp step.
 pub fn attn_kernel(head_dim: usize) -> String {
@@ -57,7 +40,7 @@ pub fn attn_kernel(head_dim: usize) -> String {
     }
 }
 
-fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: grid,
         block_dim: (block, 1, 1),
@@ -67,7 +50,7 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 
 impl CudaModel {
     /// (device address, row width) of an activation buffer.
-    fn buf(&self, b: Buf) -> (u64, usize) {
+    pub(crate) fn buf(&self, b: Buf) -> (u64, usize) {
         let c = &self.config;
         let s = &self.scratch;
         match b {
@@ -84,20 +67,23 @@ impl CudaModel {
     }
 
     /// Rows of a buffer in this step.
-    fn rows(&self, b: Buf) -> usize {
+    pub(crate) fn rows(&self, b: Buf) -> usize {
         match b {
             Buf::Picked | Buf::Logits => self.step.n_out,
             _ => self.step.t,
         }
     }
 
-    fn matrix(&self, w: W) -> Result<&DevMatrix> {
+    pub(crate) fn matrix(&self, w: W) -> Result<&DevMatrix> {
         let ws = &self.weights;
         let m = match w {
             W::Embed => &ws.embed,
             W::Output => ws.output.as_ref().unwrap_or(&ws.embed),
             W::Layer(l, p) => {
-                let l = ws.layers.get(l).ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
+                let l = ws
+                    .layers
+                    .get(l)
+                    .ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
                 match p {
                     Param::Wq => &l.wq,
                     Param::Wk => &l.wk,
@@ -115,12 +101,15 @@ impl CudaModel {
     }
 
     /// Device address of a vector weight (norms, biases); 0 when the model has none.
-    fn vector(&self, w: W) -> Result<u64> {
+    pub(crate) fn vector(&self, w: W) -> Result<u64> {
         let ws = &self.weights;
         Ok(match w {
             W::OutputNorm => ws.output_norm.ptr,
             W::Layer(l, p) => {
-                let l = ws.layers.get(l).ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
+                let l = ws
+                    .layers
+                    .get(l)
+                    .ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
                 let opt = |b: &Option<crate::device::DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
                 match p {
                     Param::AttnNorm => l.attn_norm.ptr,
@@ -138,7 +127,7 @@ impl CudaModel {
     }
 
     /// Marks `b` as rewritten: its 8-bit / f16 copies are stale.
-    fn wrote(&mut self, b: Buf) {
+    pub(crate) fn wrote(&mut self, b: Buf) {
         if self.step.q8_of == Some(b) {
             self.step.q8_of = None;
         }
@@ -151,50 +140,6 @@ impl CudaModel {
     pub(crate) fn flush(&mut self) -> Result<()> {
         self.flush_mm()?;
         self.flush_epilogue()
-    }
-
-    /// Runs the deferred mat-vecs (one fused launch for two or three).
-    fn flush_mm(&mut self) -> Result<()> {
-        let pend = std::mem::take(&mut self.step.mm);
-        let Some(x) = self.step.mm_x.take() else { return Ok(()) };
-        if pend.len() == 1 {
-            let (w, out) = pend[0];
-            let (op, _) = self.buf(out);
-            self.mm_into(w, None, x, op, false)?;
-            self.wrote(out);
-            return Ok(());
-        }
-        let mats: Vec<(u64, i32, i32, u64)> = pend
-            .iter()
-            .map(|&(w, out)| -> Result<_> {
-                let m = self.matrix(w)?;
-                Ok((m.buf.ptr, m.rows as i32, m.kind as i32, self.buf(out).0))
-            })
-            .collect::<Result<_>>()?;
-        if pend.iter().any(|&(w, _)| self.matrix(w).is_ok_and(|m| m.kind.int8_activations())) {
-            self.quantize(x)?;
-        }
-        let rows = self.rows(x);
-        let (xp, cols) = self.buf(x);
-        let nt = rows.next_power_of_two();
-        let f = self.gpu.func(&format!("mvx_{nt}"))?;
-        let none = (0u64, 0i32, 0i32, 0u64);
-        let (a, b, c) = (mats[0], mats[1], mats.get(2).copied().unwrap_or(none));
-        let (q, qd, ci) = (self.scratch.xq.ptr, self.scratch.xd.ptr, cols as i32);
-        let total = (a.1 + b.1 + c.1) as usize;
-        // SAFETY: as in flush_epilogue.
-        unsafe {
-            self.gpu.stream.launch_builder(&f)
-                .arg(&a.0).arg(&a.1).arg(&a.2).arg(&a.3)
-                .arg(&b.0).arg(&b.1).arg(&b.2).arg(&b.3)
-                .arg(&c.0).arg(&c.1).arg(&c.2).arg(&c.3)
-                .arg(&ci).arg(&q).arg(&qd).arg(&xp)
-                .launch(cfg((total.div_ceil(4) as u32, 1, 1), 128))?;
-        }
-        for (_, out) in pend {
-            self.wrote(out);
-        }
-        Ok(())
     }
 
     /// Runs the recorded q/k/v epilogue, if any.
@@ -223,9 +168,25 @@ impl CudaModel {
         // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
         unsafe {
             s.launch_builder(&f)
-                .arg(&q).arg(&k).arg(&v).arg(&n_heads).arg(&n_kv).arg(&hd)
-                .arg(&p.bias[0]).arg(&p.bias[1]).arg(&p.bias[2]).arg(&p.qn).arg(&p.kn).arg(&eps)
-                .arg(&pos).arg(&rope_dim).arg(&theta_scale).arg(&neox).arg(&kc).arg(&vc).arg(&kv_row)
+                .arg(&q)
+                .arg(&k)
+                .arg(&v)
+                .arg(&n_heads)
+                .arg(&n_kv)
+                .arg(&hd)
+                .arg(&p.bias[0])
+                .arg(&p.bias[1])
+                .arg(&p.bias[2])
+                .arg(&p.qn)
+                .arg(&p.kn)
+                .arg(&eps)
+                .arg(&pos)
+                .arg(&rope_dim)
+                .arg(&theta_scale)
+                .arg(&neox)
+                .arg(&kc)
+                .arg(&vc)
+                .arg(&kv_row)
                 .launch(cfg((heads, self.step.t as u32, 1), block))?;
         }
         for b in [Buf::Q, Buf::K, Buf::V] {
@@ -244,149 +205,6 @@ impl CudaModel {
         p.stage = p.stage.max(stage);
         Ok(())
     }
-
-    /// Makes the 8-bit copy of `x` current.
-    fn quantize(&mut self, x: Buf) -> Result<()> {
-        if self.step.q8_of == Some(x) {
-            return Ok(());
-        }
-        let (ptr, n) = self.buf(x);
-        let f = self.gpu.func("quantize_q")?;
-        let (q, qd, ni) = (self.scratch.xq.ptr, self.scratch.xd.ptr, n as i32);
-        // SAFETY: as in flush.
-        unsafe {
-            self.gpu.stream.launch_builder(&f).arg(&ptr).arg(&q).arg(&qd).arg(&ni)
-                .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
-        }
-        self.step.q8_of = Some(x);
-        Ok(())
-    }
-
-    /// Makes the f16 copy of `x` current (the GEMM path).
-    fn to_f16(&mut self, x: Buf) -> Result<()> {
-        if self.step.f16_of == Some(x) {
-            return Ok(());
-        }
-        let (ptr, n) = self.buf(x);
-        let total = (self.rows(x) * n) as u64;
-        let f = self.gpu.func("to_f16")?;
-        let out = self.scratch.act16.ptr;
-        // SAFETY: as in flush.
-        unsafe {
-            self.gpu.stream.launch_builder(&f).arg(&ptr).arg(&out).arg(&total)
-                .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
-        }
-        self.step.f16_of = Some(x);
-        Ok(())
-    }
-
-    /// `out (+)= w · x`, or with `up`: `out = silu(w · x) * (up · x)`.
-    fn mm(&mut self, w: W, up: Option<W>, x: Buf, out: Buf, add: bool) -> Result<()> {
-        self.flush()?;
-        let rows = self.rows(x);
-        let (_, xn) = self.buf(x);
-        let (op, on) = self.buf(out);
-        let (kind, wrows, wcols) = {
-            let m = self.matrix(w)?;
-            (m.kind, m.rows, m.cols)
-        };
-        if wcols != xn || wrows != on {
-            return Err(CudaError::Other(format!("{w:?}: [{wrows}, {wcols}] against rows of {xn} -> {on}")));
-        }
-        if rows == 0 {
-            return Ok(());
-        }
-        match up {
-            Some(u) if self.matrix(u)?.kind != kind || rows > MATVEC_MAX => {
-                // two products (gate into out, up into the spare buffer), then SwiGLU
-                let spare = self.scratch.up.ptr;
-                self.mm_into(w, None, x, op, false)?;
-                self.mm_into(u, None, x, spare, false)?;
-                self.swiglu(op, spare, (rows * wrows) as u64)?;
-            }
-            _ => self.mm_into(w, up, x, op, add)?,
-        }
-        self.wrote(out);
-        Ok(())
-    }
-
-    /// One product into device address `op` (rows of `w.rows`); `up` (same type as `w`, at most
-    /// MATVEC_MAX rows) makes it the fused SwiGLU.
-    fn mm_into(&mut self, w: W, up: Option<W>, x: Buf, op: u64, add: bool) -> Result<()> {
-        let rows = self.rows(x);
-        let (xp, _) = self.buf(x);
-        let (kind, wrows, wcols, wp) = {
-            let m = self.matrix(w)?;
-            (m.kind, m.rows, m.cols, m.buf.ptr)
-        };
-        if rows > MATVEC_MAX {
-            return self.gemm(w, x, op, add);
-        }
-        let up_ptr = match up {
-            Some(u) => self.matrix(u)?.buf.ptr,
-            None => 0,
-        };
-        if kind.int8_activations() {
-            self.quantize(x)?;
-        }
-        let nt = rows.next_power_of_two();
-        let epi = if up.is_some() { 2 } else { add as u32 };
-        let wpr = warps_per_row(kind, wcols);
-        let f = self.gpu.func(&format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()))?;
-        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
-        let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
-        // SAFETY: as in flush.
-        unsafe {
-            self.gpu.stream.launch_builder(&f)
-                .arg(&wp).arg(&up_ptr).arg(&r).arg(&c).arg(&q).arg(&qd).arg(&ld).arg(&xp).arg(&op).arg(&old)
-                .launch(cfg((wrows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
-        }
-        Ok(())
-    }
-
-    fn swiglu(&mut self, gate: u64, up: u64, total: u64) -> Result<()> {
-        let f = self.gpu.func("swiglu")?;
-        // SAFETY: as in flush.
-        unsafe {
-            self.gpu.stream.launch_builder(&f).arg(&gate).arg(&up).arg(&total)
-                .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
-        }
-        Ok(())
-    }
-
-    /// Dequantize `w` to f16 in row chunks and multiply on the tensor cores (cuBLAS).
-    fn gemm(&mut self, w: W, x: Buf, out: u64, add: bool) -> Result<()> {
-        let rows = self.rows(x);
-        let (kind, wrows, wcols, wp) = {
-            let m = self.matrix(w)?;
-            (m.kind, m.rows, m.cols, m.buf.ptr)
-        };
-        let beta = if add { 1.0 } else { 0.0 };
-        if kind == crate::weights::Kind::F32 {
-            // f32 weights multiply as they are, in f32
-            let (xp, _) = self.buf(x);
-            return self.gpu.gemm_f32(wrows, rows, wcols, wp, xp, out, wrows, beta);
-        }
-        self.to_f16(x)?;
-        let chunk = (self.scratch.wf16_elems / wcols).clamp(1, wrows);
-        let deq = self.gpu.func("dequant_f16")?;
-        let (wbuf, act) = (self.scratch.wf16.ptr, self.scratch.act16.ptr);
-        let mut r0 = 0;
-        while r0 < wrows {
-            let n = chunk.min(wrows - r0);
-            let (ty, r, c, r0i, ni) = (kind as i32, wrows as i32, wcols as i32, r0 as i32, n as i32);
-            let total = (n * wcols) as u64;
-            // SAFETY: as in flush.
-            unsafe {
-                self.gpu.stream.launch_builder(&deq)
-                    .arg(&ty).arg(&wp).arg(&r).arg(&c).arg(&r0i).arg(&ni).arg(&wbuf)
-                    .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
-            }
-            self.gpu.gemm_f16(n, rows, wcols, wbuf, act, out + (r0 * 4) as u64, wrows, beta)?;
-            r0 += n;
-        }
-        Ok(())
-    }
 }
 
 impl Ops for CudaModel {
@@ -401,7 +219,15 @@ impl Ops for CudaModel {
         let f = self.gpu.func("embed_rows")?;
         // SAFETY: as in flush.
         unsafe {
-            self.gpu.stream.launch_builder(&f).arg(&ty).arg(&wp).arg(&r).arg(&c).arg(&ids).arg(&op)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&ty)
+                .arg(&wp)
+                .arg(&r)
+                .arg(&c)
+                .arg(&ids)
+                .arg(&op)
                 .launch(cfg((self.step.t as u32, 1, 1), 256))?;
         }
         self.wrote(out);
@@ -418,14 +244,27 @@ impl Ops for CudaModel {
             return Ok(());
         }
         let quant = rows <= MATVEC_MAX && n % 32 == 0;
-        let (q, qd) = if quant { (self.scratch.xq.ptr, self.scratch.xd.ptr) } else { (0, 0) };
+        let (q, qd) = if quant {
+            (self.scratch.xq.ptr, self.scratch.xd.ptr)
+        } else {
+            (0, 0)
+        };
         let (ni, eps) = (n as i32, self.config.rms_eps);
         let f = self.gpu.func("rms_norm_q")?;
         // SAFETY: as in flush.
         unsafe {
             // in place, one block per row must read the row before anyone writes it
             let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
-            self.gpu.stream.launch_builder(&f).arg(&xp).arg(&wp).arg(&op).arg(&q).arg(&qd).arg(&ni).arg(&eps)
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&xp)
+                .arg(&wp)
+                .arg(&op)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ni)
+                .arg(&eps)
                 .launch(cfg((rows as u32, parts, 1), 256))?;
         }
         self.wrote(out);
@@ -468,7 +307,10 @@ impl Ops for CudaModel {
             return self.mm(w, None, x, out, false);
         }
         let int8 = m.kind.int8_activations();
-        let same_kind_class = self.step.mm.iter().all(|&(w2, _)| self.matrix(w2).is_ok_and(|m2| m2.kind.int8_activations() == int8));
+        let same_kind_class = self.step.mm.iter().all(|&(w2, _)| {
+            self.matrix(w2)
+                .is_ok_and(|m2| m2.kind.int8_activations() == int8)
+        });
         if self.step.mm_x != Some(x) || self.step.mm.len() == 3 || !same_kind_class {
             self.flush_mm()?;
         }
@@ -496,7 +338,9 @@ impl Ops for CudaModel {
 
     fn kv_write(&mut self, layer: usize, k: Buf, v: Buf) -> Result<()> {
         if (k, v) != (Buf::K, Buf::V) {
-            return Err(CudaError::Unsupported(format!("kv_write from {k:?}, {v:?}")));
+            return Err(CudaError::Unsupported(format!(
+                "kv_write from {k:?}, {v:?}"
+            )));
         }
         self.record(4, |p| p.kv_layer = Some(layer))
     }
@@ -511,7 +355,11 @@ impl Ops for CudaModel {
         let split = self.gpu.func(&attn_kernel(c.head_dim))?;
         let combine = self.gpu.func("attn_combine")?;
         let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
-        let (kc, vc, bs) = (self.kv.k_layer(layer), self.kv.v_layer(layer), self.kv.block_size as i32);
+        let (kc, vc, bs) = (
+            self.kv.k_layer(layer),
+            self.kv.v_layer(layer),
+            self.kv.block_size as i32,
+        );
         let s = &self.scratch;
         let (pos, off, tables, part) = (s.pos.ptr, s.tbl_off.ptr, s.tables.ptr, s.partial.ptr);
         let (ns, scale) = (n_splits as i32, 1.0 / (c.head_dim as f32).sqrt());
@@ -519,12 +367,33 @@ impl Ops for CudaModel {
         let (xq, xd) = if quant { (s.xq.ptr, s.xd.ptr) } else { (0, 0) };
         // SAFETY: as in flush.
         unsafe {
-            self.gpu.stream.launch_builder(&split)
-                .arg(&qp).arg(&nh).arg(&nkv).arg(&hd).arg(&kc).arg(&vc).arg(&bs)
-                .arg(&pos).arg(&off).arg(&tables).arg(&ns).arg(&scale).arg(&part)
+            self.gpu
+                .stream
+                .launch_builder(&split)
+                .arg(&qp)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&hd)
+                .arg(&kc)
+                .arg(&vc)
+                .arg(&bs)
+                .arg(&pos)
+                .arg(&off)
+                .arg(&tables)
+                .arg(&ns)
+                .arg(&scale)
+                .arg(&part)
                 .launch(cfg((c.n_heads as u32, t as u32, n_splits as u32), 128))?;
-            self.gpu.stream.launch_builder(&combine)
-                .arg(&part).arg(&nh).arg(&hd).arg(&ns).arg(&op).arg(&xq).arg(&xd)
+            self.gpu
+                .stream
+                .launch_builder(&combine)
+                .arg(&part)
+                .arg(&nh)
+                .arg(&hd)
+                .arg(&ns)
+                .arg(&op)
+                .arg(&xq)
+                .arg(&xd)
                 .launch(cfg((t as u32, on.div_ceil(256) as u32, 1), 256))?;
         }
         self.wrote(out);
@@ -543,7 +412,13 @@ impl Ops for CudaModel {
         if self.step.n_out > 0 {
             // SAFETY: as in flush.
             unsafe {
-                self.gpu.stream.launch_builder(&f).arg(&xp).arg(&idx).arg(&ni).arg(&op)
+                self.gpu
+                    .stream
+                    .launch_builder(&f)
+                    .arg(&xp)
+                    .arg(&idx)
+                    .arg(&ni)
+                    .arg(&op)
                     .launch(cfg((self.step.n_out as u32, 1, 1), 256))?;
             }
         }

@@ -120,9 +120,13 @@ mod tests {
 
     #[test]
     fn plan_refuses_with_what_fits() {
-        let e = plan(&cfg(), 1 << 30, 32768, 1, 16, 512, 2 << 30, None).unwrap_err().to_string();
+        let e = plan(&cfg(), 1 << 30, 32768, 1, 16, 512, 2 << 30, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("tokens of KV"), "{e}");
-        let e = plan(&cfg(), 8 << 30, 4096, 1, 16, 512, 4 << 30, None).unwrap_err().to_string();
+        let e = plan(&cfg(), 8 << 30, 4096, 1, 16, 512, 4 << 30, None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("weights"), "{e}");
     }
 }

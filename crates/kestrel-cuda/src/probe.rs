@@ -6,10 +6,22 @@ use crate::error::{CudaError, Result};
 
 /// The libraries the backend opens, in the order it needs them, with the names they go by.
 const LIBS: &[(&str, &[&str])] = &[
-    ("libcuda (the NVIDIA driver)", &["libcuda.so.1", "libcuda.so"]),
-    ("libnvrtc (CUDA 13 NVRTC)", &["libnvrtc.so.13", "libnvrtc.so"]),
-    ("libcublas (CUDA 13 cuBLAS)", &["libcublas.so.13", "libcublas.so"]),
-    ("libcublasLt (CUDA 13 cuBLAS)", &["libcublasLt.so.13", "libcublasLt.so"]),
+    (
+        "libcuda (the NVIDIA driver)",
+        &["libcuda.so.1", "libcuda.so"],
+    ),
+    (
+        "libnvrtc (CUDA 13 NVRTC)",
+        &["libnvrtc.so.13", "libnvrtc.so"],
+    ),
+    (
+        "libcublas (CUDA 13 cuBLAS)",
+        &["libcublas.so.13", "libcublas.so"],
+    ),
+    (
+        "libcublasLt (CUDA 13 cuBLAS)",
+        &["libcublasLt.so.13", "libcublasLt.so"],
+    ),
 ];
 
 /// Opens (and closes) every library the backend needs; the first missing one is the error.
@@ -47,7 +59,11 @@ pub fn device_count() -> Result<usize> {
     libraries()?;
     match cudarc::driver::result::init() {
         Ok(()) => {}
-        Err(e) => return Err(CudaError::NoDevice(format!("the driver did not start ({e})"))),
+        Err(e) => {
+            return Err(CudaError::NoDevice(format!(
+                "the driver did not start ({e})"
+            )))
+        }
     }
     let n = cudarc::driver::CudaContext::device_count()
         .map_err(|e| CudaError::NoDevice(e.to_string()))?;
@@ -63,5 +79,8 @@ pub fn nvrtc() -> Result<()> {
             return Ok(());
         }
     }
-    Err(CudaError::MissingLibrary { lib: what.into(), reason: "not found on the library path".into() })
+    Err(CudaError::MissingLibrary {
+        lib: what.into(),
+        reason: "not found on the library path".into(),
+    })
 }

@@ -98,7 +98,10 @@ pub struct DevMatrix {
 impl DevMatrix {
     pub fn upload(gpu: &Gpu, w: &Weight) -> Result<Self> {
         let kind = Kind::of(w.ty).ok_or_else(|| {
-            CudaError::Unsupported(format!("{} of type {} (the GPU kernels read F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)", w.name, w.ty))
+            CudaError::Unsupported(format!(
+                "{} of type {} (the GPU kernels read F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)",
+                w.name, w.ty
+            ))
         })?;
         let host = to_device_layout(kind, w.bytes());
         Ok(Self {

@@ -37,11 +37,8 @@ pub fn run(
 /// Writes `[n, vocab]` logits as the safetensors file `out`.
 fn write(out: &Path, logits: &[f32], n: usize, vocab: usize) -> Result<()> {
     let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let view = safetensors::tensor::TensorView::new(
-        safetensors::Dtype::F32,
-        vec![n, vocab],
-        &bytes,
-    )?;
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![n, vocab], &bytes)?;
     safetensors::serialize_to_file([("logits", view)], &None, out)
         .with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote logits [{n}, {vocab}] to {}", out.display());

@@ -87,7 +87,11 @@ impl EngineArgs {
     pub fn device(&self) -> Result<crate::gpu::Device> {
         let d = crate::gpu::Device::parse(&self.device)?;
         // the scalar reference path is the CPU's
-        Ok(if self.reference { crate::gpu::Device::Cpu } else { d })
+        Ok(if self.reference {
+            crate::gpu::Device::Cpu
+        } else {
+            d
+        })
     }
 
     /// The engine over the model on its device (the plan printed unless `quiet_plan`, the

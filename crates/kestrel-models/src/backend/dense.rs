@@ -15,9 +15,18 @@ impl Family {
     /// The dense families; `None` for architectures this recipe does not cover (Qwen3.5).
     pub fn of(arch: Arch) -> Option<Self> {
         match arch {
-            Arch::Llama => Some(Self { qkv_bias: false, qk_norm: false }),
-            Arch::Qwen2 => Some(Self { qkv_bias: true, qk_norm: false }),
-            Arch::Qwen3 => Some(Self { qkv_bias: false, qk_norm: true }),
+            Arch::Llama => Some(Self {
+                qkv_bias: false,
+                qk_norm: false,
+            }),
+            Arch::Qwen2 => Some(Self {
+                qkv_bias: true,
+                qk_norm: false,
+            }),
+            Arch::Qwen3 => Some(Self {
+                qkv_bias: false,
+                qk_norm: true,
+            }),
             Arch::Qwen35 => None,
         }
     }

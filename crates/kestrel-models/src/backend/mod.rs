@@ -14,6 +14,7 @@
 //! - A missing operation is a compile error in the backend that lacks it, not a run-time
 //!   surprise; a third backend is one more `impl Ops`.
 
+pub mod cpu;
 pub mod dense;
 
 /// A weight of one layer, by role (GGUF's names in comments).

@@ -1,0 +1,148 @@
+//! One harness for the backend's operations: every kernel on random inputs of real shapes
+//! against the CPU reference (kestrel-quant's dequantization, kestrel-models' ops, plain f64
+//! loops), each with its stated tolerance on ‖gpu − cpu‖ / ‖cpu‖; and a perf line per mat-vec
+//! type (GB/s of weights against the bandwidth). `kestrel gpu-check` runs it on a GPU host;
+//! the tests at the bottom run it when a GPU is present and say they skipped otherwise.
+
+use crate::device::Gpu;
+
+mod matvec;
+mod rows;
+use crate::error::{CudaError, Result};
+use crate::weights::Kind;
+use cudarc::driver::LaunchConfig;
+use kestrel_gguf::GgmlType;
+pub use matvec::{check_matvec, check_mvx, perf_matvec};
+pub use rows::{check_attention, check_epilogue, check_gemm_embed, check_norm};
+
+/// A small xorshift generator: inputs differ per case, and a case can be rerun from its seed.
+pub struct Rng(u64);
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    pub fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+}
+
+/// One case's outcome.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub op: String,
+    pub err: f64,
+    pub tol: f64,
+}
+
+impl CaseResult {
+    pub fn pass(&self) -> bool {
+        self.err.is_finite() && self.err <= self.tol
+    }
+}
+
+/// ‖a − b‖ / ‖b‖ (NaN anywhere fails).
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) {
+        return f64::NAN;
+    }
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += (*x as f64 - *y as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+pub(super) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+pub(super) fn ggml(kind: Kind) -> GgmlType {
+    match kind {
+        Kind::F32 => GgmlType::F32,
+        Kind::F16 => GgmlType::F16,
+        Kind::Q4_0 => GgmlType::Q4_0,
+        Kind::Q5_0 => GgmlType::Q5_0,
+        Kind::Q8_0 => GgmlType::Q8_0,
+        Kind::Q4K => GgmlType::Q4_K,
+        Kind::Q6K => GgmlType::Q6_K,
+    }
+}
+
+/// A random matrix quantized to `kind`: (file bytes, the f32 values they decode to).
+pub fn random_matrix(
+    kind: Kind,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> Result<(Vec<u8>, Vec<f32>)> {
+    let ty = ggml(kind);
+    let rb = kestrel_quant::row_bytes(ty, cols).map_err(|e| CudaError::Other(e.to_string()))?;
+    let mut bytes = vec![0u8; rows * rb];
+    let mut deq = vec![0f32; rows * cols];
+    for r in 0..rows {
+        let src = rng.vec(cols, 0.05);
+        let dst = &mut bytes[r * rb..(r + 1) * rb];
+        kestrel_quant::quantize_row(ty, &src, dst).map_err(|e| CudaError::Other(e.to_string()))?;
+        kestrel_quant::dequantize_row(ty, dst, &mut deq[r * cols..(r + 1) * cols])
+            .map_err(|e| CudaError::Other(e.to_string()))?;
+    }
+    Ok((bytes, deq))
+}
+
+pub(super) fn bytes_i32(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// Runs every case; returns them (the caller prints and decides).
+pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
+    gpu.bind()?;
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    check_matvec(gpu, &mut rng, &mut out)?;
+    check_mvx(gpu, &mut rng, &mut out)?;
+    check_norm(gpu, &mut rng, &mut out)?;
+    check_epilogue(gpu, &mut rng, &mut out)?;
+    check_attention(gpu, &mut rng, &mut out)?;
+    check_gemm_embed(gpu, &mut rng, &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_op_matches_the_cpu_on_a_gpu() {
+        let mut gpu = match Gpu::open(0) {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("skipped: no GPU here ({e})");
+                return;
+            }
+        };
+        let results = run_all(&mut gpu, 1).expect("harness ran");
+        let failed: Vec<_> = results.iter().filter(|r| !r.pass()).collect();
+        assert!(failed.is_empty(), "{failed:#?}");
+    }
+
+    #[test]
+    fn rel_err_fails_on_nan() {
+        assert!(rel_err(&[f32::NAN], &[1.0]).is_nan());
+        assert_eq!(rel_err(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+    }
+}

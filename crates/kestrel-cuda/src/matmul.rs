@@ -1,0 +1,293 @@
+//! Matrix products of the CUDA backend: mat-vec kernels for steps of up to [`MATVEC_MAX`]
+//! tokens (int8 activations for the quantized types, one launch for q/k/v sharing an input) and,
+//! above that, weights dequantized to f16 in row chunks and multiplied by cuBLAS.
+
+use crate::error::{CudaError, Result};
+use crate::model::CudaModel;
+use crate::ops::{cfg, MATVEC_MAX};
+use cudarc::driver::PushKernelArg;
+use kestrel_models::backend::{Buf, W};
+
+/// Warps that share one row of the mat-vec: long rows get more loads in flight (units of 64
+/// weights for the K-quants, 32 for the others, 8 for f16/f32; a lane takes one at a time).
+pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
+    use crate::weights::Kind;
+    let units = match kind {
+        Kind::Q4K | Kind::Q6K => cols / 64,
+        Kind::F32 | Kind::F16 => return if cols >= 4096 { 4 } else { 1 },
+        _ => cols / 32,
+    };
+    if units >= 128 {
+        4
+    } else if units >= 64 {
+        2
+    } else {
+        1
+    }
+}
+
+impl CudaModel {
+    /// Runs the deferred mat-vecs (one fused launch for two or three).
+    pub(crate) fn flush_mm(&mut self) -> Result<()> {
+        let pend = std::mem::take(&mut self.step.mm);
+        let Some(x) = self.step.mm_x.take() else {
+            return Ok(());
+        };
+        if pend.len() == 1 {
+            let (w, out) = pend[0];
+            let (op, _) = self.buf(out);
+            self.mm_into(w, None, x, op, false)?;
+            self.wrote(out);
+            return Ok(());
+        }
+        let mats: Vec<(u64, i32, i32, u64)> = pend
+            .iter()
+            .map(|&(w, out)| -> Result<_> {
+                let m = self.matrix(w)?;
+                Ok((m.buf.ptr, m.rows as i32, m.kind as i32, self.buf(out).0))
+            })
+            .collect::<Result<_>>()?;
+        if pend
+            .iter()
+            .any(|&(w, _)| self.matrix(w).is_ok_and(|m| m.kind.int8_activations()))
+        {
+            self.quantize(x)?;
+        }
+        let rows = self.rows(x);
+        let (xp, cols) = self.buf(x);
+        let nt = rows.next_power_of_two();
+        let f = self.gpu.func(&format!("mvx_{nt}"))?;
+        let none = (0u64, 0i32, 0i32, 0u64);
+        let (a, b, c) = (mats[0], mats[1], mats.get(2).copied().unwrap_or(none));
+        let (q, qd, ci) = (self.scratch.xq.ptr, self.scratch.xd.ptr, cols as i32);
+        let total = (a.1 + b.1 + c.1) as usize;
+        // SAFETY: as in flush_epilogue.
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&a.0)
+                .arg(&a.1)
+                .arg(&a.2)
+                .arg(&a.3)
+                .arg(&b.0)
+                .arg(&b.1)
+                .arg(&b.2)
+                .arg(&b.3)
+                .arg(&c.0)
+                .arg(&c.1)
+                .arg(&c.2)
+                .arg(&c.3)
+                .arg(&ci)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&xp)
+                .launch(cfg((total.div_ceil(4) as u32, 1, 1), 128))?;
+        }
+        for (_, out) in pend {
+            self.wrote(out);
+        }
+        Ok(())
+    }
+
+    /// Makes the 8-bit copy of `x` current.
+    pub(crate) fn quantize(&mut self, x: Buf) -> Result<()> {
+        if self.step.q8_of == Some(x) {
+            return Ok(());
+        }
+        let (ptr, n) = self.buf(x);
+        let f = self.gpu.func("quantize_q")?;
+        let (q, qd, ni) = (self.scratch.xq.ptr, self.scratch.xd.ptr, n as i32);
+        // SAFETY: as in flush.
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&ptr)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ni)
+                .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
+        }
+        self.step.q8_of = Some(x);
+        Ok(())
+    }
+
+    /// Makes the f16 copy of `x` current (the GEMM path).
+    pub(crate) fn to_f16(&mut self, x: Buf) -> Result<()> {
+        if self.step.f16_of == Some(x) {
+            return Ok(());
+        }
+        let (ptr, n) = self.buf(x);
+        let total = (self.rows(x) * n) as u64;
+        let f = self.gpu.func("to_f16")?;
+        let out = self.scratch.act16.ptr;
+        // SAFETY: as in flush.
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&ptr)
+                .arg(&out)
+                .arg(&total)
+                .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
+        }
+        self.step.f16_of = Some(x);
+        Ok(())
+    }
+
+    /// `out (+)= w · x`, or with `up`: `out = silu(w · x) * (up · x)`.
+    pub(crate) fn mm(&mut self, w: W, up: Option<W>, x: Buf, out: Buf, add: bool) -> Result<()> {
+        self.flush()?;
+        let rows = self.rows(x);
+        let (_, xn) = self.buf(x);
+        let (op, on) = self.buf(out);
+        let (kind, wrows, wcols) = {
+            let m = self.matrix(w)?;
+            (m.kind, m.rows, m.cols)
+        };
+        if wcols != xn || wrows != on {
+            return Err(CudaError::Other(format!(
+                "{w:?}: [{wrows}, {wcols}] against rows of {xn} -> {on}"
+            )));
+        }
+        if rows == 0 {
+            return Ok(());
+        }
+        match up {
+            Some(u) if self.matrix(u)?.kind != kind || rows > MATVEC_MAX => {
+                // two products (gate into out, up into the spare buffer), then SwiGLU
+                let spare = self.scratch.up.ptr;
+                self.mm_into(w, None, x, op, false)?;
+                self.mm_into(u, None, x, spare, false)?;
+                self.swiglu(op, spare, (rows * wrows) as u64)?;
+            }
+            _ => self.mm_into(w, up, x, op, add)?,
+        }
+        self.wrote(out);
+        Ok(())
+    }
+
+    /// One product into device address `op` (rows of `w.rows`); `up` (same type as `w`, at most
+    /// MATVEC_MAX rows) makes it the fused SwiGLU.
+    pub(crate) fn mm_into(
+        &mut self,
+        w: W,
+        up: Option<W>,
+        x: Buf,
+        op: u64,
+        add: bool,
+    ) -> Result<()> {
+        let rows = self.rows(x);
+        let (xp, _) = self.buf(x);
+        let (kind, wrows, wcols, wp) = {
+            let m = self.matrix(w)?;
+            (m.kind, m.rows, m.cols, m.buf.ptr)
+        };
+        if rows > MATVEC_MAX {
+            return self.gemm(w, x, op, add);
+        }
+        let up_ptr = match up {
+            Some(u) => self.matrix(u)?.buf.ptr,
+            None => 0,
+        };
+        if kind.int8_activations() {
+            self.quantize(x)?;
+        }
+        let nt = rows.next_power_of_two();
+        let epi = if up.is_some() { 2 } else { add as u32 };
+        let wpr = warps_per_row(kind, wcols);
+        let f = self
+            .gpu
+            .func(&format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()))?;
+        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
+        let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
+        // SAFETY: as in flush.
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&wp)
+                .arg(&up_ptr)
+                .arg(&r)
+                .arg(&c)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ld)
+                .arg(&xp)
+                .arg(&op)
+                .arg(&old)
+                .launch(cfg((wrows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn swiglu(&mut self, gate: u64, up: u64, total: u64) -> Result<()> {
+        let f = self.gpu.func("swiglu")?;
+        // SAFETY: as in flush.
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&gate)
+                .arg(&up)
+                .arg(&total)
+                .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
+        }
+        Ok(())
+    }
+
+    /// Dequantize `w` to f16 in row chunks and multiply on the tensor cores (cuBLAS).
+    pub(crate) fn gemm(&mut self, w: W, x: Buf, out: u64, add: bool) -> Result<()> {
+        let rows = self.rows(x);
+        let (kind, wrows, wcols, wp) = {
+            let m = self.matrix(w)?;
+            (m.kind, m.rows, m.cols, m.buf.ptr)
+        };
+        let beta = if add { 1.0 } else { 0.0 };
+        if kind == crate::weights::Kind::F32 {
+            // f32 weights multiply as they are, in f32
+            let (xp, _) = self.buf(x);
+            return self
+                .gpu
+                .gemm_f32(wrows, rows, wcols, wp, xp, out, wrows, beta);
+        }
+        self.to_f16(x)?;
+        let chunk = (self.scratch.wf16_elems / wcols).clamp(1, wrows);
+        let deq = self.gpu.func("dequant_f16")?;
+        let (wbuf, act) = (self.scratch.wf16.ptr, self.scratch.act16.ptr);
+        let mut r0 = 0;
+        while r0 < wrows {
+            let n = chunk.min(wrows - r0);
+            let (ty, r, c, r0i, ni) =
+                (kind as i32, wrows as i32, wcols as i32, r0 as i32, n as i32);
+            let total = (n * wcols) as u64;
+            // SAFETY: as in flush.
+            unsafe {
+                self.gpu
+                    .stream
+                    .launch_builder(&deq)
+                    .arg(&ty)
+                    .arg(&wp)
+                    .arg(&r)
+                    .arg(&c)
+                    .arg(&r0i)
+                    .arg(&ni)
+                    .arg(&wbuf)
+                    .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
+            }
+            self.gpu.gemm_f16(
+                n,
+                rows,
+                wcols,
+                wbuf,
+                act,
+                out + (r0 * 4) as u64,
+                wrows,
+                beta,
+            )?;
+            r0 += n;
+        }
+        Ok(())
+    }
+}
