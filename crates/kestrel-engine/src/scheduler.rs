@@ -456,29 +456,6 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// What a prompt reuses of the prefix cache (models without recurrent state): its longest
-    /// cached prefix of full blocks. The last prompt token must run (its logits start
-    /// generation): a prompt cached whole keeps all but its last block shared and copies that
-    /// block's first block_size - 1 positions into a private block.
-    fn reuse_kv(&self, prompt: &[u32]) -> Reuse {
-        let bs = self.cfg.block_size;
-        let plen = prompt.len();
-        let m = self.pool.lookup(&prompt[..plen / bs * bs]);
-        let cow = !m.blocks.is_empty() && m.blocks.len() * bs == plen;
-        let keep = if cow {
-            m.blocks.len() - 1
-        } else {
-            m.blocks.len()
-        };
-        Reuse {
-            shared: m.blocks[..keep].to_vec(),
-            hashes: m.hashes[..keep].to_vec(),
-            copy: cow.then(|| (m.blocks[keep], bs - 1)),
-            state: None,
-            pos: if cow { plen - 1 } else { keep * bs },
-        }
-    }
-
     /// Takes sequence `i` out of the running set: releases its blocks and reservation, sends
     /// its last event.
     fn retire(&mut self, i: usize, outcome: Outcome) {

@@ -1,5 +1,5 @@
-//! Recurrent state of hybrid models (Qwen3.5) in the scheduler: where an admitted prompt
-//! resumes, and the snapshots a prefill leaves behind.
+//! What an admitted prompt reuses of the prefix cache, and (hybrid models, Qwen3.5) the
+//! recurrent-state snapshots a prefill leaves behind.
 //!
 //! Every running sequence owns a state slot (`Sequence::slot`). After each prefill chunk the
 //! scheduler snapshots that slot into the block pool's snapshot slots:
@@ -19,6 +19,29 @@ use crate::blocks::{BlockPool, ROOT_HASH};
 use crate::paged::SNAPSHOTS_PER_SEQUENCE;
 
 impl Scheduler<'_> {
+    /// What a prompt reuses of the prefix cache (models without recurrent state): its longest
+    /// cached prefix of full blocks. The last prompt token must run (its logits start
+    /// generation): a prompt cached whole keeps all but its last block shared and copies that
+    /// block's first block_size - 1 positions into a private block.
+    pub(super) fn reuse_kv(&self, prompt: &[u32]) -> Reuse {
+        let bs = self.cfg.block_size;
+        let plen = prompt.len();
+        let m = self.pool.lookup(&prompt[..plen / bs * bs]);
+        let cow = !m.blocks.is_empty() && m.blocks.len() * bs == plen;
+        let keep = if cow {
+            m.blocks.len() - 1
+        } else {
+            m.blocks.len()
+        };
+        Reuse {
+            shared: m.blocks[..keep].to_vec(),
+            hashes: m.hashes[..keep].to_vec(),
+            copy: cow.then(|| (m.blocks[keep], bs - 1)),
+            state: None,
+            pos: if cow { plen - 1 } else { keep * bs },
+        }
+    }
+
     /// What a hybrid prompt reuses: the longest cached prefix that ends at a snapshot, short
     /// of the last prompt token (which must run for its logits).
     pub(super) fn reuse_state(pool: &mut BlockPool, prompt: &[u32]) -> Reuse {

@@ -3,6 +3,8 @@
 //! short causal convolution ([`conv`]), the delta rule in its chunked and recurrent forms
 //! ([`rule`]), and the layer that strings them together ([`layer`]).
 
+#[macro_use]
+mod simd;
 pub mod config;
 pub mod conv;
 pub mod gemm;

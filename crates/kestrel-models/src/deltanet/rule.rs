@@ -31,36 +31,6 @@ use super::gemm::{gemm_acc, Mat};
 /// Tokens per chunk of the chunked form (as the reference implementations).
 pub const CHUNK: usize = 64;
 
-/// Defines `$name` as `$imp` compiled for AVX-512, AVX2 and the baseline, picked at run time
-/// (`$imp` is `#[inline(always)]`, so each variant gets its own vector code).
-macro_rules! multiversion {
-    ($(#[$m:meta])* $vis:vis fn $name:ident => $imp:ident ($($arg:ident : $ty:ty),* $(,)?)) => {
-        $(#[$m])*
-        $vis fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx2,fma")]
-                unsafe fn v512($($arg: $ty),*) {
-                    $imp($($arg),*)
-                }
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn v256($($arg: $ty),*) {
-                    $imp($($arg),*)
-                }
-                if crate::vexp::has_avx512() {
-                    // SAFETY: the CPU has AVX-512F and FMA (checked).
-                    return unsafe { v512($($arg),*) };
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU has AVX2 and FMA (checked).
-                    return unsafe { v256($($arg),*) };
-                }
-            }
-            $imp($($arg),*)
-        }
-    };
-}
-
 /// One value head's inputs over a run of tokens.
 pub struct HeadSeq<'a> {
     /// `[T, d_k]`, L2-normalized and scaled by `1/sqrt(d_k)`.
