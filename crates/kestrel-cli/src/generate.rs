@@ -4,9 +4,9 @@
 use crate::commands::info::human;
 use crate::source::ModelSource;
 use anyhow::{anyhow, Result};
-use kestrel_engine::StepModel;
 use kestrel_engine::{
-    plan_pool, Engine, EngineConfig, Event, FinishReason, GenerateRequest, PoolPlan, Usage,
+    plan_pool, Engine, EngineConfig, Event, FinishReason, GenerateRequest, PoolPlan, SpecConfig,
+    Usage,
 };
 use kestrel_models::KvType;
 use kestrel_tokenizer::ChatTemplate;
@@ -18,6 +18,7 @@ pub const BLOCK_SIZE: usize = 16;
 /// printed (unless `quiet`) or refused before any weight is loaded.
 pub fn plan(
     src: &ModelSource,
+    draft: Option<&ModelSource>,
     ctx: usize,
     parallel: usize,
     kv_type: KvType,
@@ -32,12 +33,13 @@ pub fn plan(
         BLOCK_SIZE,
         kv_type,
         max_memory,
+        draft.map(|d| (&d.config, d.weight_bytes)),
     )
     .map_err(|e| anyhow!(e))?;
     if !quiet {
         eprintln!(
             "memory plan: weights {} + KV {} ({} blocks of {} tokens = {} tokens, {:?}){} + scratch = {}{}",
-            human(src.weight_bytes),
+            human(src.weight_bytes + plan.draft_weight_bytes),
             human(plan.kv_bytes),
             plan.n_blocks,
             plan.block_size,
@@ -51,6 +53,15 @@ pub fn plan(
             human(plan.total_bytes),
             plan.limit_bytes.map_or(String::new(), |l| format!(" (limit {})", human(l)))
         );
+        if let Some(d) = draft {
+            eprintln!(
+                "draft model (counted above): {} weights {} + KV {} (its K/V in the same {} blocks)",
+                d.path.display(),
+                human(plan.draft_weight_bytes),
+                human(plan.draft_kv_bytes),
+                plan.n_blocks
+            );
+        }
         if plan.state_slot_bytes > 0 {
             eprintln!(
                 "recurrent state: {} per sequence x {} running + {} snapshots (at most {} per sequence) = {}",
@@ -66,21 +77,22 @@ pub fn plan(
     Ok(plan)
 }
 
-/// Starts an engine over `model` (on its device, with its planned pool), one sequence at a
-/// time.
+/// Starts an engine over a loaded model (on its device, with its planned pool and its draft
+/// model, if any), one sequence at a time.
 pub fn start_engine(
     src: &ModelSource,
-    model: Box<dyn StepModel>,
-    plan: &PoolPlan,
+    loaded: crate::gpu::Loaded,
     ctx: usize,
+    spec: SpecConfig,
 ) -> Result<Engine> {
     let cfg = EngineConfig {
-        block_size: plan.block_size,
+        block_size: loaded.plan.block_size,
         max_running: 1,
         ctx_size: ctx,
+        spec,
         ..EngineConfig::default()
     };
-    Engine::try_start(model, src.tokenizer.clone(), cfg)
+    Engine::try_start_with_draft(loaded.model, loaded.draft, src.tokenizer.clone(), cfg)
         .map_err(|e| anyhow!("engine configuration: {e}"))
 }
 
@@ -105,6 +117,14 @@ pub struct Timings {
     pub ttft_ms: f64,
     /// Generated tokens per second including prefill.
     pub e2e_tok_s: f64,
+    /// Forward steps of the decode (`decode_n` without speculation).
+    pub decode_steps: usize,
+    /// Speculative decoding: tokens proposed and kept, the kept fraction, and generated
+    /// tokens per decode step.
+    pub spec_proposed: usize,
+    pub spec_accepted: usize,
+    pub acceptance_rate: f64,
+    pub tokens_per_step: f64,
 }
 
 pub struct Output {
@@ -153,7 +173,7 @@ pub fn generate(
     }
 }
 
-fn timings(u: &Usage) -> Timings {
+pub fn timings(u: &Usage) -> Timings {
     let computed = u.prompt_tokens - u.cached_tokens;
     let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     let decode_n = u.completion_tokens.saturating_sub(1);
@@ -165,6 +185,19 @@ fn timings(u: &Usage) -> Timings {
         decode_tok_s: per_s(decode_n, u.decode_ms),
         ttft_ms: u.ttft_ms,
         e2e_tok_s: per_s(u.completion_tokens, u.ttft_ms + u.decode_ms),
+        decode_steps: u.decode_steps,
+        spec_proposed: u.spec_proposed,
+        spec_accepted: u.spec_accepted,
+        acceptance_rate: if u.spec_proposed > 0 {
+            u.spec_accepted as f64 / u.spec_proposed as f64
+        } else {
+            0.0
+        },
+        tokens_per_step: if u.decode_steps > 0 {
+            decode_n as f64 / u.decode_steps as f64
+        } else {
+            0.0
+        },
     }
 }
 

@@ -86,6 +86,7 @@ pub fn open_cuda(
 #[allow(clippy::too_many_arguments)]
 pub fn step_model(
     src: &ModelSource,
+    draft: Option<&ModelSource>,
     device: Device,
     opts: LoadOptions,
     ctx: usize,
@@ -94,9 +95,17 @@ pub fn step_model(
     max_memory: Option<u64>,
     quiet_plan: bool,
     quiet_load: bool,
-) -> Result<(Box<dyn StepModel>, PoolPlan)> {
+) -> Result<Loaded> {
     let quiet = quiet_plan;
     let block_size = crate::generate::BLOCK_SIZE;
+    let device = match (device, draft) {
+        (Device::Cuda(_), Some(_)) => {
+            anyhow::bail!("--spec draft runs on the CPU only for now (use --device cpu, or --spec lookup on the GPU)")
+        }
+        // A draft model keeps `auto` on the CPU, where the draft can run.
+        (Device::Auto, Some(_)) => Device::Cpu,
+        (d, _) => d,
+    };
     let cuda = match device {
         Device::Cpu => None,
         Device::Cuda(n) => Some(open_cuda(
@@ -128,16 +137,43 @@ pub fn step_model(
             snapshot_slots: 0,
             snapshots_per_seq: 0,
             state_bytes: 0,
+            draft_weight_bytes: 0,
+            draft_kv_bytes: 0,
             total_bytes: plan.total_bytes,
             limit_bytes: Some(plan.limit_bytes),
         };
-        return Ok((Box::new(model), pool));
+        return Ok(Loaded {
+            model: Box::new(model),
+            draft: None,
+            plan: pool,
+        });
     }
-    let plan = crate::generate::plan(src, ctx, parallel, kv_type, max_memory, quiet_plan)?;
-    let model = src.load_model(opts, quiet_load)?;
+    let plan = crate::generate::plan(src, draft, ctx, parallel, kv_type, max_memory, quiet_plan)?;
+    let model = src.load_model(opts.clone(), quiet_load)?;
     let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, kv_type)
         .with_state_slots(plan.state_slots());
-    Ok((Box::new(paged), plan))
+    let draft = match draft {
+        Some(d) => {
+            // The draft stores its K/V under the same block ids: as many blocks.
+            let m = d.load_model(opts, quiet_load)?;
+            let m: Box<dyn StepModel> =
+                Box::new(PagedModel::new(m, plan.n_blocks, plan.block_size, kv_type));
+            Some(m)
+        }
+        None => None,
+    };
+    Ok(Loaded {
+        model: Box::new(paged),
+        draft,
+        plan,
+    })
+}
+
+/// A model loaded for the engine, with its speculative draft model (if any) and the plan.
+pub struct Loaded {
+    pub model: Box<dyn StepModel>,
+    pub draft: Option<Box<dyn StepModel>>,
+    pub plan: PoolPlan,
 }
 
 fn argmax(v: &[f32]) -> u32 {

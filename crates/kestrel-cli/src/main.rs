@@ -4,6 +4,7 @@ mod commands;
 mod generate;
 mod gpu;
 mod source;
+mod spec;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;

@@ -550,7 +550,7 @@ impl kestrel_engine::StepModel for CudaModel {
                 start: s.start,
                 blocks: s.blocks,
                 want_logits: s.want_logits,
-                all_logits: false,
+                all_logits: s.all_logits,
             })
             .collect();
         CudaModel::forward(self, &s).map_err(|e| e.to_string())

@@ -16,6 +16,54 @@ pub struct EngineConfig {
     pub max_running: usize,
     /// Max prompt + generated tokens of one request. Default 4096.
     pub ctx_size: usize,
+    /// Speculative decoding. Default off.
+    pub spec: SpecConfig,
+}
+
+/// Where speculative tokens come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SpecMode {
+    #[default]
+    Off,
+    /// n-gram lookup in the sequence's own prompt and output.
+    Lookup,
+    /// A small draft model with the same vocabulary (`Engine::try_start_with_draft`).
+    Draft,
+}
+
+impl std::str::FromStr for SpecMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "off" => Ok(SpecMode::Off),
+            "lookup" => Ok(SpecMode::Lookup),
+            "draft" => Ok(SpecMode::Draft),
+            other => Err(format!(
+                "unknown speculation `{other}`: expected off, lookup or draft"
+            )),
+        }
+    }
+}
+
+/// Speculative decoding: up to `k` proposed tokens verified in one forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecConfig {
+    pub mode: SpecMode,
+    /// Most tokens proposed per step (the adaptive k starts here). Default 8.
+    pub k: usize,
+    /// Speculation pauses while more sequences than this decode together (a batch already
+    /// reads each weight once for several tokens). Default 2.
+    pub max_batch: usize,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        Self {
+            mode: SpecMode::Off,
+            k: 8,
+            max_batch: 2,
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -26,6 +74,7 @@ impl Default for EngineConfig {
             step_token_budget: 512,
             max_running: 4,
             ctx_size: 4096,
+            spec: SpecConfig::default(),
         }
     }
 }
@@ -43,6 +92,7 @@ impl EngineConfig {
             ("chunk_size", self.chunk_size),
             ("max_running", self.max_running),
             ("ctx_size", self.ctx_size),
+            ("spec.k", self.spec.k),
         ] {
             if v == 0 {
                 return Err(ConfigError::Zero(name));
@@ -67,6 +117,10 @@ impl EngineConfig {
             step_token_budget: self.step_token_budget.max(max_running),
             max_running,
             ctx_size: self.ctx_size.max(1),
+            spec: SpecConfig {
+                k: self.spec.k.max(1),
+                ..self.spec
+            },
         }
     }
 }

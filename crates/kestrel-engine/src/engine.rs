@@ -14,7 +14,7 @@ use std::time::Instant;
 use kestrel_sampler::Sampler;
 use kestrel_tokenizer::Tokenizer;
 
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, SpecMode};
 use crate::error::{ConfigError, SubmitError};
 use crate::model::StepModel;
 use crate::request::{GenerateRequest, RequestHandle};
@@ -75,7 +75,11 @@ impl Engine {
             cfg.max_running = cfg.max_running.min(model.state_slots());
             cfg.step_token_budget = cfg.step_token_budget.max(cfg.max_running);
         }
-        Self::spawn(model, tokenizer, cfg)
+        if model.state_slots() > 0 || cfg.spec.mode == SpecMode::Draft {
+            // No rollback for recurrent state; no draft model given.
+            cfg.spec.mode = SpecMode::Off;
+        }
+        Self::spawn(model, None, tokenizer, cfg)
     }
 
     /// Starts the scheduler thread after validating `cfg` against the model.
@@ -84,7 +88,20 @@ impl Engine {
         tokenizer: Arc<Tokenizer>,
         cfg: EngineConfig,
     ) -> Result<Engine, ConfigError> {
+        Self::try_start_with_draft(model, None, tokenizer, cfg)
+    }
+
+    /// [`Engine::try_start`] with a draft model for `SpecMode::Draft`: same vocabulary, same
+    /// block size, at least as many KV blocks as `model` (it stores its K/V under the same
+    /// block ids).
+    pub fn try_start_with_draft(
+        model: Box<dyn StepModel>,
+        draft: Option<Box<dyn StepModel>>,
+        tokenizer: Arc<Tokenizer>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, ConfigError> {
         cfg.validate(model.block_size())?;
+        check_speculation(model.as_ref(), draft.as_deref(), &cfg)?;
         if model.kv_blocks() == 0 {
             return Err(ConfigError::EmptyPool);
         }
@@ -98,10 +115,15 @@ impl Engine {
                 max_running: cfg.max_running,
             });
         }
-        Ok(Self::spawn(model, tokenizer, cfg))
+        Ok(Self::spawn(model, draft, tokenizer, cfg))
     }
 
-    fn spawn(model: Box<dyn StepModel>, tokenizer: Arc<Tokenizer>, cfg: EngineConfig) -> Engine {
+    fn spawn(
+        model: Box<dyn StepModel>,
+        draft: Option<Box<dyn StepModel>>,
+        tokenizer: Arc<Tokenizer>,
+        cfg: EngineConfig,
+    ) -> Engine {
         let n_blocks = model.kv_blocks();
         let vocab = model.vocab_size();
         let shared = Arc::new(Shared {
@@ -124,7 +146,7 @@ impl Engine {
         let thread_cfg = cfg.clone();
         let thread = std::thread::Builder::new()
             .name("kestrel-scheduler".to_string())
-            .spawn(move || scheduler_loop(&thread_shared, model, &tokenizer, thread_cfg))
+            .spawn(move || scheduler_loop(&thread_shared, model, draft, &tokenizer, thread_cfg))
             .ok();
         if thread.is_none() {
             let mut st = shared.lock();
@@ -287,11 +309,12 @@ impl Drop for DeadOnExit<'_> {
 fn scheduler_loop(
     shared: &Shared,
     model: Box<dyn StepModel>,
+    draft: Option<Box<dyn StepModel>>,
     tokenizer: &Tokenizer,
     cfg: EngineConfig,
 ) {
     let _guard = DeadOnExit(shared);
-    let mut sched = Scheduler::new(model, tokenizer, cfg);
+    let mut sched = Scheduler::new(model, draft, tokenizer, cfg);
     loop {
         {
             let mut st = shared.lock();
@@ -319,5 +342,50 @@ fn scheduler_loop(
         sched.step();
         let stats = sched.stats();
         shared.lock().stats = stats;
+    }
+}
+
+/// What speculative decoding needs of the models: a target whose positions can be rolled back
+/// (no recurrent state), and for draft mode a compatible draft model.
+fn check_speculation(
+    model: &dyn StepModel,
+    draft: Option<&dyn StepModel>,
+    cfg: &EngineConfig,
+) -> Result<(), ConfigError> {
+    let err = |m: String| Err(ConfigError::Speculation(m));
+    let mode = cfg.spec.mode;
+    if mode != SpecMode::Off && model.state_slots() > 0 {
+        return err(
+            "the model keeps a recurrent state (hybrid layers), which cannot be rolled back to \
+             drop rejected tokens; use --spec off"
+                .into(),
+        );
+    }
+    match (mode, draft) {
+        (SpecMode::Draft, None) => err("--spec draft needs a draft model (--draft-model)".into()),
+        (SpecMode::Draft, Some(d)) => {
+            if d.vocab_size() != model.vocab_size() {
+                return err(format!(
+                    "the draft model's vocabulary ({} tokens) differs from the model's ({})",
+                    d.vocab_size(),
+                    model.vocab_size()
+                ));
+            }
+            if d.block_size() != model.block_size() || d.kv_blocks() < model.kv_blocks() {
+                return err(format!(
+                    "the draft model's KV pool ({} blocks of {}) must match the model's ({} of {})",
+                    d.kv_blocks(),
+                    d.block_size(),
+                    model.kv_blocks(),
+                    model.block_size()
+                ));
+            }
+            if d.state_slots() > 0 {
+                return err("a hybrid (recurrent) draft model cannot be rolled back".into());
+            }
+            Ok(())
+        }
+        (_, Some(_)) => err("a draft model was given but speculation is not `draft`".into()),
+        (_, None) => Ok(()),
     }
 }

@@ -62,4 +62,6 @@ pub enum ConfigError {
          every running sequence needs one"
     )]
     StateSlots { slots: usize, max_running: usize },
+    #[error("speculative decoding: {0}")]
+    Speculation(String),
 }

@@ -51,13 +51,14 @@ mod paged;
 mod request;
 mod scheduler;
 mod sequence;
+mod speculative;
 mod stats;
 mod stop;
 #[cfg(test)]
 mod tests;
 
 pub use blocks::BlockPool;
-pub use config::EngineConfig;
+pub use config::{EngineConfig, SpecConfig, SpecMode};
 pub use engine::Engine;
 pub use error::{ConfigError, SubmitError};
 pub use model::{SeqStep, StepModel};

@@ -178,9 +178,10 @@ impl StepModel for MockModel {
                     .extend_from_slice(s.tokens);
             }
             if s.want_logits {
-                let pos = s.start + s.tokens.len() - 1;
-                let last = s.tokens[s.tokens.len() - 1];
-                self.logits_at(pos, last, &mut logits);
+                let from = if s.all_logits { 0 } else { s.tokens.len() - 1 };
+                for (i, &last) in s.tokens.iter().enumerate().skip(from) {
+                    self.logits_at(s.start + i, last, &mut logits);
+                }
             }
         }
         self.log

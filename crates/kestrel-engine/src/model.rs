@@ -12,6 +12,9 @@ pub struct SeqStep<'a> {
     pub blocks: &'a [u32],
     /// Whether the logits of the last token are wanted (decode steps, last prefill chunk).
     pub want_logits: bool,
+    /// Logits of every token of the step, not only the last (verifying speculative tokens);
+    /// set only together with `want_logits`.
+    pub all_logits: bool,
     /// Recurrent-state slot of the sequence (models with [`StepModel::state_slots`] > 0; 0 and
     /// ignored otherwise). The slot holds the state after positions `[0, start)`; a step with
     /// `start == 0` starts from the empty state (the model clears the slot).
@@ -32,7 +35,8 @@ pub trait StepModel: Send {
     /// Positions per block.
     fn block_size(&self) -> usize;
     /// Runs all `seqs` in one forward pass (one pass over the weights serves all); returns
-    /// `vocab_size` logits for every seq with want_logits, in order.
+    /// `vocab_size` logits for every seq with want_logits (for each of its tokens when
+    /// `all_logits`), in order.
     fn forward(&mut self, seqs: &[SeqStep<'_>]) -> Result<Vec<f32>, String>;
     /// Copies K/V of the first `n_positions` of block `src` into block `dst` (copy-on-write of
     /// a partially filled shared block).

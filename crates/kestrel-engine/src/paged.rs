@@ -26,6 +26,7 @@ impl StepModel for PagedModel {
                 blocks: s.blocks,
                 slot: s.slot as usize,
                 want_logits: s.want_logits,
+                all_logits: s.all_logits,
             })
             .collect();
         self.step(&steps).map_err(|e| e.to_string())
@@ -69,7 +70,11 @@ pub struct PoolPlan {
     pub snapshots_per_seq: usize,
     /// Bytes of every state slot (running + snapshots).
     pub state_bytes: u64,
-    /// Weights + KV + state slots + scratch.
+    /// Speculative decoding's draft model (0 without one): its weights and its K/V, stored
+    /// under the same block ids as the model's (`n_blocks` blocks).
+    pub draft_weight_bytes: u64,
+    pub draft_kv_bytes: u64,
+    /// Weights + KV + state slots + scratch (the draft's included).
     pub total_bytes: u64,
     /// The cap the plan had to respect (75% of available memory, or `--max-memory`).
     pub limit_bytes: Option<u64>,
@@ -97,6 +102,10 @@ pub const SNAPSHOTS_PER_SEQUENCE: usize = 4;
 /// Hybrid models also get one recurrent-state slot per sequence and a snapshot pool of
 /// [`SNAPSHOTS_PER_SEQUENCE`] x (`parallel` + 1) slots, shrunk (down to none) before the KV
 /// pool is when the budget is tight.
+///
+/// A speculative draft model (`draft`: its config and weight bytes) adds its weights, its
+/// scratch, and its K/V for every block of the pool.
+#[allow(clippy::too_many_arguments)]
 pub fn plan_pool(
     cfg: &ModelConfig,
     weight_bytes: u64,
@@ -105,10 +114,21 @@ pub fn plan_pool(
     block_size: usize,
     kv_type: KvType,
     max_memory: Option<u64>,
+    draft: Option<(&ModelConfig, u64)>,
 ) -> Result<PoolPlan, String> {
-    let block_bytes = KvPool::block_bytes(cfg.n_kv_layers(), cfg.kv_dim(), block_size, kv_type);
-    let scratch =
-        kestrel_models::plan::scratch_bytes(cfg, kestrel_models::model::DEFAULT_MAX_BATCH);
+    let target_block_bytes =
+        KvPool::block_bytes(cfg.n_kv_layers(), cfg.kv_dim(), block_size, kv_type);
+    let draft_block_bytes = draft.map_or(0, |(d, _)| {
+        KvPool::block_bytes(d.n_kv_layers(), d.kv_dim(), block_size, kv_type)
+    });
+    let draft_weight_bytes = draft.map_or(0, |(_, w)| w);
+    let scratch_of = |c: &ModelConfig| {
+        kestrel_models::plan::scratch_bytes(c, kestrel_models::model::DEFAULT_MAX_BATCH)
+    };
+    let scratch = scratch_of(cfg) + draft.map_or(0, |(d, _)| scratch_of(d));
+    let weight_bytes = weight_bytes + draft_weight_bytes;
+    // What the planning below sizes per block: both models' K/V.
+    let block_bytes = target_block_bytes + draft_block_bytes;
     let parallel = parallel.max(1);
     let slot_bytes = cfg.state_bytes();
     let (running_slots, per_seq) = if slot_bytes > 0 {
@@ -155,12 +175,13 @@ pub fn plan_pool(
             ));
         }
     }
-    let kv_bytes = (n_blocks * block_bytes) as u64;
+    let kv_bytes = (n_blocks * target_block_bytes) as u64;
+    let draft_kv_bytes = (n_blocks * draft_block_bytes) as u64;
     let state_bytes = ((running_slots + snapshot_slots) * slot_bytes) as u64;
     Ok(PoolPlan {
         block_size,
         n_blocks,
-        block_bytes,
+        block_bytes: target_block_bytes,
         kv_bytes,
         tokens: n_blocks * block_size,
         state_slot_bytes: slot_bytes,
@@ -168,7 +189,9 @@ pub fn plan_pool(
         snapshot_slots,
         snapshots_per_seq: per_seq,
         state_bytes,
-        total_bytes: weight_bytes + kv_bytes + state_bytes + scratch,
+        draft_weight_bytes,
+        draft_kv_bytes,
+        total_bytes: weight_bytes + kv_bytes + draft_kv_bytes + state_bytes + scratch,
         limit_bytes: limit,
     })
 }

@@ -58,6 +58,12 @@ pub struct Usage {
     /// Prompt tokens taken from the prefix cache (not computed).
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Forward steps that produced the tokens after the first (`completion_tokens - 1`
+    /// without speculation; fewer when proposed tokens were accepted).
+    pub decode_steps: usize,
+    /// Speculative decoding: tokens proposed for this request, and how many were kept.
+    pub spec_proposed: usize,
+    pub spec_accepted: usize,
     /// Submit to first generated token.
     pub ttft_ms: f64,
     /// First generated token to the end.

@@ -3,6 +3,7 @@
 //! thread (`engine.rs`) drives it. Recurrent-state slots and snapshots of hybrid models:
 //! `scheduler/state.rs`.
 
+mod speculate;
 mod state;
 
 use std::collections::VecDeque;
@@ -16,6 +17,7 @@ use crate::config::EngineConfig;
 use crate::model::{SeqStep, StepModel};
 use crate::request::{Event, FinishReason};
 use crate::sequence::{Pending, Sequence};
+use crate::speculative::SpecState;
 use crate::stats::EngineStats;
 use crate::stop::StopMatcher;
 
@@ -47,10 +49,15 @@ struct Planned {
     len: usize,
     want_logits: bool,
     prefill: bool,
+    /// Speculative proposals at the end of a decode step (`len` = 1 + drafts); their logits
+    /// are all wanted.
+    drafts: usize,
 }
 
 pub(crate) struct Scheduler<'t> {
     model: Box<dyn StepModel>,
+    /// Speculative decoding's draft model (same vocabulary and block ids as `model`).
+    draft: Option<Box<dyn StepModel>>,
     tokenizer: &'t Tokenizer,
     cfg: EngineConfig,
     pool: BlockPool,
@@ -72,7 +79,12 @@ pub(crate) struct Scheduler<'t> {
 }
 
 impl<'t> Scheduler<'t> {
-    pub fn new(model: Box<dyn StepModel>, tokenizer: &'t Tokenizer, cfg: EngineConfig) -> Self {
+    pub fn new(
+        model: Box<dyn StepModel>,
+        draft: Option<Box<dyn StepModel>>,
+        tokenizer: &'t Tokenizer,
+        cfg: EngineConfig,
+    ) -> Self {
         let mut pool = BlockPool::new(model.kv_blocks(), cfg.block_size);
         let state_slots = model.state_slots();
         let running_slots = cfg.max_running.min(state_slots);
@@ -85,6 +97,7 @@ impl<'t> Scheduler<'t> {
             vocab: model.vocab_size(),
             eog: tokenizer.eog_ids().to_vec(),
             model,
+            draft,
             tokenizer,
             cfg,
             pool,
@@ -166,6 +179,7 @@ impl<'t> Scheduler<'t> {
             return;
         }
         let mut plan = self.plan();
+        self.plan_speculation(&mut plan);
         let mut outcomes: Vec<Option<Outcome>> = (0..self.running.len()).map(|_| None).collect();
 
         // Hand out the blocks this step writes (from the sequences' reservations).
@@ -193,6 +207,9 @@ impl<'t> Scheduler<'t> {
         });
 
         if !plan.is_empty() {
+            self.draft(&mut plan);
+            self.draft_prefill(&plan, &mut outcomes);
+            plan.retain(|p| outcomes[p.seq].is_none());
             self.run_forward(&plan, &mut outcomes);
         }
         for i in (0..outcomes.len()).rev() {
@@ -216,6 +233,7 @@ impl<'t> Scheduler<'t> {
                     len: 1,
                     want_logits: true,
                     prefill: false,
+                    drafts: 0,
                 });
                 budget -= 1;
             }
@@ -243,6 +261,7 @@ impl<'t> Scheduler<'t> {
                 len,
                 want_logits: len == remaining,
                 prefill: true,
+                drafts: 0,
             });
         }
         plan
@@ -261,6 +280,7 @@ impl<'t> Scheduler<'t> {
                     start: p.start,
                     blocks: &s.blocks[..end.div_ceil(bs)],
                     want_logits: p.want_logits,
+                    all_logits: p.drafts > 0,
                     slot: s.slot,
                 }
             })
@@ -275,14 +295,23 @@ impl<'t> Scheduler<'t> {
         c.max_step_seqs = c.max_step_seqs.max(plan.len());
         let decodes = plan.iter().filter(|p| !p.prefill).count();
         c.max_step_decodes = c.max_step_decodes.max(decodes);
-        c.computed_decode_tokens += decodes as u64;
+        c.computed_decode_tokens += plan
+            .iter()
+            .filter(|p| !p.prefill)
+            .map(|p| p.len as u64)
+            .sum::<u64>();
         c.computed_prompt_tokens += plan
             .iter()
             .filter(|p| p.prefill)
             .map(|p| p.len as u64)
             .sum::<u64>();
 
-        let n_want = plan.iter().filter(|p| p.want_logits).count();
+        let rows = |p: &Planned| match (p.want_logits, p.drafts) {
+            (false, _) => 0,
+            (true, 0) => 1,
+            (true, _) => p.len,
+        };
+        let n_want: usize = plan.iter().map(rows).sum();
         let fail_all = |outcomes: &mut [Option<Outcome>], message: String| {
             for p in plan {
                 outcomes[p.seq] = Some(Outcome::Failed(message.clone()));
@@ -303,8 +332,19 @@ impl<'t> Scheduler<'t> {
 
         let mut k = 0;
         for p in plan {
+            let logits = &logits[k * self.vocab..(k + rows(p)) * self.vocab];
+            k += rows(p);
+            if !p.prefill {
+                self.running[p.seq].spec.decode_steps += 1;
+            }
+            if p.drafts > 0 {
+                if let Some(reason) = self.verify(p, logits) {
+                    outcomes[p.seq] = Some(Outcome::Finished(reason));
+                }
+            } else {
+                self.running[p.seq].computed = p.start + p.len;
+            }
             let seq = &mut self.running[p.seq];
-            seq.computed = p.start + p.len;
             // Newly full blocks enter the prefix index at once.
             while seq.hashes.len() < seq.computed / bs {
                 let i = seq.hashes.len();
@@ -318,11 +358,9 @@ impl<'t> Scheduler<'t> {
                 self.snapshot_after(p.seq, p.start + p.len);
             }
             let seq = &mut self.running[p.seq];
-            if p.want_logits {
-                let l = &logits[k * self.vocab..(k + 1) * self.vocab];
-                k += 1;
+            if p.want_logits && p.drafts == 0 {
                 self.counters.generated_tokens += 1;
-                if let Some(reason) = seq.on_logits(l, &self.eog) {
+                if let Some(reason) = seq.on_logits(logits, &self.eog) {
                     outcomes[p.seq] = Some(Outcome::Finished(reason));
                 }
             }
@@ -406,6 +444,9 @@ impl<'t> Scheduler<'t> {
                 if let Some(dst) = dst {
                     if n > 0 {
                         self.model.copy_block(src, dst, n);
+                        if let Some(draft) = self.draft.as_mut() {
+                            draft.copy_block(src, dst, n);
+                        }
                     }
                     blocks.push(dst);
                     allocated = 1;
@@ -432,7 +473,13 @@ impl<'t> Scheduler<'t> {
             self.counters.cached_prompt_tokens += cached as u64;
 
             let req = p.req;
+            // The draft draws with the same chain and its own stream of random numbers.
+            let draft_sampler = self
+                .draft
+                .as_ref()
+                .map(|_| p.sampler.reseeded(p.sampler.seed() ^ 0x9e37_79b9_7f4a_7c15));
             self.running.push(Sequence {
+                spec: SpecState::new(self.cfg.spec.k, cached, draft_sampler),
                 tx: p.tx,
                 cancel: p.cancel,
                 submitted: p.submitted,

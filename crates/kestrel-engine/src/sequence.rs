@@ -10,6 +10,7 @@ use kestrel_tokenizer::StreamDecoder;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::request::{Event, FinishReason, GenerateRequest, TokenLogprob, Usage};
+use crate::speculative::SpecState;
 use crate::stop::{StopMatcher, StopOutcome};
 
 /// A request accepted by `submit`, waiting for admission.
@@ -64,6 +65,8 @@ pub(crate) struct Sequence<'t> {
     pub sampler: Sampler,
     pub decoder: StreamDecoder<'t>,
     pub stop: StopMatcher,
+    /// Speculative decoding's state (unused when speculation is off).
+    pub spec: SpecState,
 }
 
 impl<'t> Sequence<'t> {
@@ -89,6 +92,9 @@ impl<'t> Sequence<'t> {
             prompt_tokens: self.prompt_len,
             cached_tokens: self.cached_tokens,
             completion_tokens: self.generated(),
+            decode_steps: self.spec.decode_steps,
+            spec_proposed: self.spec.proposed,
+            spec_accepted: self.spec.accepted,
             ttft_ms: self.first_token_at.map_or(0.0, |t| ms(self.submitted, t)),
             decode_ms: self.first_token_at.map_or(0.0, |t| ms(t, now)),
         }
@@ -97,6 +103,12 @@ impl<'t> Sequence<'t> {
     /// Samples the next token from `logits`, streams it, and says whether the request is done.
     pub fn on_logits(&mut self, logits: &[f32], eog: &[u32]) -> Option<FinishReason> {
         let id = self.sampler.sample(logits, &self.tokens);
+        self.emit(id, logits, eog)
+    }
+
+    /// Appends token `id` (chosen from `logits`), streams it, and says whether the request is
+    /// done.
+    pub fn emit(&mut self, id: u32, logits: &[f32], eog: &[u32]) -> Option<FinishReason> {
         let logprob = self.logprobs.map(|n| TokenLogprob {
             id,
             logprob: chosen_logprob(logits, id),

@@ -42,4 +42,8 @@ pub struct EngineStats {
     /// Snapshots taken, and evicted to make room for newer ones, since start.
     pub snapshots_taken: u64,
     pub snapshots_evicted: u64,
+    /// Speculative decoding: steps that verified proposals, tokens proposed, tokens kept.
+    pub spec_steps: u64,
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
 }

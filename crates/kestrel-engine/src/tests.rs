@@ -90,6 +90,7 @@ fn cfg(block_size: usize, chunk: usize, budget: usize, max_running: usize) -> En
         step_token_budget: budget,
         max_running,
         ctx_size: 1 << 20,
+        spec: Default::default(),
     }
 }
 
@@ -103,7 +104,15 @@ impl Harness {
     fn with_model(cfg: EngineConfig, model: MockModel) -> Self {
         let log = model.log();
         Self {
-            s: Scheduler::new(Box::new(model), tokenizer(), cfg),
+            s: Scheduler::new(Box::new(model), None, tokenizer(), cfg),
+            log,
+        }
+    }
+    /// With a draft model for speculative decoding (`cfg.spec.mode` should be `Draft`).
+    fn with_draft(cfg: EngineConfig, model: MockModel, draft: MockModel) -> Self {
+        let log = model.log();
+        Self {
+            s: Scheduler::new(Box::new(model), Some(Box::new(draft)), tokenizer(), cfg),
             log,
         }
     }
@@ -598,4 +607,5 @@ fn model_error_fails_only_its_step_and_engine_continues() {
 }
 
 /// Hybrid models (recurrent state and its snapshots) over the mock playing one.
+mod speculative;
 mod state;

@@ -33,6 +33,7 @@ fn cfg() -> EngineConfig {
         step_token_budget: 64,
         max_running: 4,
         ctx_size: 1024,
+        spec: Default::default(),
     }
 }
 

@@ -116,6 +116,7 @@ fn start(
         step_token_budget: chunk.max(parallel),
         max_running: parallel,
         ctx_size: 1024,
+        spec: Default::default(),
     };
     let engine = Engine::try_start(Box::new(rec), tok, cfg).expect("engine starts");
     Setup {

@@ -21,6 +21,8 @@ pub struct PagedStep<'a> {
     pub slot: usize,
     /// Whether the last token's logits are wanted.
     pub want_logits: bool,
+    /// Logits of every token instead (verifying speculative tokens).
+    pub all_logits: bool,
 }
 
 pub struct PagedModel {
@@ -94,10 +96,10 @@ impl PagedModel {
                 start: s.start,
                 blocks: s.blocks,
                 slot: s.slot,
-                want: if s.want_logits {
-                    WantLogits::Last
-                } else {
-                    WantLogits::None
+                want: match (s.want_logits, s.all_logits) {
+                    (false, _) => WantLogits::None,
+                    (true, false) => WantLogits::Last,
+                    (true, true) => WantLogits::All,
                 },
             })
             .collect();

@@ -39,6 +39,7 @@ pub mod params;
 pub mod processors;
 pub mod rng;
 pub mod sampler;
+pub mod speculative;
 
 pub use candidates::{Candidate, Candidates};
 pub use error::SamplerError;
@@ -46,3 +47,4 @@ pub use logprobs::logprobs;
 pub use params::SamplingParams;
 pub use rng::Xoshiro256StarStar;
 pub use sampler::Sampler;
+pub use speculative::{Distribution, Verdict};

@@ -42,6 +42,15 @@ impl Sampler {
         self.seed
     }
 
+    /// The same chain with a fresh RNG seeded by `seed` (a draft model's draws).
+    pub fn reseeded(&self, seed: u64) -> Sampler {
+        Sampler {
+            seed,
+            rng: Xoshiro256StarStar::seed_from_u64(seed),
+            ..self.clone()
+        }
+    }
+
     /// Picks the next token from `logits` (one per vocabulary entry).
     /// `history` is the sequence so far, prompt plus generated tokens, used
     /// by the penalties.
@@ -50,6 +59,17 @@ impl Sampler {
     /// 1, else top-k, top-p, min-p, temperature and a seeded draw. NaN
     /// logits count as `-inf`; empty `logits` give token 0.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let picked = if self.process(logits, history) {
+            greedy::argmax(&self.cands)
+        } else {
+            dist::sample(&self.cands, &mut self.rng)
+        };
+        picked.unwrap_or(0)
+    }
+
+    /// Runs the chain up to the draw, leaving the candidates to draw from in `self.cands`;
+    /// returns whether the pick is greedy (argmax, no draw).
+    pub(crate) fn process(&mut self, logits: &[f32], history: &[u32]) -> bool {
         let p = &self.params;
         self.cands.fill(logits);
         Penalties {
@@ -59,16 +79,22 @@ impl Sampler {
             frequency: p.frequency_penalty,
         }
         .apply(&mut self.cands, history, &mut self.scratch);
+        if p.is_greedy() {
+            return true;
+        }
+        TopK(p.top_k as usize).apply(&mut self.cands);
+        TopP(p.top_p).apply(&mut self.cands);
+        MinP(p.min_p).apply(&mut self.cands);
+        Temperature(p.temperature).apply(&mut self.cands);
+        false
+    }
 
-        let picked = if p.is_greedy() {
-            greedy::argmax(&self.cands)
-        } else {
-            TopK(p.top_k as usize).apply(&mut self.cands);
-            TopP(p.top_p).apply(&mut self.cands);
-            MinP(p.min_p).apply(&mut self.cands);
-            Temperature(p.temperature).apply(&mut self.cands);
-            dist::sample(&self.cands, &mut self.rng)
-        };
-        picked.unwrap_or(0)
+    /// The candidates left by [`Sampler::process`].
+    pub(crate) fn candidates(&self) -> &Candidates {
+        &self.cands
+    }
+
+    pub(crate) fn rng(&mut self) -> &mut Xoshiro256StarStar {
+        &mut self.rng
     }
 }

@@ -26,6 +26,9 @@ pub struct BackendStats {
     pub kv_blocks_free: usize,
     pub queue_depth: usize,
     pub running: usize,
+    /// Speculative decoding since start: tokens proposed, and kept after verification.
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
 }
 
 /// A submitted request: its event stream, and a guard whose drop cancels it.
@@ -67,6 +70,8 @@ impl From<&EngineStats> for BackendStats {
             kv_blocks_free: s.blocks_free,
             queue_depth: s.queue_depth,
             running: s.running,
+            spec_proposed: s.spec_proposed,
+            spec_accepted: s.spec_accepted,
         }
     }
 }

@@ -228,6 +228,24 @@ impl Metrics {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
+        let spec = [
+            (
+                "kestrel_spec_proposed_tokens_total",
+                "Speculative decoding: tokens proposed (lookup or draft model).",
+                stats.spec_proposed,
+            ),
+            (
+                "kestrel_spec_accepted_tokens_total",
+                "Speculative decoding: proposed tokens kept after verification.",
+                stats.spec_accepted,
+            ),
+        ];
+        for (name, help, v) in spec {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
+        }
         out
     }
 }
@@ -256,6 +274,7 @@ mod tests {
                 completion_tokens: 5,
                 ttft_ms: 30.0,
                 decode_ms: 200.0,
+                ..Default::default()
             },
             FinishReason::Stop,
         );
@@ -266,9 +285,13 @@ mod tests {
             kv_blocks_free: 95,
             queue_depth: 1,
             running: 2,
+            spec_proposed: 40,
+            spec_accepted: 31,
         };
         let text = m.render(&stats);
         for line in [
+            "kestrel_spec_proposed_tokens_total 40",
+            "kestrel_spec_accepted_tokens_total 31",
             "kestrel_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2",
             "kestrel_http_requests_total{route=\"/v1/chat/completions\",status=\"400\"} 1",
             "kestrel_prompt_tokens_total 10",

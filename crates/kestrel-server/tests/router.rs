@@ -115,6 +115,7 @@ impl Backend for Fake {
                 completion_tokens: n,
                 ttft_ms: 12.0,
                 decode_ms: 40.0,
+                ..Default::default()
             },
         });
         Ok(Generation::new(rx, guard))
@@ -127,6 +128,8 @@ impl Backend for Fake {
             kv_blocks_free: 92,
             queue_depth: 1,
             running: 2,
+            spec_proposed: 0,
+            spec_accepted: 0,
         }
     }
 }

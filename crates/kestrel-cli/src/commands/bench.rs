@@ -55,6 +55,10 @@ pub struct BenchArgs {
     /// On the GPU: run decode steps eagerly instead of replaying CUDA graphs.
     #[arg(long)]
     pub no_graphs: bool,
+    /// With --spec lookup|draft: the code-editing workload, speculative beside plain decoding
+    /// (-n caps the answer, default 2048; -r runs of each).
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -108,7 +112,7 @@ struct Row {
     decode_fraction: Option<Stat>,
 }
 
-fn list(s: &str, what: &str) -> Result<Vec<usize>> {
+pub fn list(s: &str, what: &str) -> Result<Vec<usize>> {
     s.split(',')
         .map(|x| {
             x.trim()
@@ -293,6 +297,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut opts = LoadOptions::default();
     if let Some(t) = args.threads {
         opts.threads = t.max(1);
+    }
+    if args.spec.spec != kestrel_engine::SpecMode::Off {
+        return crate::commands::spec_bench::run(&args, opts);
     }
     match args.scenario.as_deref() {
         None => {}

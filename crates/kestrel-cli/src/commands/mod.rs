@@ -5,4 +5,5 @@ pub mod logits;
 pub mod run;
 pub mod scenarios;
 pub mod serve;
+pub mod spec_bench;
 pub mod tokens;

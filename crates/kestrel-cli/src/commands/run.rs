@@ -70,6 +70,8 @@ pub struct EngineArgs {
     /// cpu, cuda, cuda:N, or auto (the GPU when one is present and the plan fits there).
     #[arg(long, default_value = "auto")]
     pub device: String,
+    #[command(flatten)]
+    pub spec: crate::spec::SpecArgs,
 }
 
 impl EngineArgs {
@@ -104,8 +106,11 @@ impl EngineArgs {
         quiet_load: bool,
     ) -> Result<kestrel_engine::Engine> {
         let kv_type = self.kv_type(src)?;
-        let (model, plan) = crate::gpu::step_model(
+        let spec = self.spec.config()?;
+        let draft = self.spec.open_draft(src)?;
+        let loaded = crate::gpu::step_model(
             src,
+            draft.as_ref(),
             self.device()?,
             self.load_options(),
             ctx,
@@ -115,7 +120,7 @@ impl EngineArgs {
             quiet_plan,
             quiet_load,
         )?;
-        crate::generate::start_engine(src, model, &plan, ctx)
+        crate::generate::start_engine(src, loaded, ctx, spec)
     }
 
     pub fn kv_type(&self, src: &ModelSource) -> Result<KvType> {
@@ -233,6 +238,11 @@ pub fn run(args: RunArgs) -> Result<()> {
                 "e2e_tok_s": t.e2e_tok_s,
                 "prompt_n": t.prompt_n,
                 "decode_n": t.decode_n,
+                "decode_steps": t.decode_steps,
+                "tokens_per_step": t.tokens_per_step,
+                "spec_proposed": t.spec_proposed,
+                "spec_accepted": t.spec_accepted,
+                "acceptance_rate": t.acceptance_rate,
             },
         });
         writeln!(stdout, "{obj}")?;
@@ -242,6 +252,15 @@ pub fn run(args: RunArgs) -> Result<()> {
             "prompt: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | ttft {:.0} ms | stop: {:?}",
             t.prompt_n, t.prompt_tok_s, t.decode_n, t.decode_tok_s, t.ttft_ms, out.stop
         );
+        if t.spec_proposed > 0 {
+            eprintln!(
+                "speculation: {} of {} proposed tokens kept ({:.0}%), {:.2} tokens per step",
+                t.spec_accepted,
+                t.spec_proposed,
+                t.acceptance_rate * 100.0,
+                t.tokens_per_step
+            );
+        }
     }
     Ok(())
 }

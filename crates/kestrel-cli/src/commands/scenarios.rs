@@ -38,6 +38,7 @@ fn engine_for(
         BLOCK_SIZE,
         KvType::F16,
         None,
+        None,
     )
     .map_err(|e| anyhow!(e))?;
     let model = src.load_model(opts.clone(), true)?;

@@ -88,8 +88,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .unwrap_or_else(|| "model".into())
     });
     // The plan comes from the config alone: printed, or refused, before any weight is loaded.
-    let (paged, plan) = crate::gpu::step_model(
+    let spec = args.engine.spec.config()?;
+    let draft = args.engine.spec.open_draft(&src)?;
+    let loaded = crate::gpu::step_model(
         &src,
+        draft.as_ref(),
         args.engine.device()?,
         args.engine.load_options(),
         ctx,
@@ -100,14 +103,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         false,
     )?;
     let cfg = EngineConfig {
-        block_size: plan.block_size,
+        block_size: loaded.plan.block_size,
         max_running: args.parallel.max(1),
         ctx_size: ctx,
         step_token_budget: 512.max(args.parallel),
+        spec,
         ..EngineConfig::default()
     };
-    let engine = Engine::try_start(paged, src.tokenizer.clone(), cfg)
-        .map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
+    let engine =
+        Engine::try_start_with_draft(loaded.model, loaded.draft, src.tokenizer.clone(), cfg)
+            .map_err(|e| anyhow::anyhow!("engine configuration: {e}"))?;
     let config = ServerConfig {
         api_key: args.api_key.clone(),
         model_context: src.config.max_context,

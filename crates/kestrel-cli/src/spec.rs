@@ -1,0 +1,89 @@
+//! `--spec off|lookup|draft`, `--draft-model FILE`, `--spec-k N`: speculative decoding for
+//! run, chat, serve and bench.
+
+use crate::source::ModelSource;
+use anyhow::{bail, Result};
+use kestrel_engine::{SpecConfig, SpecMode};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: off; lookup (proposals copied from earlier in the prompt or
+    /// output: no second model); or draft (a small model of the same vocabulary proposes,
+    /// --draft-model). Greedy output is unchanged; sampling keeps its distribution.
+    #[arg(long, default_value = "off", value_parser = parse_mode)]
+    pub spec: SpecMode,
+    /// The draft model for --spec draft (e.g. Qwen2.5-Coder-0.5B for the 1.5B); its K/V is
+    /// counted in the memory plan.
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// Most tokens proposed per step (adapted to the recent acceptance).
+    #[arg(long, default_value_t = 8)]
+    pub spec_k: usize,
+}
+
+fn parse_mode(s: &str) -> Result<SpecMode, String> {
+    s.parse()
+}
+
+impl SpecArgs {
+    /// The engine's speculation settings, checked against each other.
+    pub fn config(&self) -> Result<SpecConfig> {
+        match (self.spec, &self.draft_model) {
+            (SpecMode::Draft, None) => bail!("--spec draft needs --draft-model FILE"),
+            (SpecMode::Off | SpecMode::Lookup, Some(_)) => {
+                bail!("--draft-model is used only with --spec draft")
+            }
+            _ => {}
+        }
+        if !(1..=32).contains(&self.spec_k) {
+            bail!("--spec-k must be between 1 and 32");
+        }
+        Ok(SpecConfig {
+            mode: self.spec,
+            k: self.spec_k,
+            ..SpecConfig::default()
+        })
+    }
+
+    /// Opens the draft model and checks that it shares `target`'s vocabulary.
+    pub fn open_draft(&self, target: &ModelSource) -> Result<Option<ModelSource>> {
+        let Some(path) = self
+            .draft_model
+            .as_ref()
+            .filter(|_| self.spec == SpecMode::Draft)
+        else {
+            return Ok(None);
+        };
+        let draft = ModelSource::open(path)?;
+        check_same_vocabulary(target, &draft)?;
+        Ok(Some(draft))
+    }
+}
+
+/// The draft's token ids must mean what the target's mean: same vocabulary size (the logits
+/// rows are compared id by id), same end-of-generation tokens, and the same tokens for a
+/// probe text with code, prose and specials.
+fn check_same_vocabulary(target: &ModelSource, draft: &ModelSource) -> Result<()> {
+    let (t, d) = (&target.tokenizer, &draft.tokenizer);
+    let name = |s: &ModelSource| s.path.display().to_string();
+    if target.config.vocab_size != draft.config.vocab_size {
+        bail!(
+            "the draft model {} has {} vocabulary entries, {} has {}: a draft must share the model's vocabulary",
+            name(draft),
+            draft.config.vocab_size,
+            name(target),
+            target.config.vocab_size
+        );
+    }
+    const PROBE: &str = "def add(a, b):\n    return a + b  # naïve, 中文 <|im_end|>";
+    let same_probe = t.encode(PROBE, false, true)? == d.encode(PROBE, false, true)?;
+    if !same_probe || t.eog_ids() != d.eog_ids() {
+        bail!(
+            "the draft model {} tokenizes differently from {}: a draft must share the model's vocabulary",
+            name(draft),
+            name(target)
+        );
+    }
+    Ok(())
+}
