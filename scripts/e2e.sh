@@ -9,7 +9,10 @@
 #   - SmolLM2 135M with --parallel 8: the load test (tests/e2e/load_test.py), then the API
 #     behaviour checks (tests/e2e/api_checks.py);
 #   - Qwen2.5-Coder 0.5B with a 20k context: Qwen Code's recorded requests (a 17.5k-token first
-#     turn, then the next turn from the prefix cache; tests/e2e/agent_request.py).
+#     turn, then the next turn from the prefix cache; tests/e2e/agent_request.py);
+#   - then, speculative decoding: SmolLM2 with --spec lookup and Qwen2.5-Coder 1.5B with the
+#     0.5B as its draft model: greedy output equals plain decoding through the CLI and the
+#     server (tests/e2e/spec_check.py).
 # The servers are always killed on exit. Exits non-zero if any check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +21,7 @@ START=$(date +%s)
 
 BIN=$ROOT/target/release/kestrel
 QWEN=$ROOT/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+QWEN15=$ROOT/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf
 SMOL=$ROOT/models/smollm2-135m-instruct-q4_1.gguf
 OPENAI_VERSION=${OPENAI_VERSION:-3.57.0}
 SMOL_CTX=2048
@@ -27,7 +31,7 @@ if [[ ! -x $BIN ]]; then
     echo "e2e: $BIN is missing; build it first: cargo build --release -p kestrel-cli" >&2
     exit 1
 fi
-for m in "$QWEN" "$SMOL"; do
+for m in "$QWEN" "$QWEN15" "$SMOL"; do
     if [[ ! -f $m ]]; then
         echo "e2e: model $m is missing; fetch it first: bash scripts/fetch-models.sh" >&2
         exit 1
@@ -138,6 +142,36 @@ step "agent requests (Qwen Code's recorded turns on qwen 0.5B; max_tokens to the
     --small-url "http://127.0.0.1:$SMOL_PORT" --small-ctx "$SMOL_CTX" --small-model-ctx 8192
 
 for pid in "$QWEN_PID" "$SMOL_PID" "$AGENT_PID"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+        FAILED+=("server (pid $pid) exited during the tests")
+    fi
+done
+
+# Speculative decoding: two more servers, started now that the others are done with the CPU.
+read -r LOOKUP_PORT DRAFT_PORT < <("$PY" - <<'EOF'
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+EOF
+)
+echo "== e2e: starting speculative servers (SmolLM2 --spec lookup on :$LOOKUP_PORT, qwen 1.5B --spec draft with 0.5B on :$DRAFT_PORT)"
+"$BIN" serve -m "$SMOL" --port "$LOOKUP_PORT" --parallel 2 --spec lookup >"$WORK/lookup.log" 2>&1 &
+PIDS+=($!)
+LOOKUP_PID=$!
+"$BIN" serve -m "$QWEN15" --port "$DRAFT_PORT" --parallel 2 --ctx-size 2048 --spec draft \
+    --draft-model "$QWEN" >"$WORK/draft.log" 2>&1 &
+PIDS+=($!)
+DRAFT_PID=$!
+wait_health lookup "$LOOKUP_PID" "$LOOKUP_PORT"
+wait_health draft "$DRAFT_PID" "$DRAFT_PORT"
+step "speculative decoding equals plain greedy (SmolLM2 lookup: CLI and server)" \
+    "$PY" tests/e2e/spec_check.py --kestrel "$BIN" --model "$SMOL" --server "http://127.0.0.1:$LOOKUP_PORT"
+step "speculative decoding equals plain greedy (qwen 1.5B lookup and 0.5B draft: CLI; draft: server)" \
+    "$PY" tests/e2e/spec_check.py --kestrel "$BIN" --model "$QWEN15" --draft-model "$QWEN" \
+    --server "http://127.0.0.1:$DRAFT_PORT"
+for pid in "$LOOKUP_PID" "$DRAFT_PID"; do
     if ! kill -0 "$pid" 2>/dev/null; then
         FAILED+=("server (pid $pid) exited during the tests")
     fi

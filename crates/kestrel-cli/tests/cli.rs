@@ -242,6 +242,106 @@ fn run_reproduces_transformers_greedy_continuations() {
     }
 }
 
+/// Speculative decoding (`--spec lookup`, and `--spec draft` with the model as its own draft)
+/// keeps the transformers greedy continuations; a hybrid model refuses it in one line.
+#[test]
+fn speculative_run_keeps_the_greedy_continuations() {
+    for arch in ["llama", "qwen2", "qwen3"] {
+        let gguf = tiny(arch).join(format!("{arch}-f32.gguf"));
+        let gguf = gguf.to_str().unwrap();
+        let bytes = std::fs::read(tiny(arch).join("reference.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let ints = |name: &str| -> Vec<u32> {
+            st.tensor(name)
+                .unwrap()
+                .data()
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
+                .collect()
+        };
+        for i in 0..3 {
+            let prompt: Vec<String> = ints(&format!("tokens_{i}"))
+                .iter()
+                .map(|t| t.to_string())
+                .collect();
+            let prompt = prompt.join(",");
+            for spec in [
+                vec!["--spec", "lookup"],
+                vec!["--spec", "draft", "--draft-model", gguf, "--spec-k", "4"],
+            ] {
+                let mut args = vec![
+                    "run",
+                    "-m",
+                    gguf,
+                    "--prompt-ids",
+                    &prompt,
+                    "-n",
+                    "24",
+                    "--temp",
+                    "0",
+                    "--ignore-eos",
+                    "--kv-type",
+                    "f32",
+                    "--json",
+                    "--device",
+                    "cpu",
+                ];
+                args.extend(&spec);
+                let out = kestrel(&args);
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                let got: Vec<u32> = v["tokens"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u32)
+                    .collect();
+                assert_eq!(
+                    got,
+                    ints(&format!("greedy_{i}")),
+                    "{arch} case {i} {spec:?}"
+                );
+                let t = &v["timings"];
+                if spec[1] == "draft" {
+                    // The model drafting for itself: every proposal is kept.
+                    assert!(t["spec_accepted"].as_u64().unwrap() > 0, "{t}");
+                    assert!(t["acceptance_rate"].as_f64().unwrap() > 0.9, "{t}");
+                    assert!(t["tokens_per_step"].as_f64().unwrap() > 1.5, "{t}");
+                }
+            }
+        }
+    }
+    let hybrid = tiny("qwen3_5");
+    let out = kestrel(&[
+        "run",
+        "-m",
+        hybrid.to_str().unwrap(),
+        "-p",
+        "hi",
+        "-n",
+        "4",
+        "--spec",
+        "lookup",
+        "--device",
+        "cpu",
+    ]);
+    assert_clean_failure(&out, "cannot be rolled back");
+    let out = kestrel(&[
+        "run",
+        "-m",
+        hybrid.to_str().unwrap(),
+        "-p",
+        "hi",
+        "--spec",
+        "draft",
+    ]);
+    assert_clean_failure(&out, "--draft-model");
+}
+
 #[test]
 fn tokenize_detokenize_and_template_round_trip() {
     let m = tiny("qwen2").join("qwen2-f32.gguf");

@@ -41,12 +41,17 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
         "the workload's prompt fills the model's context"
     );
     let threads = opts.threads;
-    println!(
+    let say = if args.json {
+        |s: String| eprintln!("{s}")
+    } else {
+        |s: String| println!("{s}")
+    };
+    say(format!(
         "workload: inventory.py ({} lines) + \"rename total_value\": prompt {} tokens, answer up to {max_tokens} tokens, greedy, {threads} threads, {} runs each",
         SOURCE.lines().count(),
         prompt.len(),
         args.reps
-    );
+    ));
 
     let engine = |spec: SpecConfig, draft: Option<&ModelSource>| -> Result<Engine> {
         let loaded = crate::gpu::step_model(
@@ -111,6 +116,8 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
             "spec_proposed": t.spec_proposed,
             "spec_accepted": t.spec_accepted,
             "same_tokens": same,
+            "prompt_ids": prompt,
+            "tokens": specd.tokens,
         });
         println!("{obj}");
     } else {

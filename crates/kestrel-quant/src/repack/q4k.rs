@@ -202,11 +202,15 @@ impl Q4KRepacked {
                 let p = pre.as_ptr();
                 let mut c = 0;
                 while c < acts.len() {
-                    let n = (acts.len() - c).min(4);
+                    let n = (acts.len() - c).min(8);
                     let (a, o) = (&acts[c..], &mut out[c * R..(c + n) * R]);
                     // SAFETY: as above; `pre` holds this group's unpacked scales.
                     unsafe {
                         match n {
+                            8 => avx512::tile::<8, true>(nb, w, p, a, c, gemm_upto, o),
+                            7 => avx512::tile::<7, true>(nb, w, p, a, c, gemm_upto, o),
+                            6 => avx512::tile::<6, true>(nb, w, p, a, c, gemm_upto, o),
+                            5 => avx512::tile::<5, true>(nb, w, p, a, c, gemm_upto, o),
                             4 => avx512::tile::<4, true>(nb, w, p, a, c, gemm_upto, o),
                             3 => avx512::tile::<3, true>(nb, w, p, a, c, gemm_upto, o),
                             2 => avx512::tile::<2, true>(nb, w, p, a, c, gemm_upto, o),

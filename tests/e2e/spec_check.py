@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Speculative decoding gives plain greedy decoding's tokens, through the CLI and the server.
+
+    spec_check.py --kestrel BIN --model MODEL --server URL [--draft-model DRAFT]
+
+For every llama.cpp generation fixture of MODEL (testdata/llamacpp/generate_public.json: its
+prompts as token ids, greedy, up to 48 tokens):
+- `kestrel run` plain, then with `--spec lookup` (and `--spec draft --draft-model DRAFT` when
+  given): the same token ids;
+- the server at URL (started with --spec): POST /v1/completions with the prompt ids, greedy:
+  the plain run's text and finish reason.
+Then the server's /metrics must count proposed and accepted speculative tokens.
+"""
+import argparse, json, subprocess, sys, urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+failures = []
+
+
+def check(name, ok, detail=""):
+    print(("ok   " if ok else "FAIL ") + name + ("" if ok else f": {detail}"), flush=True)
+    if not ok:
+        failures.append(name)
+    return ok
+
+
+def run(bin_, model, ids, n, extra):
+    out = subprocess.run([bin_, "run", "-m", model, "--prompt-ids", ",".join(map(str, ids)), "-n", str(n),
+                          "--temp", "0", "--json", "--device", "cpu", *extra],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"kestrel run {' '.join(extra)}: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kestrel", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--draft-model")
+    a = ap.parse_args()
+    fx = json.loads((ROOT / "testdata/llamacpp/generate_public.json").read_text())
+    name = Path(a.model).name
+    cases = [c for c in fx["cases"] if c["model"] == name]
+    if not check(f"{name}: generation fixtures found", len(cases) > 0):
+        sys.exit(1)
+    kinds = [("lookup", ["--spec", "lookup"])]
+    if a.draft_model:
+        kinds.append(("draft", ["--spec", "draft", "--draft-model", a.draft_model]))
+    accepted = 0
+    for c in cases:
+        n = 48
+        plain = run(a.kestrel, a.model, c["prompt_ids"], n, [])
+        for kind, extra in kinds:
+            spec = run(a.kestrel, a.model, c["prompt_ids"], n, extra)
+            accepted += spec["timings"]["spec_accepted"]
+            check(f"{name} {c['name']}: run --spec {kind} gives the plain tokens", spec["tokens"] == plain["tokens"],
+                  f"{spec['tokens']} vs {plain['tokens']}")
+        resp = post(a.server.rstrip("/") + "/v1/completions",
+                    {"model": name, "prompt": c["prompt_ids"], "max_tokens": n, "temperature": 0})
+        choice = resp["choices"][0]
+        want_finish = "stop" if plain["stop_reason"] == "stop" else "length"
+        check(f"{name} {c['name']}: the --spec server gives the plain text",
+              choice["text"] == plain["text"] and choice["finish_reason"] == want_finish,
+              f"{choice['text']!r} ({choice['finish_reason']}) vs {plain['text']!r} ({want_finish})")
+    check(f"{name}: the CLI kept speculative tokens", accepted > 0, str(accepted))
+    with urllib.request.urlopen(a.server.rstrip("/") + "/metrics", timeout=30) as r:
+        metrics = r.read().decode()
+    counts = {l.split()[0]: float(l.split()[1]) for l in metrics.splitlines()
+              if l.startswith("kestrel_spec_")}
+    check(f"{name}: /metrics counts proposed and accepted tokens",
+          counts.get("kestrel_spec_proposed_tokens_total", 0) >= counts.get("kestrel_spec_accepted_tokens_total", 0) > 0,
+          str(counts))
+    if failures:
+        print(f"{len(failures)} spec check(s) failed", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
