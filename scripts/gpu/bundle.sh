@@ -10,6 +10,6 @@ mkdir -p "$DEST"
 strip -o /tmp/kestrel-stripped "$ROOT/target/release/kestrel"
 xz -T2 -6 -c /tmp/kestrel-stripped > "$DEST/kestrel.xz"
 [ -f "$DEST/llama-src.tar.xz" ] || tar cJf "$DEST/llama-src.tar.xz" -C "$(dirname "$LLAMA_SRC")" "$(basename "$LLAMA_SRC")"
-cp "$WHEEL" "$DEST/"
+cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$DEST/"
 cp "$ROOT/../shared/peers/gpu/make_dense_model.py" "$ROOT/../shared/peers/gpu/ggml-vocab-qwen2.gguf" "$DEST/"
 du -sh "$DEST"/*

@@ -98,14 +98,6 @@ pub fn step_model(
 ) -> Result<Loaded> {
     let quiet = quiet_plan;
     let block_size = crate::generate::BLOCK_SIZE;
-    let device = match (device, draft) {
-        (Device::Cuda(_), Some(_)) => {
-            anyhow::bail!("--spec draft runs on the CPU only for now (use --device cpu, or --spec lookup on the GPU)")
-        }
-        // A draft model keeps `auto` on the CPU, where the draft can run.
-        (Device::Auto, Some(_)) => Device::Cpu,
-        (d, _) => d,
-    };
     let cuda = match device {
         Device::Cpu => None,
         Device::Cuda(n) => Some(open_cuda(

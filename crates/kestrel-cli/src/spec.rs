@@ -1,6 +1,7 @@
 //! `--spec off|lookup|draft`, `--draft-model FILE`, `--spec-k N`: speculative decoding for
 //! run, chat, serve and bench.
 
+use crate::gpu::Device;
 use crate::source::ModelSource;
 use anyhow::{bail, Result};
 use kestrel_engine::{SpecConfig, SpecMode};
@@ -44,6 +45,29 @@ impl SpecArgs {
             k: self.spec_k,
             ..SpecConfig::default()
         })
+    }
+
+    /// Where the model runs with these settings: speculation runs on the CPU backend for now
+    /// (an explicit `--device cuda` is refused, `auto` stays on the CPU, saying so unless
+    /// `quiet`). On the GPU the verification pass goes through the multi-token GEMM path, whose
+    /// rounding differs from the one-token mat-vec enough that greedy output would not be
+    /// plain greedy's token for token (seen on random-weight files, whose logits are flat).
+    pub fn device(&self, device: Device, quiet: bool) -> Result<Device> {
+        if self.spec == SpecMode::Off {
+            return Ok(device);
+        }
+        match device {
+            Device::Cuda(_) => bail!(
+                "--spec runs on the CPU backend for now (use --device cpu): on the GPU the verification pass would not give plain decoding's tokens exactly"
+            ),
+            Device::Auto => {
+                if !quiet {
+                    eprintln!("device: cpu (--spec runs on the CPU backend for now)");
+                }
+                Ok(Device::Cpu)
+            }
+            Device::Cpu => Ok(Device::Cpu),
+        }
     }
 
     /// Opens the draft model and checks that it shares `target`'s vocabulary.

@@ -340,6 +340,19 @@ fn speculative_run_keeps_the_greedy_continuations() {
         "draft",
     ]);
     assert_clean_failure(&out, "--draft-model");
+    let tiny_gguf = tiny("qwen2").join("qwen2-f32.gguf");
+    let out = kestrel(&[
+        "run",
+        "-m",
+        tiny_gguf.to_str().unwrap(),
+        "-p",
+        "hi",
+        "--spec",
+        "lookup",
+        "--device",
+        "cuda",
+    ]);
+    assert_clean_failure(&out, "--spec runs on the CPU backend");
 }
 
 #[test]

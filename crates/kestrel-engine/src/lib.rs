@@ -41,6 +41,16 @@
 //! ([`SNAPSHOTS_PER_SEQUENCE`]) and in all (the pool, least recently used evicted first); a
 //! snapshot lives exactly as long as its index entry.
 
+//!
+//! ## Speculative decoding
+//! With [`SpecConfig`] on, a decoding sequence's step carries its pending token plus up to `k`
+//! proposals (n-gram lookup in its own tokens, `speculative.rs`, or a draft model that stores
+//! its K/V under the same block ids, `scheduler/speculate.rs`); the one forward pass returns
+//! logits for each, the sampler keeps the agreeing run (`kestrel_sampler::speculative`), and
+//! `computed` moves back over the rejected positions, whose K/V the next step overwrites.
+//! Blocks enter the prefix index only up to `computed`. Speculation pauses while more than
+//! `max_batch` sequences decode together, and per sequence while its proposals keep failing.
+
 mod blocks;
 mod config;
 mod engine;

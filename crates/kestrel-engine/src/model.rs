@@ -5,7 +5,7 @@
 pub struct SeqStep<'a> {
     /// New tokens to run (a prefill chunk, or the one token of a decode step).
     pub tokens: &'a [u32],
-    /// Position of tokens[0]; positions [0, start) are already in this sequence's blocks.
+    /// Position of `tokens[0]`; positions `[0, start)` are already in this sequence's blocks.
     pub start: usize,
     /// Block table: KV block ids covering positions [0, start + tokens.len()),
     /// block i holds positions [i*block_size, (i+1)*block_size).

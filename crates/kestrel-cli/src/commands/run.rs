@@ -111,7 +111,7 @@ impl EngineArgs {
         let loaded = crate::gpu::step_model(
             src,
             draft.as_ref(),
-            self.device()?,
+            self.spec.device(self.device()?, quiet_plan)?,
             self.load_options(),
             ctx,
             1,

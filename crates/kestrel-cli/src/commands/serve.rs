@@ -93,7 +93,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let loaded = crate::gpu::step_model(
         &src,
         draft.as_ref(),
-        args.engine.device()?,
+        args.engine.spec.device(args.engine.device()?, false)?,
         args.engine.load_options(),
         ctx,
         args.parallel,
