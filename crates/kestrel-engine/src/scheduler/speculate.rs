@@ -10,7 +10,10 @@
 //! Proposals come from the sequence itself (n-gram lookup, `speculative.rs`) or from a draft
 //! model that shares the target's block ids: its K/V pool has as many blocks, and every
 //! prefill chunk of the target runs on it too, so a block holds both models' K/V of the same
-//! tokens.
+//! tokens. Decode steps taken while speculation pauses do not run the draft: its next round
+//! catches up over those tokens, but a block finished in that stretch and reused by another
+//! request from the prefix cache holds no draft K/V, which only makes that request's proposals
+//! worse (every kept token is still the target's own choice).
 
 use kestrel_sampler::Verdict;
 
