@@ -6,11 +6,16 @@
 For every llama.cpp generation fixture of MODEL (testdata/llamacpp/generate_public.json: its
 prompts as token ids, greedy, up to 48 tokens):
 - `kestrel run` plain, then with `--spec lookup` (and `--spec draft --draft-model DRAFT` when
-  given): the same token ids;
-- the server at URL (started with --spec): POST /v1/completions with the prompt ids, greedy:
-  the plain run's text and finish reason.
+  given): the same token ids, or a first difference at a near-tie of the plain run (top-2
+  probabilities closer than 0.02, the rule the llama.cpp parity tests use): the verification
+  pass multiplies several tokens at once, and those kernels round the last bits differently
+  from a one-token decode;
+- the server at URL (started with the last of those --spec modes): POST /v1/completions with
+  the prompt ids, greedy: exactly the text and finish reason of `kestrel run` in that mode (one
+  request at a time gives the same steps).
 Then the server's /metrics must count proposed and accepted speculative tokens.
 """
+NEAR_TIE = 0.02
 import argparse, json, subprocess, sys, urllib.request
 from pathlib import Path
 
@@ -32,6 +37,38 @@ def run(bin_, model, ids, n, extra):
     if out.returncode != 0:
         raise RuntimeError(f"kestrel run {' '.join(extra)}: {out.stderr.strip()}")
     return json.loads(out.stdout)
+
+
+def top2_gap(bin_, model, ids):
+    """Top-2 probability gap of the next token after `ids` (the plain path's logits)."""
+    import math, struct, tempfile
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "l.safetensors"
+        r = subprocess.run([bin_, "logits", "-m", model, "--prompt-ids", ",".join(map(str, ids)),
+                            "--out", str(out), "--device", "cpu", "--kv-type", "f16"],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(f"kestrel logits: {r.stderr.strip()}")
+        raw = out.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    meta = json.loads(raw[8:8 + n])["logits"]
+    t, vocab = meta["shape"]
+    a, b = meta["data_offsets"]
+    row = struct.unpack(f"<{vocab}f", raw[8 + n + a + (t - 1) * vocab * 4: 8 + n + a + t * vocab * 4])
+    m = max(row)
+    ps = sorted((math.exp(x - m) for x in row), reverse=True)
+    total = sum(ps)
+    return (ps[0] - ps[1]) / total, ps[0] / total, ps[1] / total
+
+
+def same_or_near_tie(bin_, model, prompt, plain, spec):
+    """(ok, detail): equal tokens, or the first difference at a near-tie of the plain run."""
+    if spec == plain:
+        return True, ""
+    i = next((k for k, (x, y) in enumerate(zip(plain, spec)) if x != y), min(len(plain), len(spec)))
+    gap, p1, p2 = top2_gap(bin_, model, prompt + plain[:i])
+    detail = f"first difference at token {i}: top-2 p {p1:.4f} vs {p2:.4f}"
+    return gap < NEAR_TIE, detail
 
 
 def post(url, body):
@@ -62,15 +99,16 @@ def main():
         for kind, extra in kinds:
             spec = run(a.kestrel, a.model, c["prompt_ids"], n, extra)
             accepted += spec["timings"]["spec_accepted"]
-            check(f"{name} {c['name']}: run --spec {kind} gives the plain tokens", spec["tokens"] == plain["tokens"],
-                  f"{spec['tokens']} vs {plain['tokens']}")
+            ok, detail = same_or_near_tie(a.kestrel, a.model, c["prompt_ids"], plain["tokens"], spec["tokens"])
+            check(f"{name} {c['name']}: run --spec {kind} gives the plain tokens" + (f" ({detail})" if detail else ""),
+                  ok, f"{detail}; {spec['tokens']} vs {plain['tokens']}")
         resp = post(a.server.rstrip("/") + "/v1/completions",
-                    {"model": name, "prompt": c["prompt_ids"], "max_tokens": n, "temperature": 0})
+                    {"model": Path(a.model).stem, "prompt": c["prompt_ids"], "max_tokens": n, "temperature": 0})
         choice = resp["choices"][0]
-        want_finish = "stop" if plain["stop_reason"] == "stop" else "length"
-        check(f"{name} {c['name']}: the --spec server gives the plain text",
-              choice["text"] == plain["text"] and choice["finish_reason"] == want_finish,
-              f"{choice['text']!r} ({choice['finish_reason']}) vs {plain['text']!r} ({want_finish})")
+        want_finish = "stop" if spec["stop_reason"] == "stop" else "length"
+        check(f"{name} {c['name']}: the --spec {kinds[-1][0]} server gives `run --spec {kinds[-1][0]}`'s text",
+              choice["text"] == spec["text"] and choice["finish_reason"] == want_finish,
+              f"{choice['text']!r} ({choice['finish_reason']}) vs {spec['text']!r} ({want_finish})")
     check(f"{name}: the CLI kept speculative tokens", accepted > 0, str(accepted))
     with urllib.request.urlopen(a.server.rstrip("/") + "/metrics", timeout=30) as r:
         metrics = r.read().decode()
