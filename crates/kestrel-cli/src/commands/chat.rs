@@ -87,8 +87,18 @@ pub fn run(args: ChatArgs) -> Result<()> {
         };
         writeln!(stdout)?;
         let t = &out.timings;
+        let spec = if t.spec_proposed > 0 {
+            format!(
+                " | speculation: {:.0}% of {} proposals kept, {:.2} tokens/step",
+                t.acceptance_rate * 100.0,
+                t.spec_proposed,
+                t.tokens_per_step
+            )
+        } else {
+            String::new()
+        };
         eprintln!(
-            "[{} new prompt tokens ({} reused), {:.1} tok/s | {} tokens, {:.1} tok/s]",
+            "[{} new prompt tokens ({} reused), {:.1} tok/s | {} tokens, {:.1} tok/s{spec}]",
             t.prompt_n,
             t.cached_n,
             t.prompt_tok_s,
