@@ -19,6 +19,18 @@ fn tiny(arch: &str) -> PathBuf {
     root().join("testdata/tiny").join(format!("tiny-{arch}"))
 }
 
+/// An int32 tensor (`tokens_i`, `greedy_i`) of a tiny model's transformers reference.
+fn reference_ints(arch: &str, name: &str) -> Vec<u32> {
+    let bytes = std::fs::read(tiny(arch).join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
+}
+
 fn tmp(name: &str) -> PathBuf {
     // Cargo's per-target scratch dir: kept inside target/, not left behind in /tmp.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kestrel-cli-test");
@@ -187,16 +199,7 @@ fn info_plans_weights_from_tensor_sizes() {
 fn run_reproduces_transformers_greedy_continuations() {
     // qwen3_5: the hybrid model through the serving engine, its recurrent state in a slot
     for arch in ["llama", "qwen2", "qwen3", "qwen3_5"] {
-        let bytes = std::fs::read(tiny(arch).join("reference.safetensors")).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let ints = |name: &str| -> Vec<u32> {
-            st.tensor(name)
-                .unwrap()
-                .data()
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
-                .collect()
-        };
+        let ints = |name: &str| reference_ints(arch, name);
         for model in [tiny(arch), tiny(arch).join(format!("{arch}-f32.gguf"))] {
             for i in 0..3 {
                 let prompt: Vec<String> = ints(&format!("tokens_{i}"))
@@ -249,16 +252,7 @@ fn speculative_run_keeps_the_greedy_continuations() {
     for arch in ["llama", "qwen2", "qwen3"] {
         let gguf = tiny(arch).join(format!("{arch}-f32.gguf"));
         let gguf = gguf.to_str().unwrap();
-        let bytes = std::fs::read(tiny(arch).join("reference.safetensors")).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let ints = |name: &str| -> Vec<u32> {
-            st.tensor(name)
-                .unwrap()
-                .data()
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
-                .collect()
-        };
+        let ints = |name: &str| reference_ints(arch, name);
         for i in 0..3 {
             let prompt: Vec<String> = ints(&format!("tokens_{i}"))
                 .iter()
