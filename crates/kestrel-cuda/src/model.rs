@@ -245,6 +245,7 @@ impl CudaModel {
         for i in 0..cfg.n_layers {
             let l = load_layer(store, &cfg, i)?;
             let a = l.attention(i)?;
+            let mlp = l.mlp(i)?;
             let m = |w| DevMatrix::upload(&gpu, w);
             let d = LayerDev {
                 attn_norm: gpu.upload_f32(&a.norm)?,
@@ -264,10 +265,10 @@ impl CudaModel {
                     Some(n) => [Some(gpu.upload_f32(&n.q)?), Some(gpu.upload_f32(&n.k)?)],
                     None => [None, None],
                 },
-                ffn_norm: gpu.upload_f32(&l.mlp.norm)?,
-                gate: m(&l.mlp.gate)?,
-                up: m(&l.mlp.up)?,
-                down: m(&l.mlp.down)?,
+                ffn_norm: gpu.upload_f32(&mlp.norm)?,
+                gate: m(&mlp.gate)?,
+                up: m(&mlp.up)?,
+                down: m(&mlp.down)?,
             };
             weight_bytes += [&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down]
                 .iter()

@@ -106,6 +106,7 @@ mod tests {
             rope_layout: kestrel_models::RopeLayout::NeoX,
             max_context: 32768,
             hybrid: None,
+            moe: None,
         }
     }
 

@@ -10,6 +10,8 @@ pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention with a routed mixture of experts in place of the MLP.
+    Qwen3Moe,
     /// Qwen3.5: gated-DeltaNet layers interleaved with gated full attention.
     Qwen35,
 }
@@ -20,6 +22,7 @@ impl Arch {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
             "qwen3" => Ok(Self::Qwen3),
+            "qwen3moe" | "qwen3_moe" => Ok(Self::Qwen3Moe),
             // GGUF's name, then Hugging Face's model types
             "qwen35" | "qwen3_5_text" | "qwen3_5" => Ok(Self::Qwen35),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
@@ -31,6 +34,7 @@ impl Arch {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Qwen3Moe => "qwen3moe",
             Self::Qwen35 => "qwen35",
         }
     }
@@ -64,6 +68,48 @@ pub struct ModelConfig {
     pub max_context: usize,
     /// The recurrent layers of a hybrid model (Qwen3.5); None for pure attention models.
     pub hybrid: Option<DeltaNetConfig>,
+    /// The routed experts of a mixture-of-experts model (Qwen3-MoE); None for dense models.
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts FFN: a router picks `n_used` of `n_experts` SwiGLU experts per token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    /// Experts each token is routed to (top-k of the router's softmax).
+    pub n_used: usize,
+    /// Hidden width of one expert.
+    pub expert_ffn_dim: usize,
+    /// Whether the top-k weights are renormalized to sum to 1 (`norm_topk_prob`).
+    pub norm_top_k: bool,
+    /// Layers with a dense MLP instead of experts (HF `mlp_only_layers`, `decoder_sparse_step`).
+    pub dense_layers: Vec<bool>,
+}
+
+impl MoeConfig {
+    /// Whether layer `i` routes to experts.
+    pub fn is_sparse(&self, i: usize) -> bool {
+        !self.dense_layers.get(i).copied().unwrap_or(false)
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        if self.n_experts == 0 || self.n_used == 0 || self.n_used > self.n_experts {
+            return Err(ModelError::BadParam {
+                key: "expert_used_count".into(),
+                reason: format!(
+                    "{} experts used of {}: need 1 <= used <= experts",
+                    self.n_used, self.n_experts
+                ),
+            });
+        }
+        if self.expert_ffn_dim == 0 || self.expert_ffn_dim > (1 << 24) {
+            return Err(ModelError::BadParam {
+                key: "expert_feed_forward_length".into(),
+                reason: format!("value {} out of range", self.expert_ffn_dim),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl ModelConfig {
@@ -144,11 +190,29 @@ impl ModelConfig {
             Arch::Qwen35 => Some(DeltaNetConfig::from_gguf(h, arch_name, n_layers)?),
             _ => None,
         };
+        let moe = match arch {
+            // llama.cpp's qwen3moe: every layer routed, top-k weights renormalized
+            Arch::Qwen3Moe => Some(MoeConfig {
+                n_experts: uint("expert_count")?,
+                n_used: uint("expert_used_count")?,
+                expert_ffn_dim: uint("expert_feed_forward_length")?,
+                norm_top_k: h
+                    .get(&key("expert_weights_norm"))
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true),
+                dense_layers: vec![false; n_layers],
+            }),
+            _ => None,
+        };
+        let ffn_dim = match &moe {
+            Some(m) => opt_uint("feed_forward_length").unwrap_or(m.expert_ffn_dim),
+            None => uint("feed_forward_length")?,
+        };
         let cfg = Self {
             arch,
             n_layers,
             dim,
-            ffn_dim: uint("feed_forward_length")?,
+            ffn_dim,
             n_heads,
             n_kv_heads,
             head_dim,
@@ -158,10 +222,11 @@ impl ModelConfig {
             rope_dim: opt_uint("rope.dimension_count").unwrap_or(head_dim),
             rope_layout: match arch {
                 Arch::Llama => RopeLayout::Normal,
-                Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen35 => RopeLayout::NeoX,
+                Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 => RopeLayout::NeoX,
             },
             max_context: opt_uint("context_length").unwrap_or(4096),
             hybrid,
+            moe,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -206,11 +271,21 @@ impl ModelConfig {
             Arch::Qwen35 => Some(DeltaNetConfig::from_hf_json(json, n_layers)?),
             _ => None,
         };
+        let moe = match arch {
+            Arch::Qwen3Moe => Some(moe_from_hf_json(json, n_layers)?),
+            _ => None,
+        };
+        let ffn_dim = match &moe {
+            Some(m) => json["intermediate_size"]
+                .as_u64()
+                .map_or(m.expert_ffn_dim, |v| v as usize),
+            None => uint("intermediate_size")?,
+        };
         let cfg = Self {
             arch,
             n_layers,
             dim,
-            ffn_dim: uint("intermediate_size")?,
+            ffn_dim,
             n_heads,
             n_kv_heads: json["num_key_value_heads"]
                 .as_u64()
@@ -224,12 +299,16 @@ impl ModelConfig {
             rope_layout: RopeLayout::NeoX,
             max_context: json["max_position_embeddings"].as_u64().unwrap_or(4096) as usize,
             hybrid,
+            moe,
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
     fn validate(&self) -> Result<(), ModelError> {
+        if let Some(m) = &self.moe {
+            m.validate()?;
+        }
         let bad = |key: &str, reason: String| {
             Err(ModelError::BadParam {
                 key: key.into(),
@@ -270,4 +349,35 @@ impl ModelConfig {
         }
         Ok(())
     }
+}
+
+/// Qwen3-MoE's expert settings from a Hugging Face config.json.
+fn moe_from_hf_json(json: &serde_json::Value, n_layers: usize) -> Result<MoeConfig, ModelError> {
+    let uint = |keys: &[&str]| -> Result<usize, ModelError> {
+        keys.iter()
+            .find_map(|k| json[*k].as_u64())
+            .map(|v| v as usize)
+            .ok_or_else(|| ModelError::MissingParam(keys[0].to_string()))
+    };
+    // A layer is sparse when it is not listed in `mlp_only_layers` and (i + 1) % step == 0.
+    let step = json["decoder_sparse_step"].as_u64().unwrap_or(1).max(1) as usize;
+    let only: Vec<usize> = json["mlp_only_layers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as usize)
+                .collect()
+        })
+        .unwrap_or_default();
+    let dense_layers = (0..n_layers)
+        .map(|i| only.contains(&i) || !(i + 1).is_multiple_of(step))
+        .collect();
+    Ok(MoeConfig {
+        n_experts: uint(&["num_experts", "num_local_experts"])?,
+        n_used: uint(&["num_experts_per_tok"])?,
+        expert_ffn_dim: uint(&["moe_intermediate_size"])?,
+        norm_top_k: json["norm_topk_prob"].as_bool().unwrap_or(true),
+        dense_layers,
+    })
 }

@@ -7,6 +7,7 @@ use crate::attention::TokenKv;
 use crate::config::ModelConfig;
 use crate::deltanet::DeltaNetWeights;
 use crate::kv::KvPool;
+use crate::moe::MoeWeights;
 use crate::ops::{self, MatmulPath, Rope};
 use crate::pool::ThreadPool;
 use crate::tap::tap;
@@ -100,9 +101,50 @@ pub enum Mixer {
     DeltaNet(DeltaNetWeights),
 }
 
+/// What transforms each position on its own after the mixer.
+pub enum Ffn {
+    /// One SwiGLU MLP for every token.
+    Dense(MlpWeights),
+    /// A router and its experts (Qwen3-MoE): each token through the few it is routed to.
+    Moe(MoeWeights),
+}
+
+impl Ffn {
+    fn matrices_mut(&mut self) -> Vec<&mut Weight> {
+        match self {
+            Ffn::Dense(m) => vec![&mut m.gate, &mut m.up, &mut m.down],
+            Ffn::Moe(m) => m.matrices_mut(),
+        }
+    }
+
+    fn matrices(&self) -> Vec<&Weight> {
+        match self {
+            Ffn::Dense(m) => vec![&m.gate, &m.up, &m.down],
+            Ffn::Moe(m) => m.matrices(),
+        }
+    }
+
+    /// Weight bytes one token reads: all of a dense MLP; the router and `n_used` experts'
+    /// share (the average expert's bytes) of a mixture.
+    fn bytes_per_token(&self) -> u64 {
+        match self {
+            Ffn::Dense(_) => self.matrices().iter().map(|w| w.bytes().len() as u64).sum(),
+            Ffn::Moe(m) => m.bytes_per_token(),
+        }
+    }
+}
+
+/// `x += ffn(norm(x))`, dense or routed.
+pub fn ffn(ctx: &Ctx, f: &Ffn, layer: usize, x: &mut [f32]) -> Result<(), ModelError> {
+    match f {
+        Ffn::Dense(m) => mlp(ctx, m, layer, x),
+        Ffn::Moe(m) => crate::moe::forward(ctx, m, layer, x),
+    }
+}
+
 pub struct LayerWeights {
     pub mixer: Mixer,
-    pub mlp: MlpWeights,
+    pub ffn: Ffn,
 }
 
 impl LayerWeights {
@@ -117,13 +159,24 @@ impl LayerWeights {
         }
     }
 
-    /// Every matrix of the layer (for repacking and the bytes one step reads).
+    /// The dense MLP of a layer (every layer of the dense families).
+    pub fn mlp(&self, i: usize) -> Result<&MlpWeights, ModelError> {
+        match &self.ffn {
+            Ffn::Dense(m) => Ok(m),
+            Ffn::Moe(_) => Err(ModelError::BadParam {
+                key: format!("layer {i}"),
+                reason: "a mixture of experts where the recipe expects a dense MLP".into(),
+            }),
+        }
+    }
+
+    /// Every matrix of the layer (for repacking).
     pub fn matrices_mut(&mut self) -> Vec<&mut Weight> {
         let mut v: Vec<&mut Weight> = match &mut self.mixer {
             Mixer::Attention(a) => vec![&mut a.wq, &mut a.wk, &mut a.wv, &mut a.wo],
             Mixer::DeltaNet(d) => d.matrices_mut().into_iter().collect(),
         };
-        v.extend([&mut self.mlp.gate, &mut self.mlp.up, &mut self.mlp.down]);
+        v.extend(self.ffn.matrices_mut());
         v
     }
 
@@ -132,8 +185,18 @@ impl LayerWeights {
             Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
             Mixer::DeltaNet(d) => d.matrices().into_iter().collect(),
         };
-        v.extend([&self.mlp.gate, &self.mlp.up, &self.mlp.down]);
+        v.extend(self.ffn.matrices());
         v
+    }
+
+    /// Weight bytes one decoded token reads in this layer (a mixture counts the experts a
+    /// token is routed to, not all of them).
+    pub fn bytes_per_token(&self) -> u64 {
+        let mixer: Vec<&Weight> = match &self.mixer {
+            Mixer::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            Mixer::DeltaNet(d) => d.matrices().into_iter().collect(),
+        };
+        mixer.iter().map(|w| w.bytes().len() as u64).sum::<u64>() + self.ffn.bytes_per_token()
     }
 }
 
@@ -143,12 +206,28 @@ pub struct AttnParts {
     pub qk_norm: bool,
 }
 
+/// A dense family's layer: attention with `parts`, then the SwiGLU MLP.
 pub fn load_layer(
     store: &TensorStore,
     cfg: &ModelConfig,
     i: usize,
     parts: AttnParts,
 ) -> Result<LayerWeights, ModelError> {
+    let mixer = load_attention(store, cfg, i, parts)?;
+    let norm = store.vector(&format!("blk.{i}.ffn_norm.weight"), cfg.dim)?;
+    Ok(LayerWeights {
+        mixer,
+        ffn: Ffn::Dense(load_mlp(store, cfg, i, norm)?),
+    })
+}
+
+/// The attention block of layer `i` (llama, qwen2, qwen3 and Qwen3-MoE).
+pub fn load_attention(
+    store: &TensorStore,
+    cfg: &ModelConfig,
+    i: usize,
+    parts: AttnParts,
+) -> Result<Mixer, ModelError> {
     let n = |s: &str| format!("blk.{i}.{s}");
     let (dim, q_dim, kv_dim) = (cfg.dim, cfg.q_dim(), cfg.kv_dim());
     let bias = if parts.qkv_bias {
@@ -168,18 +247,15 @@ pub fn load_layer(
     } else {
         None
     };
-    Ok(LayerWeights {
-        mixer: Mixer::Attention(AttnWeights {
-            norm: store.vector(&n("attn_norm.weight"), dim)?,
-            wq: store.matrix(&n("attn_q.weight"), q_dim, dim)?,
-            wk: store.matrix(&n("attn_k.weight"), kv_dim, dim)?,
-            wv: store.matrix(&n("attn_v.weight"), kv_dim, dim)?,
-            wo: store.matrix(&n("attn_output.weight"), dim, q_dim)?,
-            bias,
-            qk_norm,
-        }),
-        mlp: load_mlp(store, cfg, i, store.vector(&n("ffn_norm.weight"), dim)?)?,
-    })
+    Ok(Mixer::Attention(AttnWeights {
+        norm: store.vector(&n("attn_norm.weight"), dim)?,
+        wq: store.matrix(&n("attn_q.weight"), q_dim, dim)?,
+        wk: store.matrix(&n("attn_k.weight"), kv_dim, dim)?,
+        wv: store.matrix(&n("attn_v.weight"), kv_dim, dim)?,
+        wo: store.matrix(&n("attn_output.weight"), dim, q_dim)?,
+        bias,
+        qk_norm,
+    }))
 }
 
 /// The MLP of layer `i`, with its input norm `norm` already loaded.

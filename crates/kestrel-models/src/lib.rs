@@ -19,6 +19,7 @@ pub mod kv;
 pub mod layers;
 pub mod libm_exp;
 pub mod model;
+pub mod moe;
 pub mod ops;
 pub mod paged;
 pub mod plan;

@@ -104,6 +104,7 @@ impl Model {
             Arch::Llama => recipes::llama::load_layer,
             Arch::Qwen2 => recipes::qwen2::load_layer,
             Arch::Qwen3 => recipes::qwen3::load_layer,
+            Arch::Qwen3Moe => recipes::qwen3moe::load_layer,
             Arch::Qwen35 => recipes::qwen35::load_layer,
         };
         let layers = (0..cfg.n_layers)
@@ -151,10 +152,10 @@ impl Model {
         self.opts.matmul = path;
     }
 
-    /// Bytes of weights one decode step reads (every matrix once, plus one embedding row).
+    /// Bytes of weights one decode step reads (every matrix once — of a mixture, the router
+    /// and the experts a token is routed to — plus one embedding row).
     pub fn weight_bytes_per_token(&self) -> u64 {
-        let mats = self.layers.iter().flat_map(|l| l.matrices());
-        mats.map(|w| w.bytes().len() as u64).sum::<u64>()
+        self.layers.iter().map(|l| l.bytes_per_token()).sum::<u64>()
             + self.output.bytes().len() as u64
             + self.embed.row_bytes() as u64
     }
@@ -329,7 +330,8 @@ impl Model {
         let forward_layer = match cfg.arch {
             Arch::Llama => recipes::llama::forward_layer,
             Arch::Qwen2 => recipes::qwen2::forward_layer,
-            Arch::Qwen3 => recipes::qwen3::forward_layer,
+            // Qwen3-MoE is Qwen3's layer; its FFN routes
+            Arch::Qwen3 | Arch::Qwen3Moe => recipes::qwen3::forward_layer,
             Arch::Qwen35 => {
                 for (i, layer) in self.layers.iter().enumerate() {
                     recipes::qwen35::forward_layer(&ctx, layer, i, pool, states, &mut x)?;

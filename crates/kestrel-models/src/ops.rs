@@ -348,6 +348,102 @@ fn matmul_repacked_fused(
     }
 }
 
+/// One matrix of a grouped matmul with its own input: `out = x . w^T`, `x: [T, w.cols]`,
+/// `out: [T, w.rows]` (T may differ between the jobs of a group).
+pub struct MatJob<'a> {
+    pub w: &'a Weight,
+    pub x: &'a [f32],
+    pub out: &'a mut [f32],
+}
+
+/// Every job of a group, each with its own input (the experts of a mixture, each over the
+/// tokens routed to it). Repacked matrices go through one pool job: each input quantized once
+/// (jobs that pass the same slice share it), then the row groups of every matrix spread over
+/// the pool, so k small experts cost one barrier, not k. Same results as [`matmul`] per job.
+pub fn matmul_grouped(
+    pool: &ThreadPool,
+    path: MatmulPath,
+    jobs: &mut [MatJob],
+) -> Result<(), ModelError> {
+    let all_packed = jobs.iter().all(|j| j.w.packed().is_some());
+    if path != MatmulPath::Quantized || !all_packed || jobs.len() < 2 {
+        for j in jobs.iter_mut() {
+            matmul(pool, path, j.w, j.x, j.out)?;
+        }
+        return Ok(());
+    }
+    let bad = |w: &Weight| ModelError::BadType {
+        name: w.name.clone(),
+        ty: w.ty.to_string(),
+    };
+    // One quantized copy per (input, activation type): `keys[i]` = (input, type, first job).
+    let mut keys: Vec<((*const f32, usize), GgmlType, usize)> = Vec::new();
+    let mut key_of = Vec::with_capacity(jobs.len());
+    for (ji, j) in jobs.iter().enumerate() {
+        let act_ty = j.w.packed().ok_or_else(|| bad(j.w))?.act_type();
+        let input = (j.x.as_ptr(), j.x.len());
+        match keys.iter().position(|k| k.0 == input && k.1 == act_ty) {
+            Some(at) => key_of.push(at),
+            None => {
+                key_of.push(keys.len());
+                keys.push((input, act_ty, ji));
+            }
+        }
+    }
+    let act_row = |&(_, ty, ji): &(_, GgmlType, usize)| {
+        ty.bytes_for(jobs[ji].w.cols as u64).unwrap_or(0) as usize
+    };
+    let mut acts: Vec<Vec<u8>> = Vec::with_capacity(keys.len());
+    for k in &keys {
+        let j = &jobs[k.2];
+        let mut a = vec![0u8; (j.x.len() / j.w.cols.max(1)) * act_row(k)];
+        quantize_activations(pool, k.1, j.x, j.w.cols, &mut a, act_row(k))?;
+        acts.push(a);
+    }
+    let act_rows: Vec<Vec<&[u8]>> = keys
+        .iter()
+        .zip(&acts)
+        .map(|(k, a)| a.chunks_exact(act_row(k).max(1)).collect())
+        .collect();
+    let mut prepared = Vec::with_capacity(jobs.len());
+    for (j, &ki) in jobs.iter().zip(&key_of) {
+        let packed = j.w.packed().ok_or_else(|| bad(j.w))?;
+        let p = packed.prepare_after(&act_rows[ki], &prepared)?;
+        prepared.push(p);
+    }
+    let r = kestrel_quant::repack::R;
+    let groups: Vec<usize> = jobs.iter().map(|j| j.w.rows / r).collect();
+    let tasks = shrinking_tasks(&groups, pool.n_threads());
+    let t_lens: Vec<usize> = jobs.iter().map(|j| j.x.len() / j.w.cols.max(1)).collect();
+    let ws: Vec<&Weight> = jobs.iter().map(|j| j.w).collect();
+    let out_ptrs: Vec<SharedMut<f32>> = jobs.iter_mut().map(|j| SharedMut::new(j.out)).collect();
+    let failed = std::sync::atomic::AtomicUsize::new(usize::MAX);
+    pool.run(tasks.len(), &|task| {
+        let GroupRange { matrix: i, lo, hi } = tasks[task];
+        let (rows, t_len) = (ws[i].rows, t_lens[i]);
+        let Some(packed) = ws[i].packed() else {
+            failed.store(i, std::sync::atomic::Ordering::Relaxed);
+            return;
+        };
+        let mut tmp = vec![0f32; t_len * r];
+        for g in lo..hi {
+            if packed.dot_group(g, &prepared[i], &mut tmp).is_err() {
+                failed.store(i, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+            for t in 0..t_len {
+                // SAFETY: rows 16g..16g+16 of every token of matrix i belong to this task only.
+                let dst = unsafe { out_ptrs[i].slice(t * rows + g * r, r) };
+                dst.copy_from_slice(&tmp[t * r..(t + 1) * r]);
+            }
+        }
+    });
+    match failed.load(std::sync::atomic::Ordering::Relaxed) {
+        usize::MAX => Ok(()),
+        i => Err(bad(ws[i])),
+    }
+}
+
 /// Row groups `lo..hi` of one matrix of a fused job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct GroupRange {

@@ -297,6 +297,50 @@ impl TensorStore {
         })
     }
 
+    /// The `n` experts of a mixture-of-experts weight, each a `[rows, cols]` matrix: views into
+    /// GGUF's one 3-D tensor `{stem}.weight` (ggml dims `[cols, rows, n]`), or Hugging Face's
+    /// one tensor per expert (mapped to `{stem}.{e}.weight`).
+    pub fn experts(
+        &self,
+        stem: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Weight>, ModelError> {
+        let name = format!("{stem}.weight");
+        let Some(e) = self.entries.get(&name) else {
+            return (0..n)
+                .map(|i| self.matrix(&format!("{stem}.{i}.weight"), rows, cols))
+                .collect();
+        };
+        if e.dims != [cols, rows, n] {
+            return Err(ModelError::BadShape {
+                name,
+                expected: vec![cols, rows, n],
+                found: e.dims.clone(),
+            });
+        }
+        if !cpu_supports(e.ty) {
+            return Err(ModelError::BadType {
+                name,
+                ty: e.ty.to_string(),
+            });
+        }
+        let row_bytes = e.ty.bytes_for(cols as u64).unwrap_or(0) as usize;
+        Ok((0..n)
+            .map(|i| Weight {
+                name: format!("{stem}.{i}"),
+                ty: e.ty,
+                rows,
+                cols,
+                row_bytes,
+                map: e.map.clone(),
+                start: e.start + i * rows * row_bytes,
+                packed: None,
+            })
+            .collect())
+    }
+
     /// A vector of `len` elements decoded to f32 (norm weights, biases).
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         self.matrix(name, 1, len)?.to_f32()
@@ -369,6 +413,8 @@ fn hf_to_gguf_name(hf: &str) -> String {
         "mlp.gate_proj.weight" => "ffn_gate.weight",
         "mlp.up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
+        // Qwen3-MoE's router
+        "mlp.gate.weight" => "ffn_gate_inp.weight",
         // Qwen3.5's gated DeltaNet
         "linear_attn.in_proj_qkv.weight" => "attn_qkv.weight",
         "linear_attn.in_proj_z.weight" => "attn_gate.weight",
@@ -379,9 +425,26 @@ fn hf_to_gguf_name(hf: &str) -> String {
         "linear_attn.A_log" => "ssm_a_log",
         "linear_attn.norm.weight" => "ssm_norm.weight",
         "linear_attn.out_proj.weight" => "ssm_out.weight",
-        _ => return hf.to_string(),
+        _ => {
+            return expert_name(param)
+                .map_or_else(|| hf.to_string(), |e| format!("blk.{layer}.{e}"))
+        }
     };
     format!("blk.{layer}.{mapped}")
+}
+
+/// `mlp.experts.7.gate_proj.weight` -> `ffn_gate_exps.7.weight` (see [`TensorStore::experts`]).
+fn expert_name(param: &str) -> Option<String> {
+    let rest = param.strip_prefix("mlp.experts.")?;
+    let (e, proj) = rest.split_once('.')?;
+    let e: usize = e.parse().ok()?;
+    let stem = match proj {
+        "gate_proj.weight" => "ffn_gate_exps",
+        "up_proj.weight" => "ffn_up_exps",
+        "down_proj.weight" => "ffn_down_exps",
+        _ => return None,
+    };
+    Some(format!("{stem}.{e}.weight"))
 }
 
 /// Weight types the CPU kernels can multiply.
@@ -411,6 +474,14 @@ mod tests {
         assert_eq!(
             hf_to_gguf_name("model.language_model.layers.2.linear_attn.A_log"),
             "blk.2.ssm_a_log"
+        );
+        assert_eq!(
+            hf_to_gguf_name("model.layers.1.mlp.experts.7.up_proj.weight"),
+            "blk.1.ffn_up_exps.7.weight"
+        );
+        assert_eq!(
+            hf_to_gguf_name("model.layers.1.mlp.gate.weight"),
+            "blk.1.ffn_gate_inp.weight"
         );
         assert_eq!(hf_to_gguf_name("something.else"), "something.else");
     }

@@ -1,11 +1,15 @@
-//! Parity with transformers on the tiny random-weight models (testdata/tiny, float64 references):
-//! logits at every prompt position within 1e-3, and the 24 greedy tokens equal.
+//! Parity with transformers on the tiny random-weight models (testdata/tiny, float64 references;
+//! qwen3_moe's in float32): logits at every prompt position within 1e-3 (2e-3 for qwen3_moe),
+//! and the 24 greedy tokens equal.
 
 use kestrel_models::{KvType, LoadOptions, Logits, MatmulPath, Model};
 use std::path::{Path, PathBuf};
 
 /// Max-abs logit error allowed against the float64 transformers reference.
 const LOGIT_TOLERANCE: f32 = 1e-3;
+/// ... and against qwen3_moe's float32 one (transformers' grouped expert matmul has no float64
+/// kernel).
+const MOE_LOGIT_TOLERANCE: f32 = 2e-3;
 /// Where our top-2 logits are closer than this, either greedy choice is right.
 const NEAR_TIE: f32 = 1e-3;
 
@@ -79,9 +83,14 @@ fn check_model(arch: &str, path: &Path, matmul: MatmulPath) {
             .zip(&case.logits)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
+        let tolerance = if arch == "qwen3_moe" {
+            MOE_LOGIT_TOLERANCE
+        } else {
+            LOGIT_TOLERANCE
+        };
         assert!(
-            max_err <= LOGIT_TOLERANCE,
-            "{arch} {} case {ci} (T={}): max-abs logit error {max_err} > {LOGIT_TOLERANCE}",
+            max_err <= tolerance,
+            "{arch} {} case {ci} (T={}): max-abs logit error {max_err} > {tolerance}",
             path.display(),
             case.tokens.len()
         );
@@ -112,7 +121,7 @@ fn check_model(arch: &str, path: &Path, matmul: MatmulPath) {
 
 #[test]
 fn tiny_models_match_transformers_from_safetensors() {
-    for arch in ["llama", "qwen2", "qwen3"] {
+    for arch in ["llama", "qwen2", "qwen3", "qwen3_moe"] {
         check_model(arch, &tiny_dir(arch), MatmulPath::Reference);
         check_model(arch, &tiny_dir(arch), MatmulPath::Quantized);
     }
@@ -120,7 +129,7 @@ fn tiny_models_match_transformers_from_safetensors() {
 
 #[test]
 fn tiny_models_match_transformers_from_gguf() {
-    for arch in ["llama", "qwen2", "qwen3"] {
+    for arch in ["llama", "qwen2", "qwen3", "qwen3_moe"] {
         let gguf = tiny_dir(arch).join(format!("{arch}-f32.gguf"));
         check_model(arch, &gguf, MatmulPath::Reference);
         check_model(arch, &gguf, MatmulPath::Quantized);

@@ -187,9 +187,9 @@ impl Step<'_> {
                     Param::Wk => &a.wk,
                     Param::Wv => &a.wv,
                     Param::Wo => &a.wo,
-                    Param::Gate => &layer.mlp.gate,
-                    Param::Up => &layer.mlp.up,
-                    Param::Down => &layer.mlp.down,
+                    Param::Gate => &layer.mlp(l)?.gate,
+                    Param::Up => &layer.mlp(l)?.up,
+                    Param::Down => &layer.mlp(l)?.down,
                     other => return Err(bad(format!("{other:?} is not a matrix"))),
                 }
             }
@@ -212,7 +212,7 @@ impl Step<'_> {
                 let qk = a.qk_norm.as_ref();
                 match p {
                     Param::AttnNorm => &a.norm,
-                    Param::FfnNorm => &layer.mlp.norm,
+                    Param::FfnNorm => &layer.mlp(l)?.norm,
                     Param::BiasQ => &bias.ok_or_else(|| missing("q bias"))?.q,
                     Param::BiasK => &bias.ok_or_else(|| missing("k bias"))?.k,
                     Param::BiasV => &bias.ok_or_else(|| missing("v bias"))?.v,

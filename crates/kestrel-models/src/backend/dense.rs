@@ -27,7 +27,7 @@ impl Family {
                 qkv_bias: false,
                 qk_norm: true,
             }),
-            Arch::Qwen35 => None,
+            Arch::Qwen3Moe | Arch::Qwen35 => None,
         }
     }
 }

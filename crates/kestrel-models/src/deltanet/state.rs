@@ -141,6 +141,7 @@ mod tests {
                 head_v_dim: 3,
                 grouping: HeadGrouping::Grouped,
             }),
+            moe: None,
         }
     }
 

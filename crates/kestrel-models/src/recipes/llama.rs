@@ -28,5 +28,5 @@ pub fn forward_layer(
     let a = l.attention(i)?;
     let qkv = layers::project_qkv(ctx, a, i, x)?;
     layers::attend(ctx, a, i, qkv, kv, x)?;
-    layers::mlp(ctx, &l.mlp, i, x)
+    layers::ffn(ctx, &l.ffn, i, x)
 }

@@ -4,3 +4,4 @@ pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen35;
+pub mod qwen3moe;

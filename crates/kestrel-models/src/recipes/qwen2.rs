@@ -31,5 +31,5 @@ pub fn forward_layer(
         layers::add_qkv_bias(&mut qkv, b); // what makes it Qwen2
     }
     layers::attend(ctx, a, i, qkv, kv, x)?;
-    layers::mlp(ctx, &l.mlp, i, x)
+    layers::ffn(ctx, &l.ffn, i, x)
 }

@@ -31,5 +31,5 @@ pub fn forward_layer(
         layers::qk_head_norm(ctx, &mut qkv, n); // what makes it Qwen3
     }
     layers::attend(ctx, a, i, qkv, kv, x)?;
-    layers::mlp(ctx, &l.mlp, i, x)
+    layers::ffn(ctx, &l.ffn, i, x)
 }

@@ -76,7 +76,7 @@ pub fn load_layer(
     let mlp_norm = norm(store, &mlp_norm_name, dim)?;
     Ok(LayerWeights {
         mixer,
-        mlp: layers::load_mlp(store, cfg, i, mlp_norm)?,
+        ffn: layers::Ffn::Dense(layers::load_mlp(store, cfg, i, mlp_norm)?),
     })
 }
 
@@ -97,7 +97,7 @@ pub fn forward_layer(
         }
         Mixer::Attention(a) => gated_attention(ctx, a, i, kv, x)?,
     }
-    layers::mlp(ctx, &l.mlp, i, x)
+    layers::ffn(ctx, &l.ffn, i, x)
 }
 
 /// Attention with q/k norms, partial RoPE and a sigmoid gate on its output.
