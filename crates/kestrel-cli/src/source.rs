@@ -19,6 +19,8 @@ pub struct ModelSource {
     pub tensor_types: Vec<(String, u64)>,
     /// Sum of every tensor's size from its type and shape.
     pub weight_bytes: u64,
+    /// Weight bytes one decoded token reads (of a mixture, the experts it is routed to).
+    pub read_bytes_per_token: u64,
     gguf: Option<GgufFile>,
 }
 
@@ -56,6 +58,10 @@ impl ModelSource {
                     let cols = t.dims.first().copied().unwrap_or(0) as usize;
                     (t.name.as_str(), t.ggml_type, rows, cols)
                 })),
+            read_bytes_per_token: kestrel_models::plan::read_bytes_per_token(
+                &config,
+                h.tensors.iter().map(|t| (t.name.as_str(), t.n_bytes)),
+            ),
             config,
             tokenizer,
             chat_template,
@@ -75,6 +81,10 @@ impl ModelSource {
         let store = kestrel_models::weights::TensorStore::from_hf_dir(dir)?;
         let list = store.list();
         let weight_bytes = list.iter().map(|(_, _, b)| b).sum();
+        let read_bytes_per_token = kestrel_models::plan::read_bytes_per_token(
+            &config,
+            list.iter().map(|(n, _, b)| (n.as_str(), *b)),
+        );
         let file_bytes = std::fs::read_dir(dir)?
             .filter_map(|e| e.ok())
             .filter_map(|e| e.metadata().ok())
@@ -93,6 +103,7 @@ impl ModelSource {
                 .map(|(_, ty, b)| (ty.to_string(), b))
                 .collect(),
             weight_bytes,
+            read_bytes_per_token,
             gguf: None,
         })
     }

@@ -78,10 +78,31 @@ impl MemoryPlan {
     }
 }
 
+/// Weight bytes one decoded token reads, from every tensor's (GGUF) name and size: all of
+/// them but the token embedding (one row, unless it is also the output) — and of a mixture's
+/// experts (`*_exps*`), only the `n_used / n_experts` share a token is routed to.
+pub fn read_bytes_per_token<'a>(
+    cfg: &ModelConfig,
+    tensors: impl Iterator<Item = (&'a str, u64)> + Clone,
+) -> u64 {
+    let tied = !tensors.clone().any(|(name, _)| name == "output.weight");
+    tensors
+        .map(|(name, bytes)| match (name, &cfg.moe) {
+            ("token_embd.weight", _) if !tied => bytes / cfg.vocab_size.max(1) as u64,
+            (n, Some(m)) if n.contains("_exps") => bytes * m.n_used as u64 / m.n_experts as u64,
+            _ => bytes,
+        })
+        .sum()
+}
+
 /// Upper bound of the f32 activations one forward step of `batch` tokens holds at once.
 pub fn scratch_bytes(cfg: &ModelConfig, batch: usize) -> u64 {
     // residual + normed copy + q + k + v + attention out + projection out + gate + up
     let mut per_token = 3 * cfg.dim + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.ffn_dim;
+    if let Some(m) = &cfg.moe {
+        // each token's rows gathered for each of its experts: input, gate, up, output
+        per_token += m.n_used * (2 * cfg.dim + 2 * m.expert_ffn_dim) + m.n_experts;
+    }
     if let Some(h) = &cfg.hybrid {
         // gated attention: the doubled q projection and the gate; DeltaNet: projections and
         // convolution output, z and the rule's output, and each task's f64 copy of its head

@@ -57,6 +57,13 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
                 "rope_base": cfg.rope_base,
                 "rope_dim": cfg.rope_dim,
                 "rms_eps": cfg.rms_eps,
+                "experts": cfg.moe.as_ref().map(|m| json!({
+                    "count": m.n_experts,
+                    "used_per_token": m.n_used,
+                    "expert_ffn_dim": m.expert_ffn_dim,
+                    "normalized_weights": m.norm_top_k,
+                    "dense_layers": m.dense_layers.iter().filter(|&&d| d).count(),
+                })),
                 "recurrent": cfg.hybrid.as_ref().map(|h| json!({
                     "layers": h.n_recurrent(),
                     "conv_kernel": h.conv_kernel,
@@ -77,6 +84,7 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
             "chat_template": source.chat_template.is_some(),
             "memory_plan": {
                 "weight_bytes": plan.weight_bytes,
+                "read_bytes_per_token": source.read_bytes_per_token,
                 "kv_bytes_per_token_f16": plan.kv_bytes_per_token_f16,
                 "kv_bytes_per_token_q8_0": plan.kv_bytes_per_token_q8_0,
                 "scratch_bytes": plan.scratch_bytes,
@@ -104,6 +112,17 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
         "shape         {} layers, dim {}, ffn {}, heads {} (kv {}), head_dim {}",
         cfg.n_layers, cfg.dim, cfg.ffn_dim, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     );
+    if let Some(m) = &cfg.moe {
+        let dense = m.dense_layers.iter().filter(|&&d| d).count();
+        println!(
+            "experts       {} per layer, {} used per token ({}), expert ffn {}{}",
+            m.n_experts,
+            m.n_used,
+            if m.norm_top_k { "weights renormalized" } else { "softmax weights" },
+            m.expert_ffn_dim,
+            if dense > 0 { format!("; {dense} dense layers") } else { String::new() }
+        );
+    }
     if let Some(h) = &cfg.hybrid {
         println!(
             "recurrent     {} gated-DeltaNet layers of {} (conv {}, {} key heads x {}, {} value heads x {}); state {} per sequence (f32)",
@@ -163,6 +182,12 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
         "  weights      {:>12}  (sum of every tensor's type x shape)",
         human(plan.weight_bytes)
     );
+    if cfg.moe.is_some() {
+        println!(
+            "  read/token   {:>12}  (decode: attention, router and the experts a token is routed to)",
+            human(source.read_bytes_per_token)
+        );
+    }
     println!(
         "  KV per token {:>12} f16, {} q8_0",
         human(plan.kv_bytes_per_token_f16 as u64),
