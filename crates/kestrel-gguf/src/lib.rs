@@ -1,4 +1,4 @@
-//! GGUF reader.
+//! GGUF reader and writer ([`writer`]).
 //!
 //! Shaped like the spec: [`header`] parses magic, version, metadata and tensor infos from a byte
 //! slice (cheap, testable, fuzzable, no I/O); [`GgufFile`] memory-maps a file and hands out tensor
@@ -9,11 +9,13 @@ mod error;
 mod header;
 mod types;
 mod value;
+pub mod writer;
 
 pub use error::GgufError;
 pub use header::{parse, Header, TensorInfo};
 pub use types::GgmlType;
 pub use value::{Value, ValueType};
+pub use writer::{write_gguf, TensorSpec};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

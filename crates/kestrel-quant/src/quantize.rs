@@ -41,6 +41,7 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<(), Qua
         GgmlType::Q8_0 => blocks(src, dst, q8_0),
         GgmlType::Q8_1 => blocks(src, dst, q8_1),
         GgmlType::Q4_K => blocks(src, dst, q4_k),
+        GgmlType::Q5_K => blocks(src, dst, q5_k),
         GgmlType::Q6_K => blocks(src, dst, q6_k),
         GgmlType::Q8_K => q8_k_row(src, dst),
         _ => {
@@ -507,8 +508,16 @@ fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
     scale
 }
 
-/// `quantize_row_q4_K_ref`.
-fn q4_k(x: &[f32]) -> BlockQ4K {
+/// The shared half of `quantize_row_q4_K_ref` / `quantize_row_q5_K_ref`: per group of 32 a
+/// scale and a min by [`make_qkx2_quants`] (levels `0..=nmax`), both quantized to 6 bits
+/// against the block's `d` / `dmin`, and every element's level under the quantized scales.
+/// Returns (d, dmin, packed scales, levels).
+fn k_scales_mins(
+    x: &[f32],
+    nmax: i32,
+    rmin: f32,
+    nstep: i32,
+) -> (F16, F16, [u8; K_SCALE_SIZE], [u8; QK_K]) {
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 32];
     let mut weights = [0f32; 32];
@@ -523,14 +532,14 @@ fn q4_k(x: &[f32]) -> BlockQ4K {
             *w = av_x + v.abs();
         }
         let (s, m) = make_qkx2_quants(
-            15,
+            nmax,
             xs,
             &weights,
             &mut l[32 * j..32 * j + 32],
             &mut laux,
-            -1.0,
+            rmin,
             0.1,
-            20,
+            nstep,
             false,
         );
         scales[j] = s;
@@ -548,39 +557,68 @@ fn q4_k(x: &[f32]) -> BlockQ4K {
         0.0
     };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-    let mut y = BlockQ4K {
-        d: F16::from_f32(max_scale / 63.0),
-        dmin: F16::from_f32(max_min / 63.0),
-        scales: [0; K_SCALE_SIZE],
-        qs: [0; QK_K / 2],
-    };
+    let mut packed = [0u8; K_SCALE_SIZE];
     for j in 0..8 {
         let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
         let lm = (nearest_int(inv_min * mins[j]) as u8).min(63);
         if j < 4 {
-            y.scales[j] = ls;
-            y.scales[j + 4] = lm;
+            packed[j] = ls;
+            packed[j + 4] = lm;
         } else {
-            y.scales[j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
-            y.scales[j - 4] |= (ls >> 4) << 6;
-            y.scales[j] |= (lm >> 4) << 6;
+            packed[j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
+            packed[j - 4] |= (ls >> 4) << 6;
+            packed[j] |= (lm >> 4) << 6;
         }
     }
-    let (d, dmin) = (y.d.to_f32(), y.dmin.to_f32());
+    let (d, dmin) = (F16::from_f32(max_scale / 63.0), F16::from_f32(max_min / 63.0));
     for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, &y.scales);
-        let dj = d * sc as f32;
+        let (sc, m) = scale_min_k4(j, &packed);
+        let dj = d.to_f32() * sc as f32;
         if dj == 0.0 {
             continue;
         }
-        let dm = dmin * m as f32;
+        let dm = dmin.to_f32() * m as f32;
         for ii in 0..32 {
-            l[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dj).clamp(0, 15) as u8;
+            l[32 * j + ii] = nearest_int((x[32 * j + ii] + dm) / dj).clamp(0, nmax) as u8;
         }
     }
+    (d, dmin, packed, l)
+}
+
+/// `quantize_row_q4_K_ref`.
+fn q4_k(x: &[f32]) -> BlockQ4K {
+    let (d, dmin, scales, l) = k_scales_mins(x, 15, -1.0, 20);
+    let mut y = BlockQ4K {
+        d,
+        dmin,
+        scales,
+        qs: [0; QK_K / 2],
+    };
     for g in 0..4 {
         for k in 0..32 {
             y.qs[32 * g + k] = l[64 * g + k] | (l[64 * g + k + 32] << 4);
+        }
+    }
+    y
+}
+
+/// `quantize_row_q5_K_ref`: Q4_K's scales with 5-bit levels, the fifth bit in `qh`.
+fn q5_k(x: &[f32]) -> BlockQ5K {
+    let (d, dmin, scales, l) = k_scales_mins(x, 31, -0.5, 15);
+    let mut y = BlockQ5K {
+        d,
+        dmin,
+        scales,
+        qh: [0; QK_K / 8],
+        qs: [0; QK_K / 2],
+    };
+    // 64 elements per pass: low nibbles of the first 32, high nibbles of the next 32; their
+    // fifth bits at bits 2p and 2p + 1 of qh for pass p
+    for p in 0..4 {
+        for j in 0..32 {
+            let (l1, l2) = (l[64 * p + j], l[64 * p + j + 32]);
+            y.qh[j] |= ((l1 >> 4) << (2 * p)) | ((l2 >> 4) << (2 * p + 1));
+            y.qs[32 * p + j] = (l1 & 15) | ((l2 & 15) << 4);
         }
     }
     y
@@ -696,6 +734,38 @@ mod tests {
         assert_eq!(nearest_int(126.9), 127);
     }
 
+    /// K-quants round-trip a row within their precision, and more bits do better.
+    #[test]
+    fn k_quants_round_trip_within_their_precision() {
+        let mut seed = 0x9E3779B97F4A7C15u64;
+        let x: Vec<f32> = (0..4 * QK_K)
+            .map(|i| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let u = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                u * if i % 97 == 0 { 8.0 } else { 1.0 } // a few outliers
+            })
+            .collect();
+        let rms = |v: &[f32]| (v.iter().map(|a| a * a).sum::<f32>() / v.len() as f32).sqrt();
+        let mut errs = Vec::new();
+        for (ty, bound) in [
+            (GgmlType::Q4_K, 0.12),
+            (GgmlType::Q5_K, 0.06),
+            (GgmlType::Q6_K, 0.03),
+        ] {
+            let mut q = vec![0u8; ty.bytes_for(x.len() as u64).unwrap() as usize];
+            quantize_row(ty, &x, &mut q).unwrap();
+            let mut back = vec![0f32; x.len()];
+            crate::dequantize_row(ty, &q, &mut back).unwrap();
+            let diff: Vec<f32> = x.iter().zip(&back).map(|(a, b)| a - b).collect();
+            let rel = rms(&diff) / rms(&x);
+            assert!(rel < bound, "{ty}: relative RMS error {rel} >= {bound}");
+            errs.push(rel);
+        }
+        assert!(errs[0] > errs[1] && errs[1] > errs[2], "{errs:?}");
+    }
+
     #[test]
     fn zero_rows_quantize_to_zero() {
         for ty in [
@@ -703,6 +773,7 @@ mod tests {
             GgmlType::Q8_0,
             GgmlType::Q8_K,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
             GgmlType::Q6_K,
         ] {
             let n = ty.block_len() as usize;
