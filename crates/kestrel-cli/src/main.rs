@@ -74,6 +74,8 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// An interactive conversation that keeps the KV cache between turns.
     Chat(commands::chat::ChatArgs),
+    /// Quantize an F32/F16/BF16 GGUF or a Hugging Face folder into a GGUF file.
+    Quantize(commands::quantize::QuantizeArgs),
     /// The machine's streaming read bandwidth in bytes/s. `bench` runs it as a child process
     /// next to each decode repetition, so its buffer never counts in the bench's peak RSS.
     #[command(hide = true)]
@@ -167,6 +169,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => commands::chat::run(args),
         Command::Bench(args) => commands::bench::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Quantize(args) => commands::quantize::run(args),
         Command::ReadBandwidth { threads } => {
             println!("{}", commands::bench::read_bandwidth(threads));
             Ok(())

@@ -12,7 +12,7 @@ pub enum ModelError {
     },
     #[error("{path}: {reason}")]
     BadFile { path: PathBuf, reason: String },
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, qwen35)")]
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, qwen3moe, qwen35)")]
     UnsupportedArch(String),
     #[error("missing hyper-parameter '{0}'")]
     MissingParam(String),

@@ -24,6 +24,7 @@ pub mod ops;
 pub mod paged;
 pub mod plan;
 pub mod pool;
+pub mod quantize;
 pub mod recipes;
 pub mod tap;
 pub mod vexp;

@@ -26,6 +26,9 @@ pub struct LoadOptions {
     pub matmul: MatmulPath,
     /// Tokens per forward step during prefill (default 512).
     pub max_batch: usize,
+    /// Quantize a Hugging Face folder's weights at load (`--quantize`); None keeps them as
+    /// stored. GGUF files are loaded as they are (quantize them with `kestrel quantize`).
+    pub quantize: Option<crate::quantize::QuantMix>,
 }
 
 impl Default for LoadOptions {
@@ -34,6 +37,7 @@ impl Default for LoadOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             matmul: MatmulPath::Quantized,
             max_batch: DEFAULT_MAX_BATCH,
+            quantize: None,
         }
     }
 }
@@ -77,8 +81,21 @@ impl Model {
                 })?;
             let cfg = ModelConfig::from_hf_json(&json)?;
             let store = TensorStore::from_hf_dir(path)?;
+            let store = match opts.quantize {
+                Some(mix) => {
+                    crate::quantize::quantize_store(&store, &cfg, mix, opts.threads, progress)?
+                }
+                None => store,
+            };
             Self::from_store(cfg, &store, opts, progress)
         } else {
+            if let Some(mix) = opts.quantize {
+                return Err(ModelError::Unsupported(format!(
+                    "--quantize {} applies to Hugging Face folders; a GGUF file is quantized with `kestrel quantize IN OUT --type {}`",
+                    mix.name(),
+                    mix.name()
+                )));
+            }
             let file = GgufFile::open(path)?;
             Self::from_gguf(&file, opts, progress)
         }

@@ -16,7 +16,7 @@ pub struct Weight {
     pub rows: usize,
     pub cols: usize,
     row_bytes: usize,
-    map: Arc<memmap2::Mmap>,
+    map: Backing,
     start: usize,
     /// Rows repacked for the AVX-512 kernels ([`Weight::repack`]); once there, every reader
     /// (kernels, reference path, row lookups) takes the rows from it.
@@ -24,6 +24,36 @@ pub struct Weight {
 }
 
 const PAGE: usize = 4096;
+
+/// Where a tensor's bytes live: a read-only file mapping, or memory (quantized at load).
+#[derive(Clone)]
+pub enum Backing {
+    Map(Arc<memmap2::Mmap>),
+    Owned(Arc<Vec<u8>>),
+}
+
+impl std::ops::Deref for Backing {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+impl Backing {
+    /// Gives the pages of `from..from + len` back to the OS (mapped files only; page-aligned).
+    fn release_range(&self, from: usize, len: usize) {
+        if let Backing::Map(map) = self {
+            // SAFETY: a read-only private file mapping: dropped pages are re-read from the
+            // file on the next access, so no reader can observe a change.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, len)
+            };
+        }
+    }
+}
 
 /// Whether [`Weight::repack`] would repack a matrix of this type and shape here.
 pub fn repacks(ty: GgmlType, rows: usize) -> bool {
@@ -59,15 +89,7 @@ impl Weight {
             let upto = (start + rows_done * row_bytes) / PAGE * PAGE;
             let from = released.next_multiple_of(PAGE);
             if upto > from {
-                // SAFETY: a read-only private file mapping: dropped pages are re-read from the
-                // file on the next access, so no reader can observe a change.
-                let _ = unsafe {
-                    map.unchecked_advise_range(
-                        memmap2::UncheckedAdvice::DontNeed,
-                        from,
-                        upto - from,
-                    )
-                };
+                map.release_range(from, upto - from);
                 released = upto;
             }
         };
@@ -131,7 +153,7 @@ struct Entry {
     ty: GgmlType,
     /// Shape in ggml order (dims[0] is the row length).
     dims: Vec<usize>,
-    map: Arc<memmap2::Mmap>,
+    map: Backing,
     start: usize,
     len: usize,
 }
@@ -161,7 +183,7 @@ impl TensorStore {
                 let entry = Entry {
                     ty: t.ggml_type,
                     dims: t.dims.iter().map(|&d| d as usize).collect(),
-                    map: file.mmap().clone(),
+                    map: Backing::Map(file.mmap().clone()),
                     start: file.tensor_file_offset(t) as usize,
                     len: t.n_bytes as usize,
                 };
@@ -229,7 +251,7 @@ impl TensorStore {
                 let entry = Entry {
                     ty,
                     dims,
-                    map: map.clone(),
+                    map: Backing::Map(map.clone()),
                     start,
                     len: view.data().len(),
                 };
@@ -241,6 +263,61 @@ impl TensorStore {
             format: StoreFormat::HuggingFace,
             entries,
         })
+    }
+
+    /// A tensor's type, ggml dims and bytes as stored (for converters).
+    pub fn raw(&self, name: &str) -> Option<(GgmlType, &[usize], &[u8])> {
+        let e = self.entries.get(name)?;
+        Some((e.ty, &e.dims, &e.map[e.start..e.start + e.len]))
+    }
+
+    /// Releases the mapped pages of a tensor already read (a converter streaming a model
+    /// through memory keeps only what it is writing).
+    pub fn release(&self, name: &str) {
+        if let Some(e) = self.entries.get(name) {
+            let from = e.start.next_multiple_of(PAGE);
+            let upto = (e.start + e.len) / PAGE * PAGE;
+            if upto > from {
+                e.map.release_range(from, upto - from);
+            }
+        }
+    }
+
+    /// A store with no tensors, of the same path and format (to fill with [`Self::copy_entry`]
+    /// and [`Self::insert_owned`]).
+    pub fn empty_like(&self) -> Self {
+        Self {
+            path: self.path.clone(),
+            format: self.format,
+            entries: HashMap::new(),
+        }
+    }
+
+    /// Takes tensor `name` of `other` as it is (still mapped).
+    pub fn copy_entry(&mut self, other: &TensorStore, name: &str) {
+        if let Some(e) = other.entries.get(name) {
+            let entry = Entry {
+                ty: e.ty,
+                dims: e.dims.clone(),
+                map: e.map.clone(),
+                start: e.start,
+                len: e.len,
+            };
+            self.entries.insert(name.to_string(), entry);
+        }
+    }
+
+    /// Adds tensor `name` held in memory (`bytes` of type `ty`, ggml dims `dims`).
+    pub fn insert_owned(&mut self, name: &str, ty: GgmlType, dims: Vec<usize>, bytes: Vec<u8>) {
+        let len = bytes.len();
+        let entry = Entry {
+            ty,
+            dims,
+            map: Backing::Owned(Arc::new(bytes)),
+            start: 0,
+            len,
+        };
+        self.entries.insert(name.to_string(), entry);
     }
 
     pub fn contains(&self, name: &str) -> bool {

@@ -57,6 +57,7 @@ fn load(path: &Path, matmul: MatmulPath) -> Model {
         threads: 2,
         matmul,
         max_batch: 128,
+        ..Default::default()
     };
     Model::load(path, opts, &mut |_, _| {})
         .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))

@@ -26,6 +26,7 @@ fn load(path: &Path, matmul: MatmulPath, max_batch: usize) -> Model {
         threads: 2,
         matmul,
         max_batch,
+        ..Default::default()
     };
     Model::load(path, opts, &mut |_, _| {})
         .unwrap_or_else(|e| panic!("loading {}: {e}", path.display()))

@@ -2,6 +2,7 @@ pub mod bench;
 pub mod chat;
 pub mod info;
 pub mod logits;
+pub mod quantize;
 pub mod run;
 pub mod scenarios;
 pub mod serve;
