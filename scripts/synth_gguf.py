@@ -4,6 +4,7 @@ machine the real file cannot reach (the lent GPU host has no network and a 64 Mi
 
     python3 scripts/synth_gguf.py extract MODEL.gguf DIR   # header (metadata, tensor table)
     python3 scripts/synth_gguf.py build DIR OUT.gguf [SEED]  # header + random tensor data
+    python3 scripts/synth_gguf.py retype MODEL.gguf OUT.gguf f16  # every matrix F16, random
 
 `extract` copies the file up to its tensor data (tokenizer and all: a few MB) and lists the
 tensors. `build` writes random quants with small block scales (so activations stay finite),
@@ -114,7 +115,67 @@ def build(src, out, seed=0):
     print(f"wrote {out}")
 
 
+def retype(model, out, seed=0):
+    """MODEL's metadata and tensor names with every 2-D+ tensor F16 (1-D ones F32) and random
+    data: an unquantized source of a real model's shapes, for comparing quantizers."""
+    import numpy as np
+
+    f = open(model, "rb")
+
+    def rd(fmt):
+        return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+    def skip(t):
+        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+        if t == 8:
+            f.read(rd("Q"))
+        elif t == 9:
+            et, n = rd("I"), rd("Q")
+            for _ in range(n):
+                skip(et)
+        else:
+            f.read(sizes[t])
+
+    assert f.read(4) == b"GGUF"
+    version, n_tensors, n_kv = rd("I"), rd("Q"), rd("Q")
+    for _ in range(n_kv):
+        f.read(rd("Q"))
+        skip(rd("I"))
+    kv_end = f.tell()
+    infos = []
+    for _ in range(n_tensors):
+        name = f.read(rd("Q"))
+        dims = [rd("Q") for _ in range(rd("I"))]
+        rd("I"), rd("Q")
+        infos.append((name, dims, 1 if len(dims) >= 2 else 0))
+    f.seek(0)
+    head = bytearray(f.read(kv_end))
+    offset = 0
+    placed = []
+    for name, dims, ty in infos:
+        n = 1
+        for d in dims:
+            n *= d
+        head += struct.pack("<Q", len(name)) + name + struct.pack("<I", len(dims))
+        head += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", ty, offset)
+        placed.append((n, ty, offset))
+        offset = -(-(offset + n * (2 if ty == 1 else 4)) // 32) * 32
+    rng = np.random.default_rng(seed)
+    with open(out, "wb") as o:
+        o.write(head)
+        o.write(b"\0" * (-len(head) % 32))
+        base = o.tell()
+        for n, ty, off in placed:
+            o.write(b"\0" * (base + off - o.tell()))
+            v = rng.normal(0, 0.02, n)
+            o.write((v.astype(np.float16) if ty == 1 else (1 + v).astype(np.float32)).tobytes())
+    print(f"wrote {out}: {len(infos)} tensors, every matrix F16")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "retype":
+        retype(sys.argv[2], sys.argv[3])
+        sys.exit(0)
     if len(sys.argv) >= 4 and sys.argv[1] == "extract":
         extract(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 4 and sys.argv[1] == "build":

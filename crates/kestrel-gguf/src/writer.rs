@@ -49,7 +49,11 @@ pub fn write_gguf(
     for t in tensors {
         sizes.push(t.n_bytes().ok_or_else(|| GgufError::BadTensor {
             name: t.name.clone(),
-            reason: format!("shape {:?} does not fill whole {} blocks", t.dims, t.ty.name()),
+            reason: format!(
+                "shape {:?} does not fill whole {} blocks",
+                t.dims,
+                t.ty.name()
+            ),
         })?);
     }
     let mut head = Vec::new();
@@ -175,7 +179,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("w.gguf");
         let metadata = vec![
-            ("general.architecture".to_string(), Value::String("llama".into())),
+            (
+                "general.architecture".to_string(),
+                Value::String("llama".into()),
+            ),
             ("llama.block_count".to_string(), Value::U32(2)),
             (
                 "tokenizer.ggml.tokens".to_string(),

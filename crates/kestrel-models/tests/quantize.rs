@@ -52,8 +52,12 @@ fn quantize_folder(arch: &str, mix: QuantMix) -> PathBuf {
     out
 }
 
-/// q8_0 moves no logit of the tiny models by more than half of this, so where the
-/// unquantized model's top two logits are closer than this, it may pick either.
+/// How far q8_0 (8-bit weights and activations) moves the tiny models' logits (scale ~3):
+/// up to 0.145 measured on the dense ones; on qwen3_moe up to 0.6 (300 tokens), where a perturbed router
+/// input sends a token to another expert. llama.cpp gives the same figures on the same files.
+const Q8_LOGIT_ERROR: f32 = 0.15;
+const Q8_MOE_LOGIT_ERROR: f32 = 1.0;
+/// Where the unquantized model's top two logits are closer than this, q8_0 may pick either.
 const Q8_NEAR_TIE: f32 = 0.3;
 
 fn opts(quantize: Option<QuantMix>) -> LoadOptions {
@@ -100,7 +104,12 @@ fn q8_0_keeps_the_greedy_tokens_and_both_paths_agree() {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
             eprintln!("{arch} case {ci}: q8_0 vs f32 max-abs logit error {err}");
-            assert!(err < Q8_NEAR_TIE / 2.0, "{arch} case {ci}: q8_0 logits off by {err}");
+            let bound = if arch == "qwen3_moe" {
+                Q8_MOE_LOGIT_ERROR
+            } else {
+                Q8_LOGIT_ERROR
+            };
+            assert!(err < bound, "{arch} case {ci}: q8_0 logits off by {err}");
             if let Some(k) = (0..greedy.len()).find(|&k| tokens_w[k] != greedy[k]) {
                 // a flip is allowed only where the unquantized model's top two are within
                 // what 8-bit weights move a logit
@@ -127,7 +136,10 @@ fn q8_0_keeps_the_greedy_tokens_and_both_paths_agree() {
             // folder in rotate-half order), so q.k sums run in another order, and the last-bit
             // differences that makes flip a few 8-bit activation levels over 300 tokens.
             let bound = if arch == "llama" { 0.1 } else { 0.0 };
-            assert!(diff <= bound, "{arch} case {ci}: written vs in place differ by {diff}");
+            assert!(
+                diff <= bound,
+                "{arch} case {ci}: written vs in place differ by {diff}"
+            );
         }
     }
 }
@@ -175,8 +187,18 @@ fn folder_metadata_matches_llama_cpp_converter() {
         }
         assert_eq!(ours.header.get("general.file_type"), Some(&Value::U32(7)));
         // the same tensors, of the same shapes
-        let mut a: Vec<_> = ours.header.tensors.iter().map(|t| (&t.name, &t.dims)).collect();
-        let mut b: Vec<_> = theirs.header.tensors.iter().map(|t| (&t.name, &t.dims)).collect();
+        let mut a: Vec<_> = ours
+            .header
+            .tensors
+            .iter()
+            .map(|t| (&t.name, &t.dims))
+            .collect();
+        let mut b: Vec<_> = theirs
+            .header
+            .tensors
+            .iter()
+            .map(|t| (&t.name, &t.dims))
+            .collect();
         a.sort();
         b.sort();
         assert_eq!(a, b, "{arch}: tensor names and shapes");

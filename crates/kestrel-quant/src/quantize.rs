@@ -570,7 +570,10 @@ fn k_scales_mins(
             packed[j] |= (lm >> 4) << 6;
         }
     }
-    let (d, dmin) = (F16::from_f32(max_scale / 63.0), F16::from_f32(max_min / 63.0));
+    let (d, dmin) = (
+        F16::from_f32(max_scale / 63.0),
+        F16::from_f32(max_min / 63.0),
+    );
     for j in 0..8 {
         let (sc, m) = scale_min_k4(j, &packed);
         let dj = d.to_f32() * sc as f32;

@@ -118,9 +118,17 @@ pub fn run(source: &ModelSource, as_json: bool) -> Result<()> {
             "experts       {} per layer, {} used per token ({}), expert ffn {}{}",
             m.n_experts,
             m.n_used,
-            if m.norm_top_k { "weights renormalized" } else { "softmax weights" },
+            if m.norm_top_k {
+                "weights renormalized"
+            } else {
+                "softmax weights"
+            },
             m.expert_ffn_dim,
-            if dense > 0 { format!("; {dense} dense layers") } else { String::new() }
+            if dense > 0 {
+                format!("; {dense} dense layers")
+            } else {
+                String::new()
+            }
         );
     }
     if let Some(h) = &cfg.hybrid {

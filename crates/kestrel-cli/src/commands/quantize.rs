@@ -87,7 +87,11 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         e.1 += t.bytes();
     }
     let n = plan.n_elements().max(1) as f64;
-    println!("wrote {} in {:.1} s", args.output.display(), started.elapsed().as_secs_f64());
+    println!(
+        "wrote {} in {:.1} s",
+        args.output.display(),
+        started.elapsed().as_secs_f64()
+    );
     println!(
         "size   {} -> {} ({:.1}%), {:.2} -> {:.2} bits per weight",
         human(before),

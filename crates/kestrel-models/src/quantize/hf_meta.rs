@@ -67,7 +67,10 @@ pub fn metadata(
     put(&key("attention.head_count"), u32v(cfg.n_heads));
     put(&key("attention.head_count_kv"), u32v(cfg.n_kv_heads));
     put(&key("rope.freq_base"), Value::F32(cfg.rope_base));
-    put(&key("attention.layer_norm_rms_epsilon"), Value::F32(cfg.rms_eps));
+    put(
+        &key("attention.layer_norm_rms_epsilon"),
+        Value::F32(cfg.rms_eps),
+    );
     if config.get("head_dim").is_some_and(|v| v.is_u64()) {
         put(&key("attention.key_length"), u32v(cfg.head_dim));
         put(&key("attention.value_length"), u32v(cfg.head_dim));
@@ -175,9 +178,11 @@ fn vocabulary(
             Json::Object(o) => o.get("content").and_then(|c| c.as_str()),
             _ => None,
         };
-        named
-            .and_then(id_of)
-            .or_else(|| config[format!("{which}_token_id")].as_u64().map(|v| v as u32))
+        named.and_then(id_of).or_else(|| {
+            config[format!("{which}_token_id")]
+                .as_u64()
+                .map(|v| v as u32)
+        })
     };
 
     let mut md: Vec<(String, Value)> = vec![

@@ -141,8 +141,7 @@ pub fn target_type(
         }
     } else if name.contains("ffn_down") {
         let layer = layer_of(name).unwrap_or(0);
-        if matches!(mix, QuantMix::Q4KM | QuantMix::Q5KM) && use_more_bits(layer, facts.n_layers)
-        {
+        if matches!(mix, QuantMix::Q4KM | QuantMix::Q5KM) && use_more_bits(layer, facts.n_layers) {
             ty = Q6_K;
         }
     } else if name.contains("attn_output.weight") && experts8 && mix == QuantMix::Q4KM {

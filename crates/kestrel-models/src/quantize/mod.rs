@@ -104,7 +104,10 @@ pub fn plan(
         None => plan_folder(store, cfg)?,
     };
     for t in &tensors {
-        let floats = matches!(t.source_type, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let floats = matches!(
+            t.source_type,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
+        );
         if mixture::quantizable(&t.spec.name, t.spec.dims.len()) && !floats {
             return Err(bad(format!(
                 "tensor '{}' is already {}: quantize from the F32/F16/BF16 original (quantizing twice loses precision)",
@@ -112,6 +115,7 @@ pub fn plan(
             )));
         }
     }
+    llama_order(&mut tensors);
     assign_types(&mut tensors, cfg, mix);
     let metadata = match header {
         Some(h) => gguf_metadata(h, mix),
@@ -124,7 +128,22 @@ pub fn plan(
     })
 }
 
-/// Gives every planned tensor its type under `mix`, in file order (attention-v tensors are
+/// llama.cpp's order of tensors (its loader's `weight_name_comparer`): by layer, the
+/// tensors outside layers first, then by name. Its quantizer counts attention-v tensors and
+/// writes its output in this order, so both are done in it here.
+fn llama_order(tensors: &mut [Planned]) {
+    let layer = |n: &str| -> i64 {
+        n.strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(-1)
+    };
+    tensors.sort_by(|a, b| {
+        (layer(&a.spec.name), &a.spec.name).cmp(&(layer(&b.spec.name), &b.spec.name))
+    });
+}
+
+/// Gives every planned tensor its type under `mix`, in order (attention-v tensors are
 /// counted in the order they come, as llama.cpp does).
 fn assign_types(tensors: &mut [Planned], cfg: &ModelConfig, mix: QuantMix) {
     let is_attn_v = |n: &str| n.contains("attn_v.weight") || n.contains("attn_qkv.weight");
@@ -164,8 +183,7 @@ fn gguf_metadata(h: &Header, mix: QuantMix) -> Vec<(String, Value)> {
     md
 }
 
-/// A folder's tensors under GGUF names, in llama.cpp's converter's order of layers: the
-/// embedding, each layer's tensors, the final norm and the output.
+/// A folder's tensors under GGUF names.
 fn plan_folder(store: &TensorStore, cfg: &ModelConfig) -> Result<Vec<Planned>, ModelError> {
     if cfg.arch == Arch::Qwen35 {
         return Err(bad(
@@ -224,22 +242,6 @@ fn plan_folder(store: &TensorStore, cfg: &ModelConfig) -> Result<Vec<Planned>, M
             permute_heads: None,
         });
     }
-    let rank = |n: &str| -> (usize, usize, String) {
-        match n {
-            "token_embd.weight" => (0, 0, n.into()),
-            "output_norm.weight" => (2, 0, n.into()),
-            "output.weight" => (3, 0, n.into()),
-            _ => {
-                let layer = n
-                    .strip_prefix("blk.")
-                    .and_then(|r| r.split('.').next())
-                    .and_then(|l| l.parse().ok())
-                    .unwrap_or(usize::MAX);
-                (1, layer, n.into())
-            }
-        }
-    };
-    out.sort_by_key(|t| rank(&t.spec.name));
     Ok(out)
 }
 
@@ -385,7 +387,7 @@ pub fn quantize_store(
     threads: usize,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<TensorStore, ModelError> {
-    let mut tensors = plan_in_place(store, cfg)?;
+    let mut tensors = plan_in_place(store)?;
     assign_types(&mut tensors, cfg, mix);
     let total: u64 = tensors.iter().map(Planned::source_bytes).sum();
     let mut done = 0u64;
@@ -414,14 +416,14 @@ pub fn quantized_bytes(
     cfg: &ModelConfig,
     mix: QuantMix,
 ) -> Result<u64, ModelError> {
-    let mut tensors = plan_in_place(store, cfg)?;
+    let mut tensors = plan_in_place(store)?;
     assign_types(&mut tensors, cfg, mix);
     Ok(tensors.iter().map(Planned::bytes).sum())
 }
 
 /// A folder's tensors as they are (per-expert tensors stay apart, no reordering of rows), in
-/// the order [`plan_folder`] writes them, so both paths count attention-v tensors alike.
-fn plan_in_place(store: &TensorStore, cfg: &ModelConfig) -> Result<Vec<Planned>, ModelError> {
+/// the order [`plan`] writes them, so both paths count attention-v tensors alike.
+fn plan_in_place(store: &TensorStore) -> Result<Vec<Planned>, ModelError> {
     let mut v = Vec::new();
     for (name, ty, _) in store.list() {
         let (_, dims, _) = store
@@ -442,24 +444,7 @@ fn plan_in_place(store: &TensorStore, cfg: &ModelConfig) -> Result<Vec<Planned>,
             permute_heads: None,
         });
     }
-    let layer = |n: &str| -> (usize, usize) {
-        match n {
-            "token_embd.weight" => (0, 0),
-            "output_norm.weight" => (2, 0),
-            "output.weight" => (3, 0),
-            _ => (
-                1,
-                n.strip_prefix("blk.")
-                    .and_then(|r| r.split('.').next())
-                    .and_then(|l| l.parse().ok())
-                    .unwrap_or(usize::MAX),
-            ),
-        }
-    };
-    v.sort_by(|a, b| {
-        (layer(&a.spec.name), &a.spec.name).cmp(&(layer(&b.spec.name), &b.spec.name))
-    });
-    let _ = cfg;
+    llama_order(&mut v);
     Ok(v)
 }
 
