@@ -98,6 +98,16 @@ pub fn step_model(
 ) -> Result<Loaded> {
     let quiet = quiet_plan;
     let block_size = crate::generate::BLOCK_SIZE;
+    let device = match (device, opts.quantize) {
+        (Device::Cuda(_), Some(mix)) => anyhow::bail!(
+            "--quantize {} runs on the CPU backend; for the GPU, write a GGUF with `kestrel quantize {} OUT.gguf --type {}` and load that",
+            mix.name(),
+            src.path.display(),
+            mix.name()
+        ),
+        (Device::Auto, Some(_)) => Device::Cpu,
+        (d, _) => d,
+    };
     let cuda = match device {
         Device::Cpu => None,
         Device::Cuda(n) => Some(open_cuda(

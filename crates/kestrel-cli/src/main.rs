@@ -30,6 +30,9 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// The plan with a folder's weights quantized at load (see `run --quantize`).
+        #[arg(long, value_parser = commands::run::parse_quant_mix)]
+        quantize: Option<kestrel_models::quantize::QuantMix>,
     },
     /// Print the token ids of TEXT as a JSON array.
     Tokenize {
@@ -148,9 +151,13 @@ fn main() -> ExitCode {
     keep_freed_memory_in_heap();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Info { model, json } => {
-            source::ModelSource::open(&model).and_then(|s| commands::info::run(&s, json))
-        }
+        Command::Info {
+            model,
+            json,
+            quantize,
+        } => source::ModelSource::open(&model)
+            .and_then(|s| s.quantized(quantize))
+            .and_then(|s| commands::info::run(&s, json)),
         Command::Tokenize {
             model,
             no_parse_special,

@@ -108,6 +108,34 @@ impl ModelSource {
         })
     }
 
+    /// The plan of this model with `--quantize mix` applied (a folder's weights quantized at
+    /// load): the weight sizes become the quantized ones. None leaves it as it is.
+    pub fn quantized(mut self, mix: Option<kestrel_models::quantize::QuantMix>) -> Result<Self> {
+        let Some(mix) = mix else {
+            return Ok(self);
+        };
+        if self.gguf.is_some() {
+            anyhow::bail!(
+                "--quantize {} applies to Hugging Face folders; {} is a GGUF file (quantize it with `kestrel quantize IN OUT --type {}`)",
+                mix.name(),
+                self.path.display(),
+                mix.name()
+            );
+        }
+        let store = kestrel_models::weights::TensorStore::from_hf_dir(&self.path)?;
+        let planned = kestrel_models::quantize::quantized_tensors(&store, &self.config, mix)?;
+        self.weight_bytes = planned.iter().map(|(_, _, b)| b).sum();
+        self.read_bytes_per_token = kestrel_models::plan::read_bytes_per_token(
+            &self.config,
+            planned.iter().map(|(n, _, b)| (n.as_str(), *b)),
+        );
+        self.tensor_types = planned
+            .into_iter()
+            .map(|(_, ty, b)| (ty.to_string(), b))
+            .collect();
+        Ok(self)
+    }
+
     /// The tensor index (what a GPU backend uploads from).
     pub fn tensor_store(&self) -> Result<kestrel_models::weights::TensorStore> {
         Ok(match &self.gguf {

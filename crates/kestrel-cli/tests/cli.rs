@@ -197,8 +197,9 @@ fn info_plans_weights_from_tensor_sizes() {
 
 #[test]
 fn run_reproduces_transformers_greedy_continuations() {
-    // qwen3_5: the hybrid model through the serving engine, its recurrent state in a slot
-    for arch in ["llama", "qwen2", "qwen3", "qwen3_5"] {
+    // qwen3_5: the hybrid model through the serving engine, its recurrent state in a slot;
+    // qwen3_moe: the routed experts
+    for arch in ["llama", "qwen2", "qwen3", "qwen3_5", "qwen3_moe"] {
         let ints = |name: &str| reference_ints(arch, name);
         for model in [tiny(arch), tiny(arch).join(format!("{arch}-f32.gguf"))] {
             for i in 0..3 {
@@ -243,6 +244,103 @@ fn run_reproduces_transformers_greedy_continuations() {
             }
         }
     }
+}
+
+/// Greedy tokens of `run -m model extra...` on a tiny model's reference prompt `i`.
+fn greedy_run(model: &str, arch: &str, i: usize, extra: &[&str]) -> Vec<u64> {
+    let prompt: Vec<String> = reference_ints(arch, &format!("tokens_{i}"))
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let prompt = prompt.join(",");
+    let mut args = vec![
+        "run",
+        "-m",
+        model,
+        "--prompt-ids",
+        &prompt,
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = kestrel(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// `kestrel quantize` writes a GGUF that runs exactly as the folder quantized at load
+/// (`--quantize`); quantizing a quantized file, or `--quantize` on a GGUF, is refused in one
+/// line and leaves nothing behind.
+#[test]
+fn quantize_writes_what_quantizing_at_load_runs() {
+    for arch in ["qwen3", "qwen3_moe"] {
+        let folder = tiny(arch);
+        let folder = folder.to_str().unwrap();
+        for (ty, load) in [("q8_0", "q8_0"), ("q4_k_m", "q4_k")] {
+            let out_path = tmp(&format!("{arch}-{ty}.gguf"));
+            let out = out_path.to_str().unwrap();
+            let q = kestrel(&["quantize", folder, out, "--type", ty, "-t", "2"]);
+            assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+            let text = String::from_utf8_lossy(&q.stdout);
+            assert!(text.contains("bits per weight"), "{text}");
+            for i in 0..3 {
+                assert_eq!(
+                    greedy_run(out, arch, i, &[]),
+                    greedy_run(folder, arch, i, &["--quantize", load]),
+                    "{arch} {ty} case {i}"
+                );
+            }
+        }
+    }
+    let q8 = tmp("qwen3-q8_0.gguf");
+    let again = tmp("twice.gguf");
+    let out = kestrel(&[
+        "quantize",
+        q8.to_str().unwrap(),
+        again.to_str().unwrap(),
+        "--type",
+        "q4_0",
+    ]);
+    assert_clean_failure(&out, "already");
+    assert!(
+        !again.exists(),
+        "a refused quantization left {}",
+        again.display()
+    );
+    let out = kestrel(&[
+        "quantize",
+        tiny("qwen3").to_str().unwrap(),
+        again.to_str().unwrap(),
+        "--type",
+        "q3",
+    ]);
+    assert_clean_failure(&out, "q4_k_m");
+    let out = kestrel(&[
+        "run",
+        "-m",
+        q8.to_str().unwrap(),
+        "--quantize",
+        "q8_0",
+        "-p",
+        "hi",
+        "-n",
+        "2",
+    ]);
+    assert_clean_failure(&out, "kestrel quantize");
 }
 
 /// Speculative decoding (`--spec lookup`, and `--spec draft` with the model as its own draft)

@@ -59,6 +59,9 @@ pub struct BenchArgs {
     /// (-n caps the answer, default 2048; -r runs of each).
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
+    /// Quantize a Hugging Face folder as it loads (see `run --quantize`).
+    #[arg(long, value_parser = crate::commands::run::parse_quant_mix)]
+    pub quantize: Option<kestrel_models::quantize::QuantMix>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +298,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let ds = list(&args.depth, "d")?;
     anyhow::ensure!(args.reps > 0, "-r must be at least 1");
     let mut opts = LoadOptions::default();
+    opts.quantize = args.quantize;
     if let Some(t) = args.threads {
         opts.threads = t.max(1);
     }

@@ -4,7 +4,6 @@
 
 use crate::commands::run::{EngineArgs, SamplingArgs};
 use crate::generate;
-use crate::source::ModelSource;
 use anyhow::Result;
 use kestrel_engine::GenerateRequest;
 use kestrel_sampler::SamplingParams;
@@ -26,7 +25,7 @@ pub struct ChatArgs {
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
-    let src = ModelSource::open(&args.engine.model)?;
+    let src = args.engine.open_source()?;
     let template = generate::chat_template(&src)?;
     let tok = src.tokenizer.clone();
     let ctx = args.engine.context(&src)?;

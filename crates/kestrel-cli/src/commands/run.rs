@@ -4,6 +4,7 @@ use crate::generate;
 use crate::source::ModelSource;
 use anyhow::Result;
 use kestrel_engine::GenerateRequest;
+use kestrel_models::quantize::QuantMix;
 use kestrel_models::{KvType, LoadOptions, MatmulPath};
 use kestrel_sampler::SamplingParams;
 use serde_json::json;
@@ -72,11 +73,26 @@ pub struct EngineArgs {
     pub device: String,
     #[command(flatten)]
     pub spec: crate::spec::SpecArgs,
+    /// Quantize a Hugging Face folder's weights as they load: q8_0, or q4_k (llama.cpp's
+    /// Q4_K_M mixture); also q4_0, q5_k_m, q6_k. The memory plan counts the quantized sizes.
+    #[arg(long, value_parser = parse_quant_mix)]
+    pub quantize: Option<QuantMix>,
+}
+
+/// `--quantize` / `--type` values.
+pub fn parse_quant_mix(s: &str) -> Result<QuantMix, String> {
+    QuantMix::parse(s).ok_or_else(|| format!("'{s}': one of {}", QuantMix::NAMES))
 }
 
 impl EngineArgs {
+    /// The model named by `-m`, with `--quantize` applied to its plan.
+    pub fn open_source(&self) -> Result<ModelSource> {
+        ModelSource::open(&self.model)?.quantized(self.quantize)
+    }
+
     pub fn load_options(&self) -> LoadOptions {
         let mut o = LoadOptions::default();
+        o.quantize = self.quantize;
         if let Some(t) = self.threads {
             o.threads = t.max(1);
         }
@@ -173,7 +189,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let src = ModelSource::open(&args.engine.model)?;
+    let src = args.engine.open_source()?;
     let tok = &src.tokenizer;
     let prompt: Vec<u32> = match (&args.prompt, &args.prompt_ids) {
         (_, Some(ids)) => crate::parse_ids(ids)?,

@@ -2,7 +2,6 @@
 //! Prints the memory plan before loading; refuses a plan that cannot fit.
 
 use crate::commands::run::EngineArgs;
-use crate::source::ModelSource;
 use anyhow::{Context, Result};
 use kestrel_engine::{Engine, EngineConfig};
 use kestrel_sampler::SamplingParams;
@@ -77,7 +76,7 @@ impl SamplingDefaultArgs {
 pub fn run(args: ServeArgs) -> Result<()> {
     init_logging();
     let sampling_defaults = args.sampling.resolve()?;
-    let src = ModelSource::open(&args.engine.model)?;
+    let src = args.engine.open_source()?;
     let ctx = args.engine.context(&src)?;
     let kv_type = args.engine.kv_type(&src)?;
     let name = args.model_name.clone().unwrap_or_else(|| {

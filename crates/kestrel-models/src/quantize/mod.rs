@@ -410,15 +410,18 @@ pub fn quantize_store(
     Ok(out)
 }
 
-/// The types `--quantize` would give a folder's tensors: the bytes of weights after it.
-pub fn quantized_bytes(
+/// What `--quantize` makes of a folder's tensors: (name, type, bytes) of each.
+pub fn quantized_tensors(
     store: &TensorStore,
     cfg: &ModelConfig,
     mix: QuantMix,
-) -> Result<u64, ModelError> {
+) -> Result<Vec<(String, GgmlType, u64)>, ModelError> {
     let mut tensors = plan_in_place(store)?;
     assign_types(&mut tensors, cfg, mix);
-    Ok(tensors.iter().map(Planned::bytes).sum())
+    Ok(tensors
+        .iter()
+        .map(|t| (t.spec.name.clone(), t.spec.ty, t.bytes()))
+        .collect())
 }
 
 /// A folder's tensors as they are (per-expert tensors stay apart, no reordering of rows), in
