@@ -28,14 +28,30 @@ pub fn vec_dot(w: GgmlType, n: usize, x: &[u8], y: &[u8]) -> f32 {
     }
 }
 
+/// Sixteen running sums (as ggml's SIMD F32 dot keeps several), so the loop vectorizes on
+/// any x86-64 and a row of F32 weights (a MoE router, the tiny test models) streams at memory
+/// speed rather than one dependent add per element.
 fn f32_f32(n: usize, x: &[u8], y: &[u8]) -> f32 {
-    let mut sum = 0f32;
-    for (a, b) in x.chunks_exact(4).zip(y.chunks_exact(4)).take(n) {
-        let a = f32::from_le_bytes([a[0], a[1], a[2], a[3]]);
-        let b = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        sum += a * b;
+    let f = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let (x, y) = (&x[..4 * n], &y[..4 * n]);
+    let mut acc = [0f32; 16];
+    let (xs, ys) = (x.chunks_exact(64), y.chunks_exact(64));
+    let (xr, yr) = (xs.remainder(), ys.remainder());
+    for (a, b) in xs.zip(ys) {
+        for i in 0..16 {
+            acc[i] += f(&a[4 * i..]) * f(&b[4 * i..]);
+        }
     }
-    sum
+    let mut tail = 0f32;
+    for (a, b) in xr.chunks_exact(4).zip(yr.chunks_exact(4)) {
+        tail += f(a) * f(b);
+    }
+    for w in [8, 4, 2, 1] {
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+    }
+    acc[0] + tail
 }
 
 fn half_f32(n: usize, x: &[u8], y: &[u8], cvt: fn(u16) -> f32) -> f32 {
