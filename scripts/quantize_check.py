@@ -45,8 +45,8 @@ def read_tensors(path):
     return out
 
 
-def gguf_types(path):
-    """{tensor name: ggml type id} of a GGUF file."""
+def gguf_types(path, with_data=False):
+    """{tensor name: ggml type id} of a GGUF file (with `with_data`: {name: (type, bytes)})."""
     f = open(path, "rb")
     rd = lambda fmt: struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
     rstr = lambda: f.read(rd("Q")).decode("utf-8", "replace")
@@ -67,13 +67,20 @@ def gguf_types(path):
     for _ in range(nk):
         rstr()
         skip(rd("I"))
-    types = {}
+    types, where = {}, {}
     for _ in range(nt):
         name = rstr()
-        f.read(8 * rd("I"))
+        dims = [rd("Q") for _ in range(rd("I"))]
         types[name] = rd("I")
-        rd("Q")
-    return types
+        where[name] = rd("Q")
+    if not with_data:
+        return types
+    start = -(-f.tell() // 32) * 32
+    data = Path(path).read_bytes()[start:]
+    ends = sorted(where.values()) + [len(data)]
+    nxt = {o: ends[i + 1] for i, o in enumerate(sorted(where.values()))}
+    # tensor bytes up to the next tensor (the padding is zeros in both writers)
+    return {n: (types[n], data[o:nxt[o]].rstrip(b"\0")) for n, o in where.items()}
 
 
 def tiny_logits(tmp):
@@ -117,6 +124,9 @@ def q4_k_m_types(tmp):
     assert rc == 0, f"llama_model_quantize failed: {rc}"
     a, b = gguf_types(ours), gguf_types(theirs)
     differ = [(n, a.get(n), b.get(n)) for n in sorted(set(a) | set(b)) if a.get(n) != b.get(n)]
+    da, db = gguf_types(ours, True), gguf_types(theirs, True)
+    same_bytes = sum(da[n][1] == db[n][1] for n in da if n in db)
+    print(f"  tensors with byte-identical data: {same_bytes} of {len(da)}")
     sa, sb = ours.stat().st_size, theirs.stat().st_size
     print(f"q4_k_m of a Qwen2.5-0.5B-shape F16 file: {len(a)} tensors; types differ on {len(differ)}"
           f"{': ' + str(differ[:5]) if differ else ''}")

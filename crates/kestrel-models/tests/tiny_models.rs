@@ -138,13 +138,19 @@ fn tiny_models_match_transformers_from_gguf() {
 }
 
 /// Several sequences in one batched step (paged pool, shuffled block tables) give the same
-/// logits as each sequence run alone.
+/// logits as each sequence run alone; for qwen3_moe the tokens of every sequence are grouped
+/// by expert together.
 #[test]
 fn batched_paged_forward_equals_one_sequence_at_a_time() {
+    for arch in ["qwen2", "qwen3_moe"] {
+        batched_equals_alone(arch);
+    }
+}
+
+fn batched_equals_alone(arch: &str) {
     use kestrel_models::{KvPool, SeqStep, StatePool, WantLogits};
-    let arch = "qwen2";
     let model = load(
-        &tiny_dir(arch).join("qwen2-f32.gguf"),
+        &tiny_dir(arch).join(format!("{arch}-f32.gguf")),
         MatmulPath::Quantized,
     );
     let cases = reference(arch);
@@ -201,6 +207,6 @@ fn batched_paged_forward_equals_one_sequence_at_a_time() {
             .zip(b)
             .map(|(x, y)| (x - y).abs())
             .fold(0f32, f32::max);
-        assert!(err < 1e-5, "batched vs alone: max error {err}");
+        assert!(err < 1e-5, "{arch} batched vs alone: max error {err}");
     }
 }
