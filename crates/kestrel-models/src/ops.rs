@@ -261,7 +261,7 @@ fn matmul_repacked(
     x: &[f32],
     out: &mut [f32],
 ) -> Result<(), ModelError> {
-    matmul_repacked_fused(pool, &[w], x, &mut [out])
+    repacked_jobs(pool, &mut [MatJob { w, x, out }])
 }
 
 /// Several matrices over the same input (q/k/v, gate/up): whether [`matmul_fused`] runs them
@@ -301,51 +301,12 @@ fn matmul_repacked_fused(
     x: &[f32],
     outs: &mut [&mut [f32]],
 ) -> Result<(), ModelError> {
-    let bad = |w: &Weight| ModelError::BadType {
-        name: w.name.clone(),
-        ty: w.ty.to_string(),
-    };
-    let mut packed = Vec::with_capacity(ws.len());
-    for w in ws {
-        packed.push(w.packed().ok_or_else(|| bad(w))?);
-    }
-    let cols = ws[0].cols;
-    let t_len = x.len() / cols;
-    let act_ty = packed[0].act_type();
-    let act_row = act_ty.bytes_for(cols as u64).unwrap_or(0) as usize;
-    let mut acts = vec![0u8; t_len * act_row];
-    quantize_activations(pool, act_ty, x, cols, &mut acts, act_row)?;
-    let act_rows: Vec<&[u8]> = acts.chunks_exact(act_row.max(1)).collect();
-    let mut prepared = Vec::with_capacity(packed.len());
-    for p in &packed {
-        let acts = p.prepare_after(&act_rows, &prepared)?;
-        prepared.push(acts);
-    }
-    let r = kestrel_quant::repack::R;
-    let groups: Vec<usize> = ws.iter().map(|w| w.rows / r).collect();
-    let tasks = shrinking_tasks(&groups, pool.n_threads());
-    let out_ptrs: Vec<SharedMut<f32>> = outs.iter_mut().map(|o| SharedMut::new(o)).collect();
-    let failed = std::sync::atomic::AtomicUsize::new(usize::MAX);
-    pool.run(tasks.len(), &|task| {
-        let GroupRange { matrix: i, lo, hi } = tasks[task];
-        let rows = ws[i].rows;
-        let mut tmp = vec![0f32; t_len * r];
-        for g in lo..hi {
-            if packed[i].dot_group(g, &prepared[i], &mut tmp).is_err() {
-                failed.store(i, std::sync::atomic::Ordering::Relaxed);
-                return;
-            }
-            for t in 0..t_len {
-                // SAFETY: rows 16g..16g+16 of every token of matrix i belong to this task only.
-                let dst = unsafe { out_ptrs[i].slice(t * rows + g * r, r) };
-                dst.copy_from_slice(&tmp[t * r..(t + 1) * r]);
-            }
-        }
-    });
-    match failed.load(std::sync::atomic::Ordering::Relaxed) {
-        usize::MAX => Ok(()),
-        i => Err(bad(ws[i])),
-    }
+    let mut jobs: Vec<MatJob> = ws
+        .iter()
+        .zip(outs.iter_mut())
+        .map(|(w, out)| MatJob { w, x, out })
+        .collect();
+    repacked_jobs(pool, &mut jobs)
 }
 
 /// One matrix of a grouped matmul with its own input: `out = x . w^T`, `x: [T, w.cols]`,
@@ -366,12 +327,20 @@ pub fn matmul_grouped(
     jobs: &mut [MatJob],
 ) -> Result<(), ModelError> {
     let all_packed = jobs.iter().all(|j| j.w.packed().is_some());
-    if path != MatmulPath::Quantized || !all_packed || jobs.len() < 2 {
+    if path != MatmulPath::Quantized || !all_packed {
         for j in jobs.iter_mut() {
             matmul(pool, path, j.w, j.x, j.out)?;
         }
         return Ok(());
     }
+    repacked_jobs(pool, jobs)
+}
+
+/// Repacked matrices, each over its input, as one pool job: each distinct (input, activation
+/// type) quantized once, each matrix's activations prepared (a K-quant matrix reusing the AMX
+/// panel of an earlier one over the same rows), then the 16-row groups of all matrices in
+/// shrinking tasks.
+fn repacked_jobs(pool: &ThreadPool, jobs: &mut [MatJob]) -> Result<(), ModelError> {
     let bad = |w: &Weight| ModelError::BadType {
         name: w.name.clone(),
         ty: w.ty.to_string(),
