@@ -62,6 +62,14 @@ pub fn plan(
                 plan.n_blocks
             );
         }
+        if let Some(m) = &src.config.moe {
+            eprintln!(
+                "experts: {} of {} per token; a decoded token reads {} of the weights",
+                m.n_used,
+                m.n_experts,
+                human(src.read_bytes_per_token)
+            );
+        }
         if plan.state_slot_bytes > 0 {
             eprintln!(
                 "recurrent state: {} per sequence x {} running + {} snapshots (at most {} per sequence) = {}",
