@@ -63,6 +63,7 @@ fn main() {
     let tokens = [TokenKv {
         pos: depth,
         blocks: &blocks,
+        tiled: false,
     }];
     let cold_mib: usize = std::env::var("KESTREL_COLD")
         .ok()

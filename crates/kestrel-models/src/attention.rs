@@ -18,6 +18,10 @@ use half::f16;
 pub struct TokenKv<'a> {
     pub pos: usize,
     pub blocks: &'a [u32],
+    /// The sequence's queries of this step read the cache together (the tiled kernel) even
+    /// when they are few: a speculative verify pass, whose k + 1 queries would otherwise each
+    /// stream the whole context.
+    pub tiled: bool,
 }
 
 /// `out[t, h, :] = softmax(q[t,h] · K[0..=pos_t, h/group]ᵀ / sqrt(d)) · V[...]`
@@ -50,7 +54,7 @@ pub fn causal_attention(
     while start < tokens.len() {
         let same = |t: &TokenKv| std::ptr::eq(t.blocks.as_ptr(), tokens[start].blocks.as_ptr());
         let n = tokens[start..].iter().take_while(|t| same(t)).count();
-        few_queries[start..start + n].fill(n < GGML_TILE_Q);
+        few_queries[start..start + n].fill(n < GGML_TILE_Q && !(n > 1 && tokens[start].tiled));
         single_query[start..start + n].fill(n == 1);
         start += n;
     }
@@ -1399,6 +1403,7 @@ mod tests {
         let toks: Vec<TokenKv> = positions
             .iter()
             .map(|&pos| TokenKv {
+                tiled: false,
                 pos,
                 blocks: &blocks,
             })

@@ -322,6 +322,7 @@ impl Model {
                 tokens.push(TokenKv {
                     pos,
                     blocks: s.blocks,
+                    tiled: s.want == WantLogits::Verify,
                 });
                 rows.push(row_of(s.blocks, bs, pos));
                 positions.push(pos);
@@ -375,7 +376,9 @@ impl Model {
                 WantLogits::Last => {
                     picked.extend_from_slice(&x[(t0 + n - 1) * dim..(t0 + n) * dim])
                 }
-                WantLogits::All => picked.extend_from_slice(&x[t0 * dim..(t0 + n) * dim]),
+                WantLogits::All | WantLogits::Verify => {
+                    picked.extend_from_slice(&x[t0 * dim..(t0 + n) * dim])
+                }
             }
             t0 += n;
         }
@@ -402,6 +405,9 @@ pub enum WantLogits {
     None,
     Last,
     All,
+    /// Every token's, to check speculative proposals: as `All`, with the step's queries of
+    /// the sequence attending together (one pass over its cache instead of one per token).
+    Verify,
 }
 
 /// One sequence's share of a batched forward step.

@@ -99,7 +99,7 @@ impl PagedModel {
                 want: match (s.want_logits, s.all_logits) {
                     (false, _) => WantLogits::None,
                     (true, false) => WantLogits::Last,
-                    (true, true) => WantLogits::All,
+                    (true, true) => WantLogits::Verify,
                 },
             })
             .collect();

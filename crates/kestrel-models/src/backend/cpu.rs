@@ -112,8 +112,9 @@ impl CpuBackend {
                 tkv.push(TokenKv {
                     pos,
                     blocks: s.blocks,
+                    tiled: s.want == WantLogits::Verify,
                 });
-                if s.want == WantLogits::All {
+                if matches!(s.want, WantLogits::All | WantLogits::Verify) {
                     picks.push(tokens.len() - 1);
                 }
             }
