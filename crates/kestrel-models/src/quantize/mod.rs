@@ -35,6 +35,20 @@ pub struct Planned {
 }
 
 impl Planned {
+    /// A tensor written as it is stored: one source tensor, rows in order.
+    fn as_stored(name: &str, ty: GgmlType, dims: Vec<u64>) -> Self {
+        Self {
+            spec: TensorSpec {
+                name: name.to_string(),
+                ty,
+                dims,
+            },
+            source_type: ty,
+            parts: vec![name.to_string()],
+            permute_heads: None,
+        }
+    }
+
     pub fn bytes(&self) -> u64 {
         self.spec.n_bytes().unwrap_or(0)
     }
@@ -90,31 +104,11 @@ pub fn plan(
         Some(h) => h
             .tensors
             .iter()
-            .map(|t| Planned {
-                spec: TensorSpec {
-                    name: t.name.clone(),
-                    ty: t.ggml_type,
-                    dims: t.dims.clone(),
-                },
-                source_type: t.ggml_type,
-                parts: vec![t.name.clone()],
-                permute_heads: None,
-            })
+            .map(|t| Planned::as_stored(&t.name, t.ggml_type, t.dims.clone()))
             .collect(),
         None => plan_folder(store, cfg)?,
     };
-    for t in &tensors {
-        let floats = matches!(
-            t.source_type,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
-        );
-        if mixture::quantizable(&t.spec.name, t.spec.dims.len()) && !floats {
-            return Err(bad(format!(
-                "tensor '{}' is already {}: quantize from the F32/F16/BF16 original (quantizing twice loses precision)",
-                t.spec.name, t.source_type
-            )));
-        }
-    }
+    refuse_quantized(&tensors)?;
     llama_order(&mut tensors);
     assign_types(&mut tensors, cfg, mix);
     let metadata = match header {
@@ -126,6 +120,23 @@ pub fn plan(
         metadata,
         tensors,
     })
+}
+
+/// A source whose weights are already quantized is refused: quantizing twice loses precision.
+fn refuse_quantized(tensors: &[Planned]) -> Result<(), ModelError> {
+    for t in tensors {
+        let floats = matches!(
+            t.source_type,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
+        );
+        if mixture::quantizable(&t.spec.name, t.spec.dims.len()) && !floats {
+            return Err(bad(format!(
+                "tensor '{}' is already {}: quantize from the F32/F16/BF16 original (quantizing twice loses precision)",
+                t.spec.name, t.source_type
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// llama.cpp's order of tensors (its loader's `weight_name_comparer`): by layer, the
@@ -204,21 +215,13 @@ fn plan_folder(store: &TensorStore, cfg: &ModelConfig) -> Result<Vec<Planned>, M
             }
             continue;
         }
-        let permute_heads = match (cfg.arch, name.rsplit_once('.').map(|p| p.0)) {
+        let mut t = Planned::as_stored(&name, ty, dims.iter().map(|&d| d as u64).collect());
+        t.permute_heads = match (cfg.arch, name.rsplit_once('.').map(|p| p.0)) {
             (Arch::Llama, Some(n)) if n.ends_with("attn_q") => Some(cfg.n_heads),
             (Arch::Llama, Some(n)) if n.ends_with("attn_k") => Some(cfg.n_kv_heads),
             _ => None,
         };
-        out.push(Planned {
-            spec: TensorSpec {
-                name: name.clone(),
-                ty,
-                dims: dims.iter().map(|&d| d as u64).collect(),
-            },
-            source_type: ty,
-            parts: vec![name],
-            permute_heads,
-        });
+        out.push(t);
     }
     for (stem, mut parts) in experts {
         parts.sort();
@@ -435,21 +438,13 @@ fn plan_in_place(store: &TensorStore) -> Result<Vec<Planned>, ModelError> {
         let (_, dims, _) = store
             .raw(&name)
             .ok_or_else(|| ModelError::MissingTensor(name.clone()))?;
-        let floats = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-        if mixture::quantizable(&name, dims.len()) && !floats {
-            return Err(bad(format!("tensor '{name}' is already {ty}")));
-        }
-        v.push(Planned {
-            spec: TensorSpec {
-                name: name.clone(),
-                ty,
-                dims: dims.iter().map(|&d| d as u64).collect(),
-            },
-            source_type: ty,
-            parts: vec![name],
-            permute_heads: None,
-        });
+        v.push(Planned::as_stored(
+            &name,
+            ty,
+            dims.iter().map(|&d| d as u64).collect(),
+        ));
     }
+    refuse_quantized(&v)?;
     llama_order(&mut v);
     Ok(v)
 }
