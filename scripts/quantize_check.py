@@ -15,6 +15,8 @@ import ctypes, json, os, struct, subprocess, sys, tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from synth_gguf import read_header  # noqa: E402
 KESTREL = ROOT / "target/release/kestrel"
 VENV_PY = Path(os.environ.get("KESTREL_PEERS", Path.home() / ".cache/kestrel-peers")) / "venv/bin/python3"
 
@@ -47,40 +49,12 @@ def read_tensors(path):
 
 def gguf_types(path, with_data=False):
     """{tensor name: ggml type id} of a GGUF file (with `with_data`: {name: (type, bytes)})."""
-    f = open(path, "rb")
-    rd = lambda fmt: struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
-    rstr = lambda: f.read(rd("Q")).decode("utf-8", "replace")
-    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-    def skip(t):
-        if t == 8:
-            rstr()
-        elif t == 9:
-            et, n = rd("I"), rd("Q")
-            for _ in range(n):
-                skip(et)
-        else:
-            f.read(sizes[t])
-
-    assert f.read(4) == b"GGUF"
-    _, nt, nk = rd("I"), rd("Q"), rd("Q")
-    for _ in range(nk):
-        rstr()
-        skip(rd("I"))
-    types, where = {}, {}
-    for _ in range(nt):
-        name = rstr()
-        dims = [rd("Q") for _ in range(rd("I"))]
-        types[name] = rd("I")
-        where[name] = rd("Q")
+    _, start, tensors = read_header(path)
     if not with_data:
-        return types
-    start = -(-f.tell() // 32) * 32
-    data = Path(path).read_bytes()[start:]
-    ends = sorted(where.values()) + [len(data)]
-    nxt = {o: ends[i + 1] for i, o in enumerate(sorted(where.values()))}
-    # tensor bytes up to the next tensor (the padding is zeros in both writers)
-    return {n: (types[n], data[o:nxt[o]].rstrip(b"\0")) for n, o in where.items()}
+        return {t["name"]: t["type"] for t in tensors}
+    data = Path(path).read_bytes()
+    at = lambda t: start + t["offset"]
+    return {t["name"]: (t["type"], data[at(t):at(t) + t["bytes"]]) for t in tensors}
 
 
 def tiny_logits(tmp):

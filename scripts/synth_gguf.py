@@ -31,24 +31,37 @@ TYPES = {
 }
 
 
+SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def read(f, fmt):
+    return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+
+def read_value(f, t):
+    """One metadata value of GGUF type id `t` at f's position."""
+    if t == 8:
+        return f.read(read(f, "Q")).decode("utf-8", "replace")
+    if t == 9:
+        et, n = read(f, "I"), read(f, "Q")
+        return [read_value(f, et) for _ in range(n)]
+    return read(f, SCALAR[t])
+
+
+def raw_value(f, t):
+    """The encoded bytes of the metadata value at f's position (read past it)."""
+    start = f.tell()
+    read_value(f, t)
+    end = f.tell()
+    f.seek(start)
+    return f.read(end - start)
+
+
 def read_header(path):
     f = open(path, "rb")
-
-    def rd(fmt):
-        return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
-
-    def rstr():
-        return f.read(rd("Q")).decode("utf-8", "replace")
-
-    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-    def value(t):
-        if t == 8:
-            return rstr()
-        if t == 9:
-            et, n = rd("I"), rd("Q")
-            return [value(et) for _ in range(n)]
-        return rd(scalar[t])
+    rd = lambda fmt: read(f, fmt)
+    rstr = lambda: f.read(rd("Q")).decode("utf-8", "replace")
+    value = lambda t: read_value(f, t)
 
     if f.read(4) != b"GGUF":
         sys.exit(f"{path}: not a GGUF file")
@@ -125,35 +138,15 @@ def moe(model, out, n_layers, seed=0):
     of 128) with `n_layers` layers, MODEL's tokenizer (a Qwen vocabulary of 151,936), tensor
     types as llama.cpp's Q4_K_M gives them for this shape, random data."""
     f = open(model, "rb")
-
-    def rd(fmt):
-        return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
-
-    def rstr():
-        return f.read(rd("Q"))
-
-    def raw_value(t):
-        start = f.tell()
-        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-        if t == 8:
-            rstr()
-        elif t == 9:
-            et, n = rd("I"), rd("Q")
-            for _ in range(n):
-                raw_value(et)
-        else:
-            f.read(sizes[t])
-        end = f.tell()
-        f.seek(start)
-        return f.read(end - start)
-
+    rd = lambda fmt: read(f, fmt)
+    rstr = lambda: f.read(rd("Q"))
     assert f.read(4) == b"GGUF"
     _, _, n_kv = rd("I"), rd("Q"), rd("Q")
     kvs = []
     for _ in range(n_kv):
         key = rstr()
         t = rd("I")
-        v = raw_value(t)
+        v = raw_value(f, t)
         if key.startswith(b"tokenizer."):
             kvs.append((key, t, v))
     n, L = 2048, n_layers
@@ -212,26 +205,12 @@ def retype(model, out, seed=0):
     import numpy as np
 
     f = open(model, "rb")
-
-    def rd(fmt):
-        return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
-
-    def skip(t):
-        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-        if t == 8:
-            f.read(rd("Q"))
-        elif t == 9:
-            et, n = rd("I"), rd("Q")
-            for _ in range(n):
-                skip(et)
-        else:
-            f.read(sizes[t])
-
+    rd = lambda fmt: read(f, fmt)
     assert f.read(4) == b"GGUF"
     version, n_tensors, n_kv = rd("I"), rd("Q"), rd("Q")
     for _ in range(n_kv):
         f.read(rd("Q"))
-        skip(rd("I"))
+        read_value(f, rd("I"))
     kv_end = f.tell()
     infos = []
     for _ in range(n_tensors):
