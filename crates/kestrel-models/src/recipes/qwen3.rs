@@ -6,16 +6,18 @@ use crate::layers::{self, AttnParts, Ctx, LayerWeights};
 use crate::weights::TensorStore;
 use crate::ModelError;
 
+/// Qwen3's attention block (Qwen3-MoE's too).
+pub const ATTENTION: AttnParts = AttnParts {
+    qkv_bias: false,
+    qk_norm: true,
+};
+
 pub fn load_layer(
     store: &TensorStore,
     cfg: &ModelConfig,
     i: usize,
 ) -> Result<LayerWeights, ModelError> {
-    let parts = AttnParts {
-        qkv_bias: false,
-        qk_norm: true,
-    };
-    layers::load_layer(store, cfg, i, parts)
+    layers::load_layer(store, cfg, i, ATTENTION)
 }
 
 pub fn forward_layer(

@@ -3,7 +3,7 @@
 //! The forward pass is Qwen3's: the layer's FFN decides dense or routed.
 
 use crate::config::ModelConfig;
-use crate::layers::{self, AttnParts, Ffn, LayerWeights};
+use crate::layers::{self, Ffn, LayerWeights};
 use crate::moe::MoeWeights;
 use crate::weights::TensorStore;
 use crate::ModelError;
@@ -13,11 +13,7 @@ pub fn load_layer(
     cfg: &ModelConfig,
     i: usize,
 ) -> Result<LayerWeights, ModelError> {
-    let parts = AttnParts {
-        qkv_bias: false,
-        qk_norm: true,
-    };
-    let mixer = layers::load_attention(store, cfg, i, parts)?;
+    let mixer = layers::load_attention(store, cfg, i, super::qwen3::ATTENTION)?;
     let norm = store.vector(&format!("blk.{i}.ffn_norm.weight"), cfg.dim)?;
     let moe = cfg
         .moe
