@@ -4,7 +4,10 @@
 # (default .gpu-cuda): kestrel.xz (the release binary), llama-src.tar.xz (llama.cpp trimmed to
 # build llama-quantize), gguf wheel, make_dense_model.py + vocab. Writes logs under $OUT.
 # STAGES (default "check small"): check = op harness + tiny fixtures vs transformers;
-# small = Qwen2.5-1.5B-shape Q4_K_M: GPU vs CPU logits, pp512/tg128; big = Qwen3-8B shape.
+# small = Qwen2.5-1.5B-shape Q4_K_M: GPU vs CPU logits, pp512/tg128; big = Qwen3-8B shape;
+# hybrid = Qwen3.5: tiny-qwen3_5 (GGUF and folder) against transformers, serve --device cuda
+# against --device cpu on it, and the Qwen3.5-0.8B shape (Q4_K_M by kestrel's quantizer, which
+# writes llama.cpp's bytes): GPU vs CPU logits, pp512/tg128 (HYBRID_BIG=1: the 9B shape too).
 set -u
 B=${B:-.gpu-cuda}
 OUT=${OUT:-/tmp/out}
@@ -14,8 +17,8 @@ export PYTHONUNBUFFERED=1
 xz -dc $B/kestrel.xz > /tmp/w/kestrel && chmod +x /tmp/w/kestrel
 K=/tmp/w/kestrel
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv | tee $OUT/gpu.txt
-# llama-quantize (CPU build) in the background while the checks run
-( mkdir -p /tmp/ll && tar xJf $B/llama-src.tar.xz -C /tmp/ll && cd /tmp/ll/trim && \
+# llama-quantize (CPU build) in the background while the checks run, when the bundle has it
+[ -f $B/llama-src.tar.xz ] && ( mkdir -p /tmp/ll && tar xJf $B/llama-src.tar.xz -C /tmp/ll && cd /tmp/ll/trim && \
   cmake -B build -G Ninja -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_MTMD=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release >/tmp/w/cmake.log 2>&1 && \
   cmake --build build --target llama-quantize -j16 >/tmp/w/build.log 2>&1; echo "quantize build rc=$?" ) > /tmp/w/qbuild.txt 2>&1 &
@@ -39,6 +42,20 @@ for s in $STAGES; do
   serve)  # kestrel serve --device cuda against --device cpu (tiny fixtures: greedy ties are rare there)
     for f in $T/tiny-qwen2/qwen2-f32.gguf $T/tiny-llama/llama-f32.gguf; do
       python3 $B/serve-check.py $K $f 2>&1 | tee -a $OUT/serve.log
+    done
+    ;;
+  hybrid)
+    $K gpu-check -m $T/tiny-qwen3_5/qwen3_5-f32.gguf -m $T/tiny-qwen3_5 2>&1 | grep -v "^ok  " | tee $OUT/check-hybrid.log
+    python3 $B/serve-check.py $K $T/tiny-qwen3_5/qwen3_5-f32.gguf 2>&1 | tee $OUT/serve-hybrid.log
+    for SH in qwen35-0.8b ${HYBRID_BIG:+qwen35-9b}; do
+      M=/tmp/w/$SH-q4_k_m.gguf
+      python3 $B/make_qwen35_model.py /tmp/w/$SH-f16.gguf $SH > /dev/null && \
+        $K quantize /tmp/w/$SH-f16.gguf $M --type q4_k_m -t 16 2>&1 | tail -2; rm -f /tmp/w/$SH-f16.gguf
+      [ $SH = qwen35-0.8b ] && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  " | tee $OUT/parity-$SH.log
+      $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
+      $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
+      [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
+      rm -f $M
     done
     ;;
   small|big)

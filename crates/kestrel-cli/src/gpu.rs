@@ -77,6 +77,7 @@ pub fn open_cuda(
         block_size,
         max_batch: GPU_MAX_BATCH,
         max_context: ctx,
+        state_slots: plan.running_slots + plan.snapshot_slots,
     };
     let model = CudaModel::load(gpu, src.config.clone(), &store, &shape)?;
     Ok((model, plan))
@@ -133,12 +134,11 @@ pub fn step_model(
             block_bytes: (plan.kv_bytes / plan.n_blocks.max(1) as u64) as usize,
             kv_bytes: plan.kv_bytes,
             tokens: plan.tokens,
-            // dense models only on the GPU: no recurrent state
-            state_slot_bytes: 0,
-            running_slots: 0,
-            snapshot_slots: 0,
-            snapshots_per_seq: 0,
-            state_bytes: 0,
+            state_slot_bytes: plan.state_slot_bytes as usize,
+            running_slots: plan.running_slots,
+            snapshot_slots: plan.snapshot_slots,
+            snapshots_per_seq: plan.snapshots_per_seq,
+            state_bytes: plan.state_bytes,
             draft_weight_bytes: 0,
             draft_kv_bytes: 0,
             total_bytes: plan.total_bytes,
@@ -207,6 +207,7 @@ fn feed(
         blocks: table,
         want_logits: want,
         all_logits: false,
+        slot: 0,
     }])?)
 }
 
@@ -399,8 +400,13 @@ pub fn check(
         let name = path.display();
         let vocab = src.config.vocab_size;
         // fixture reference (transformers, f64)
-        let reference = path
-            .parent()
+        // beside a GGUF, or inside a Hugging Face folder
+        let folder = if path.is_dir() {
+            Some(path.as_path())
+        } else {
+            path.parent()
+        };
+        let reference = folder
             .map(|d| d.join("reference.safetensors"))
             .filter(|p| p.exists());
         let ctx = (prompt_len + gen + 8).max(400);
@@ -421,6 +427,7 @@ pub fn check(
                     blocks: &table,
                     want_logits: true,
                     all_logits: true,
+                    slot: 0,
                 }])?;
                 let worst = got
                     .iter()
@@ -448,6 +455,7 @@ pub fn check(
             blocks: &table,
             want_logits: true,
             all_logits: true,
+            slot: 0,
         }])?;
         // worst |a - b| over each row's spread (max - min of b), and the largest |a - b|
         let spread_err = |a: &[f32], b: &[f32]| -> (f64, f32) {
@@ -559,6 +567,7 @@ pub fn logits(
         blocks: &table,
         want_logits: true,
         all_logits: true,
+        slot: 0,
     }])?))
 }
 

@@ -25,6 +25,7 @@ pub fn source() -> String {
         include_str!("kernels/matvec.cu"),
         include_str!("kernels/elementwise.cu"),
         include_str!("kernels/attention.cu"),
+        include_str!("kernels/deltanet.cu"),
     ]
     .join("\n")
 }

@@ -1,5 +1,5 @@
-//! kestrel's CUDA backend: the dense recipe ([`kestrel_models::backend::dense`]) carried out
-//! on an NVIDIA GPU.
+//! kestrel's CUDA backend: the shared recipes ([`kestrel_models::backend::dense`] for llama,
+//! qwen2, qwen3; [`kestrel_models::backend::hybrid`] for Qwen3.5) carried out on an NVIDIA GPU.
 //!
 //! Shaped like the data's path:
 //! - [`probe`]: the CUDA libraries are found (or the one missing is named) before any CUDA
@@ -8,7 +8,9 @@
 //!   architecture at start and cached on disk (the doc there says why not shipped PTX).
 //! - [`device`]: context, stream, cuBLAS, device buffers.
 //! - [`weights`]: GGUF blocks uploaded in the kernels' layout.
-//! - [`ops`]: the backend's [`kestrel_models::backend::Ops`] (fusions documented there).
+//! - [`ops`]: the backend's [`kestrel_models::backend::Ops`] (fusions documented there);
+//!   `hybrid_ops`: its `HybridOps` (gated attention, the DeltaNet layer; the recurrent state's
+//!   slots live in device memory, in [`model`]).
 //! - [`model`]: weights + paged KV pool + scratch on the device, the forward pass, CUDA graphs
 //!   for decode, and the engine's `StepModel`.
 //! - [`plan`]: the GPU memory plan. [`check`]: every op against the CPU, and whole models.
@@ -17,6 +19,7 @@ pub mod check;
 pub mod compile;
 pub mod device;
 pub mod error;
+mod hybrid_ops;
 mod matmul;
 pub mod model;
 pub mod ops;

@@ -8,247 +8,58 @@ use crate::error::{CudaError, Result};
 use crate::ops::{Pending, MATVEC_MAX};
 use crate::weights::DevMatrix;
 use cudarc::driver::sys;
-use kestrel_models::backend::{dense, Buf};
+use kestrel_models::backend::{dense, hybrid, Buf};
+use kestrel_models::layers::{LayerWeights, Mixer};
 use kestrel_models::weights::TensorStore;
 use kestrel_models::{recipes, Arch, ModelConfig};
 use std::collections::HashMap;
 
-/// One layer's weights on the device.
+/// One layer's weights on the device: its mixer (attention, or a DeltaNet layer in hybrid
+/// models), then the SwiGLU MLP.
 pub struct LayerDev {
-    pub attn_norm: DevBuf, // (dim) f32
-    pub wq: DevMatrix,
-    pub wk: DevMatrix,
-    pub wv: DevMatrix,
-    pub wo: DevMatrix,
-    pub bias: [Option<DevBuf>; 3],    // q, k, v (Qwen2)
-    pub qk_norm: [Option<DevBuf>; 2], // q, k (Qwen3)
+    pub mixer: MixerDev,
     pub ffn_norm: DevBuf,
     pub gate: DevMatrix,
     pub up: DevMatrix,
     pub down: DevMatrix,
 }
 
-pub struct WeightsDev {
-    pub layers: Vec<LayerDev>,
-    pub embed: DevMatrix,
-    /// None when tied to the embedding.
-    pub output: Option<DevMatrix>,
-    pub output_norm: DevBuf,
+pub enum MixerDev {
+    Attention(AttnDev),
+    DeltaNet(DeltaNetDev),
 }
 
-/// The paged KV pool: for each layer, `n_blocks * block_size` rows of `kv_dim` f16, K and V.
-pub struct KvDev {
-    pub k: DevBuf,
-    pub v: DevBuf,
-    pub n_blocks: usize,
-    pub block_size: usize,
-    layer_bytes: usize,
-    row_bytes: usize,
+pub struct AttnDev {
+    pub norm: DevBuf, // (dim) f32
+    /// (q_dim, dim); Qwen3.5: (2 * q_dim, dim), per head the query rows then the gate rows
+    pub wq: DevMatrix,
+    pub wk: DevMatrix,
+    pub wv: DevMatrix,
+    pub wo: DevMatrix,
+    pub bias: [Option<DevBuf>; 3],    // q, k, v (Qwen2)
+    pub qk_norm: [Option<DevBuf>; 2], // q, k (Qwen3, Qwen3.5)
 }
 
-impl KvDev {
-    pub fn bytes_for(cfg: &ModelConfig, n_blocks: usize, block_size: usize) -> u64 {
-        2 * (cfg.n_layers * n_blocks * block_size * cfg.kv_dim() * 2) as u64
-    }
-    pub fn k_layer(&self, l: usize) -> u64 {
-        self.k.ptr + (l * self.layer_bytes) as u64
-    }
-    pub fn v_layer(&self, l: usize) -> u64 {
-        self.v.ptr + (l * self.layer_bytes) as u64
-    }
+/// A gated-DeltaNet layer (shapes in `kestrel_models::deltanet::DeltaNetWeights`).
+pub struct DeltaNetDev {
+    pub norm: DevBuf,
+    pub qkv: DevMatrix,
+    pub z: DevMatrix,
+    pub alpha: DevMatrix,
+    pub beta: DevMatrix,
+    pub conv_taps: DevBuf, // (K, channels) f32
+    pub a: DevBuf,
+    pub dt_bias: DevBuf,
+    pub out_norm: DevBuf,
+    pub out: DevMatrix,
 }
 
-/// Activation buffers and per-step inputs, sized once for `max_batch` tokens.
-pub struct Scratch {
-    pub x: DevBuf,
-    pub h: DevBuf,
-    pub q: DevBuf,
-    pub k: DevBuf,
-    pub v: DevBuf,
-    pub att: DevBuf,
-    pub ffn: DevBuf,
-    pub up: DevBuf,
-    pub picked: DevBuf,
-    pub logits: DevBuf,
-    pub xq: DevBuf,
-    pub xd: DevBuf,
-    pub act16: DevBuf,
-    pub wf16: DevBuf,
-    pub wf16_elems: usize,
-    pub partial: DevBuf,
-    /// The step's inputs, one upload: [ids | pos | kv_row | tbl_off | pick] (max_batch i32
-    /// each) then the block tables (tables_cap i32); the fields below point into it.
-    pub step_in: DevBuf,
-    pub ids: Sub,
-    pub pos: Sub,
-    pub kv_row: Sub,
-    pub tbl_off: Sub,
-    pub pick: Sub,
-    pub tables: Sub,
-    pub tables_cap: usize,
-    pub max_batch: usize,
-}
-
-/// A part of a device buffer.
-#[derive(Clone, Copy)]
-pub struct Sub {
-    pub ptr: u64,
-}
-
-/// f16 elements of the weight-dequantization buffer of the GEMM path (64 MiB): weights are
-/// dequantized in row chunks of this size, so prefill scratch does not grow with the vocabulary.
-const WF16_ELEMS: usize = 32 << 20;
-
-/// Splits of the context in decode attention (flash-decoding).
-pub const DECODE_SPLITS: usize = 32;
-
-impl Scratch {
-    /// Bytes of scratch for a model and a step size, for the memory plan.
-    pub fn bytes_for(cfg: &ModelConfig, max_batch: usize, max_table: usize) -> u64 {
-        let t = max_batch as u64;
-        let widest = cfg.dim.max(cfg.q_dim()).max(cfg.ffn_dim) as u64;
-        let f32s = t
-            * (3 * cfg.dim + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 2 * cfg.ffn_dim + cfg.vocab_size)
-                as u64;
-        let q8 = MATVEC_MAX as u64 * widest * 3;
-        let act16 = t * widest * 2;
-        let partial = Self::partial_floats(cfg, max_batch) as u64 * 4;
-        4 * f32s + q8 + act16 + WF16_ELEMS as u64 * 2 + partial + 4 * (5 * t + max_table as u64)
-    }
-
-    fn partial_floats(cfg: &ModelConfig, max_batch: usize) -> usize {
-        (MATVEC_MAX * DECODE_SPLITS).max(max_batch) * cfg.n_heads * (cfg.head_dim + 2)
-    }
-
-    fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: usize, max_table: usize) -> Result<Self> {
-        let t = max_batch;
-        let widest = cfg.dim.max(cfg.q_dim()).max(cfg.ffn_dim);
-        let f = |n: usize| -> Result<DevBuf> {
-            let b = gpu.alloc(n * 4)?;
-            gpu.write(b.ptr, &vec![0u8; n * 4])?;
-            Ok(b)
-        };
-        Ok(Self {
-            x: f(t * cfg.dim)?,
-            h: f(t * cfg.dim)?,
-            q: f(t * cfg.q_dim())?,
-            k: f(t * cfg.kv_dim())?,
-            v: f(t * cfg.kv_dim())?,
-            att: f(t * cfg.q_dim())?,
-            ffn: f(t * cfg.ffn_dim)?,
-            up: f(t * cfg.ffn_dim)?,
-            picked: f(t * cfg.dim)?,
-            logits: gpu.alloc(t * cfg.vocab_size * 4)?,
-            xq: f(MATVEC_MAX * widest / 4 + 4)?,
-            xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
-            act16: gpu.alloc(t * widest * 2)?,
-            wf16: gpu.alloc(WF16_ELEMS * 2)?,
-            wf16_elems: WF16_ELEMS,
-            partial: f(Self::partial_floats(cfg, max_batch))?,
-            step_in: f(5 * t + max_table)?,
-            ids: Sub { ptr: 0 },
-            pos: Sub { ptr: 0 },
-            kv_row: Sub { ptr: 0 },
-            tbl_off: Sub { ptr: 0 },
-            pick: Sub { ptr: 0 },
-            tables: Sub { ptr: 0 },
-            tables_cap: max_table,
-            max_batch: t,
-        }
-        .with_parts())
-    }
-
-    fn with_parts(mut self) -> Self {
-        let (base, t) = (self.step_in.ptr, (self.max_batch * 4) as u64);
-        self.ids = Sub { ptr: base };
-        self.pos = Sub { ptr: base + t };
-        self.kv_row = Sub { ptr: base + 2 * t };
-        self.tbl_off = Sub { ptr: base + 3 * t };
-        self.pick = Sub { ptr: base + 4 * t };
-        self.tables = Sub { ptr: base + 5 * t };
-        self
-    }
-}
-
-/// Per-step state of the operations (host side).
-#[derive(Default)]
-pub struct StepState {
-    pub t: usize,
-    pub n_out: usize,
-    pub n_splits: usize,
-    pub q8_of: Option<Buf>,
-    pub f16_of: Option<Buf>,
-    pub pending: Pending,
-    /// Mat-vecs deferred to run as one launch, and their shared input.
-    pub mm: Vec<(kestrel_models::backend::W, Buf)>,
-    pub mm_x: Option<Buf>,
-}
-
-/// One sequence's share of a step (as the engine's `SeqStep`).
-pub struct SeqIn<'a> {
-    pub tokens: &'a [u32],
-    pub start: usize,
-    pub blocks: &'a [u32],
-    pub want_logits: bool,
-    /// Logits of every token, not only the last (parity checks, `kestrel logits`).
-    pub all_logits: bool,
-}
-
-/// A captured decode step: (tokens, rows of logits) -> graph.
-struct Graphs(HashMap<(usize, usize), cudarc::driver::CudaGraph>);
-// SAFETY: graphs are launched only by the model's owner, with the context bound (Gpu::bind).
-unsafe impl Send for Graphs {}
-
-pub struct CudaModel {
-    pub config: ModelConfig,
-    pub(crate) gpu: Gpu,
-    pub(crate) weights: WeightsDev,
-    pub(crate) kv: KvDev,
-    pub(crate) scratch: Scratch,
-    pub(crate) step: StepState,
-    family: dense::Family,
-    max_batch: usize,
-    max_blocks_per_seq: usize,
-    graphs: Graphs,
-    /// Capture decode steps into CUDA graphs (default on; off for A/B checks).
-    pub use_graphs: bool,
-    pub weight_bytes: u64,
-}
-
-/// Sizes of a model on the GPU.
-#[derive(Debug, Clone)]
-pub struct GpuShape {
-    pub n_blocks: usize,
-    pub block_size: usize,
-    pub max_batch: usize,
-    /// Longest sequence, in tokens (sizes the block tables).
-    pub max_context: usize,
-}
-
-impl CudaModel {
-    /// Uploads the weights of `store` and allocates the KV pool and scratch.
-    pub fn load(gpu: Gpu, cfg: ModelConfig, store: &TensorStore, shape: &GpuShape) -> Result<Self> {
-        let family = dense::Family::of(cfg.arch).ok_or_else(|| {
-            CudaError::Unsupported(format!(
-                "the {} architecture (dense llama, qwen2, qwen3 only)",
-                cfg.arch.name()
-            ))
-        })?;
-        gpu.bind()?;
-        let load_layer = match cfg.arch {
-            Arch::Llama => recipes::llama::load_layer,
-            Arch::Qwen2 => recipes::qwen2::load_layer,
-            _ => recipes::qwen3::load_layer,
-        };
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        let mut weight_bytes = 0u64;
-        for i in 0..cfg.n_layers {
-            let l = load_layer(store, &cfg, i)?;
-            let a = l.attention(i)?;
-            let mlp = l.mlp(i)?;
-            let m = |w| DevMatrix::upload(&gpu, w);
-            let d = LayerDev {
-                attn_norm: gpu.upload_f32(&a.norm)?,
+impl LayerDev {
+    fn upload(gpu: &Gpu, l: &LayerWeights, i: usize) -> Result<Self> {
+        let m = |w| DevMatrix::upload(gpu, w);
+        let mixer = match &l.mixer {
+            Mixer::Attention(a) => MixerDev::Attention(AttnDev {
+                norm: gpu.upload_f32(&a.norm)?,
                 wq: m(&a.wq)?,
                 wk: m(&a.wk)?,
                 wv: m(&a.wv)?,
@@ -265,15 +76,395 @@ impl CudaModel {
                     Some(n) => [Some(gpu.upload_f32(&n.q)?), Some(gpu.upload_f32(&n.k)?)],
                     None => [None, None],
                 },
-                ffn_norm: gpu.upload_f32(&mlp.norm)?,
-                gate: m(&mlp.gate)?,
-                up: m(&mlp.up)?,
-                down: m(&mlp.down)?,
-            };
-            weight_bytes += [&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down]
-                .iter()
-                .map(|m| m.bytes() as u64)
-                .sum::<u64>();
+            }),
+            Mixer::DeltaNet(d) => MixerDev::DeltaNet(DeltaNetDev {
+                norm: gpu.upload_f32(&d.norm)?,
+                qkv: m(&d.qkv)?,
+                z: m(&d.z)?,
+                alpha: m(&d.alpha)?,
+                beta: m(&d.beta)?,
+                conv_taps: gpu.upload_f32(&d.conv_taps)?,
+                a: gpu.upload_f32(&d.a)?,
+                dt_bias: gpu.upload_f32(&d.dt_bias)?,
+                out_norm: gpu.upload_f32(&d.out_norm)?,
+                out: m(&d.out)?,
+            }),
+        };
+        let mlp = l.mlp(i)?;
+        Ok(Self {
+            mixer,
+            ffn_norm: gpu.upload_f32(&mlp.norm)?,
+            gate: m(&mlp.gate)?,
+            up: m(&mlp.up)?,
+            down: m(&mlp.down)?,
+        })
+    }
+
+    /// Every matrix of the layer (what a decode step reads).
+    pub fn matrices(&self) -> Vec<&DevMatrix> {
+        let mut v = match &self.mixer {
+            MixerDev::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            MixerDev::DeltaNet(d) => vec![&d.qkv, &d.z, &d.alpha, &d.beta, &d.out],
+        };
+        v.extend([&self.gate, &self.up, &self.down]);
+        v
+    }
+}
+
+pub struct WeightsDev {
+    pub layers: Vec<LayerDev>,
+    pub embed: DevMatrix,
+    /// None when tied to the embedding.
+    pub output: Option<DevMatrix>,
+    pub output_norm: DevBuf,
+}
+
+/// The recurrent state of a hybrid model in device memory: `n_slots` slots of `slot_floats`
+/// f32 each, laid out as the CPU's `StatePool` (per DeltaNet layer: the convolution window,
+/// then the state matrices).
+pub struct StateDev {
+    pub buf: DevBuf,
+    pub n_slots: usize,
+    pub slot_floats: usize,
+    /// Floats of one layer's window, and of its window + state.
+    pub conv_floats: usize,
+    pub per_layer: usize,
+    /// DeltaNet index of each layer (None for attention layers).
+    pub recurrent_index: Vec<Option<usize>>,
+}
+
+impl StateDev {
+    fn new(gpu: &Gpu, cfg: &ModelConfig, n_slots: usize) -> Result<Self> {
+        let (conv_floats, ssm_floats) = cfg
+            .hybrid
+            .as_ref()
+            .map_or((0, 0), |h| (h.conv_floats(), h.ssm_floats()));
+        let mut next = 0;
+        let recurrent_index = (0..cfg.n_layers)
+            .map(|l| {
+                cfg.is_recurrent(l).then(|| {
+                    next += 1;
+                    next - 1
+                })
+            })
+            .collect();
+        let per_layer = conv_floats + ssm_floats;
+        let slot_floats = next * per_layer;
+        let n_slots = if slot_floats == 0 { 0 } else { n_slots.max(1) };
+        let buf = gpu.alloc(n_slots * slot_floats * 4)?;
+        Ok(Self {
+            buf,
+            n_slots,
+            slot_floats,
+            conv_floats,
+            per_layer,
+            recurrent_index,
+        })
+    }
+
+    fn slot_ptr(&self, slot: usize) -> u64 {
+        self.buf.ptr + (slot * self.slot_floats * 4) as u64
+    }
+}
+
+/// The paged KV pool: for each layer that keeps K/V (all but the DeltaNet layers of hybrid
+/// models), `n_blocks * block_size` rows of `kv_dim` f16, K and V.
+pub struct KvDev {
+    pub k: DevBuf,
+    pub v: DevBuf,
+    pub n_blocks: usize,
+    pub block_size: usize,
+    layer_bytes: usize,
+    row_bytes: usize,
+}
+
+impl KvDev {
+    pub fn bytes_for(cfg: &ModelConfig, n_blocks: usize, block_size: usize) -> u64 {
+        2 * (cfg.n_kv_layers() * n_blocks * block_size * cfg.kv_dim() * 2) as u64
+    }
+    /// K of the `kv`-th layer that keeps K/V (`ModelConfig::kv_layer`).
+    pub fn k_layer(&self, kv: usize) -> u64 {
+        self.k.ptr + (kv * self.layer_bytes) as u64
+    }
+    pub fn v_layer(&self, kv: usize) -> u64 {
+        self.v.ptr + (kv * self.layer_bytes) as u64
+    }
+}
+
+/// Activation buffers and per-step inputs, sized once for `max_batch` tokens.
+pub struct Scratch {
+    pub x: DevBuf,
+    pub h: DevBuf,
+    pub q: DevBuf,
+    pub k: DevBuf,
+    pub v: DevBuf,
+    pub att: DevBuf,
+    pub ffn: DevBuf,
+    pub up: DevBuf,
+    pub picked: DevBuf,
+    pub logits: DevBuf,
+    /// Hybrid models' buffers (see `Buf`); 16-byte placeholders for the others.
+    pub qgate: DevBuf,
+    pub gate: DevBuf,
+    pub mixed: DevBuf,
+    pub conv: DevBuf,
+    pub z: DevBuf,
+    pub alpha: DevBuf,
+    pub beta: DevBuf,
+    pub delta: DevBuf,
+    pub xq: DevBuf,
+    pub xd: DevBuf,
+    pub act16: DevBuf,
+    pub wf16: DevBuf,
+    pub wf16_elems: usize,
+    pub partial: DevBuf,
+    /// The step's inputs, one upload: [ids | pos | kv_row | tbl_off | pick | seq_t0 | seq_len |
+    /// seq_slot] (max_batch i32 each; the last three per sequence) then the block tables
+    /// (tables_cap i32); the fields below point into it.
+    pub step_in: DevBuf,
+    pub ids: Sub,
+    pub pos: Sub,
+    pub kv_row: Sub,
+    pub tbl_off: Sub,
+    pub pick: Sub,
+    pub seq_t0: Sub,
+    pub seq_len: Sub,
+    pub seq_slot: Sub,
+    pub tables: Sub,
+    pub tables_cap: usize,
+    pub max_batch: usize,
+}
+
+/// A part of a device buffer.
+#[derive(Clone, Copy)]
+pub struct Sub {
+    pub ptr: u64,
+}
+
+/// Sections of `Scratch::step_in` before the block tables.
+pub const STEP_SECTIONS: usize = 8;
+
+/// Floats per token of the hybrid models' buffers (0 for dense models).
+fn hybrid_floats(cfg: &ModelConfig) -> usize {
+    match &cfg.hybrid {
+        Some(h) => {
+            3 * cfg.q_dim() + 2 * h.conv_channels() + 2 * h.value_dim() + 2 * h.n_v_heads
+        }
+        None => 0,
+    }
+}
+
+/// The widest row a matrix product reads (the 8-bit and f16 activation copies are this wide).
+fn widest_input(cfg: &ModelConfig) -> usize {
+    let vd = cfg.hybrid.as_ref().map_or(0, |h| h.value_dim());
+    cfg.dim.max(cfg.q_dim()).max(cfg.ffn_dim).max(vd)
+}
+
+/// f16 elements of the weight-dequantization buffer of the GEMM path (64 MiB): weights are
+/// dequantized in row chunks of this size, so prefill scratch does not grow with the vocabulary.
+const WF16_ELEMS: usize = 32 << 20;
+
+/// Splits of the context in decode attention (flash-decoding).
+pub const DECODE_SPLITS: usize = 32;
+
+impl Scratch {
+    /// Bytes of scratch for a model and a step size, for the memory plan.
+    pub fn bytes_for(cfg: &ModelConfig, max_batch: usize, max_table: usize) -> u64 {
+        let t = max_batch as u64;
+        let widest = widest_input(cfg) as u64;
+        let f32s = t
+            * (3 * cfg.dim
+                + 2 * cfg.q_dim()
+                + 2 * cfg.kv_dim()
+                + 2 * cfg.ffn_dim
+                + cfg.vocab_size
+                + hybrid_floats(cfg)) as u64;
+        let q8 = MATVEC_MAX as u64 * widest * 3;
+        let act16 = t * widest * 2;
+        let partial = Self::partial_floats(cfg, max_batch) as u64 * 4;
+        4 * f32s
+            + q8
+            + act16
+            + WF16_ELEMS as u64 * 2
+            + partial
+            + 4 * (STEP_SECTIONS as u64 * t + max_table as u64)
+    }
+
+    fn partial_floats(cfg: &ModelConfig, max_batch: usize) -> usize {
+        (MATVEC_MAX * DECODE_SPLITS).max(max_batch) * cfg.n_heads * (cfg.head_dim + 2)
+    }
+
+    fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: usize, max_table: usize) -> Result<Self> {
+        let t = max_batch;
+        let widest = widest_input(cfg);
+        let (ch, vd, nv) = cfg.hybrid.as_ref().map_or((0, 0, 0), |h| {
+            (h.conv_channels(), h.value_dim(), h.n_v_heads)
+        });
+        let gated = if cfg.hybrid.is_some() { cfg.q_dim() } else { 0 };
+        let f = |n: usize| -> Result<DevBuf> {
+            let b = gpu.alloc(n * 4)?;
+            gpu.write(b.ptr, &vec![0u8; n * 4])?;
+            Ok(b)
+        };
+        Ok(Self {
+            x: f(t * cfg.dim)?,
+            h: f(t * cfg.dim)?,
+            q: f(t * cfg.q_dim())?,
+            k: f(t * cfg.kv_dim())?,
+            v: f(t * cfg.kv_dim())?,
+            att: f(t * cfg.q_dim())?,
+            ffn: f(t * cfg.ffn_dim)?,
+            up: f(t * cfg.ffn_dim)?,
+            picked: f(t * cfg.dim)?,
+            logits: gpu.alloc(t * cfg.vocab_size * 4)?,
+            qgate: f(t * 2 * gated)?,
+            gate: f(t * gated)?,
+            mixed: f(t * ch)?,
+            conv: f(t * ch)?,
+            z: f(t * vd)?,
+            alpha: f(t * nv)?,
+            beta: f(t * nv)?,
+            delta: f(t * vd)?,
+            xq: f(MATVEC_MAX * widest / 4 + 4)?,
+            xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
+            act16: gpu.alloc(t * widest * 2)?,
+            wf16: gpu.alloc(WF16_ELEMS * 2)?,
+            wf16_elems: WF16_ELEMS,
+            partial: f(Self::partial_floats(cfg, max_batch))?,
+            step_in: f(STEP_SECTIONS * t + max_table)?,
+            ids: Sub { ptr: 0 },
+            pos: Sub { ptr: 0 },
+            kv_row: Sub { ptr: 0 },
+            tbl_off: Sub { ptr: 0 },
+            pick: Sub { ptr: 0 },
+            seq_t0: Sub { ptr: 0 },
+            seq_len: Sub { ptr: 0 },
+            seq_slot: Sub { ptr: 0 },
+            tables: Sub { ptr: 0 },
+            tables_cap: max_table,
+            max_batch: t,
+        }
+        .with_parts())
+    }
+
+    fn with_parts(mut self) -> Self {
+        let (base, t) = (self.step_in.ptr, (self.max_batch * 4) as u64);
+        self.ids = Sub { ptr: base };
+        self.pos = Sub { ptr: base + t };
+        self.kv_row = Sub { ptr: base + 2 * t };
+        self.tbl_off = Sub { ptr: base + 3 * t };
+        self.pick = Sub { ptr: base + 4 * t };
+        self.seq_t0 = Sub { ptr: base + 5 * t };
+        self.seq_len = Sub { ptr: base + 6 * t };
+        self.seq_slot = Sub { ptr: base + 7 * t };
+        self.tables = Sub { ptr: base + STEP_SECTIONS as u64 * t };
+        self
+    }
+}
+
+/// Per-step state of the operations (host side).
+#[derive(Default)]
+pub struct StepState {
+    pub t: usize,
+    pub n_out: usize,
+    pub n_splits: usize,
+    /// Sequences of the step (the DeltaNet kernels run one block row per sequence).
+    pub n_seqs: usize,
+    pub q8_of: Option<Buf>,
+    pub f16_of: Option<Buf>,
+    pub pending: Pending,
+    /// Mat-vecs deferred to run as one launch, and their shared input.
+    pub mm: Vec<(kestrel_models::backend::W, Buf)>,
+    pub mm_x: Option<Buf>,
+}
+
+/// One sequence's share of a step (as the engine's `SeqStep`).
+pub struct SeqIn<'a> {
+    pub tokens: &'a [u32],
+    pub start: usize,
+    pub blocks: &'a [u32],
+    pub want_logits: bool,
+    /// Logits of every token, not only the last (parity checks, `kestrel logits`).
+    pub all_logits: bool,
+    /// Recurrent-state slot (hybrid models; ignored by the others).
+    pub slot: u32,
+}
+
+/// Which shared recipe the model runs.
+#[derive(Clone, Copy)]
+enum Recipe {
+    Dense(dense::Family),
+    Hybrid,
+}
+
+/// A captured decode step: (tokens, rows of logits, sequences) -> graph.
+struct Graphs(HashMap<(usize, usize, usize), cudarc::driver::CudaGraph>);
+// SAFETY: graphs are launched only by the model's owner, with the context bound (Gpu::bind).
+unsafe impl Send for Graphs {}
+
+pub struct CudaModel {
+    pub config: ModelConfig,
+    pub(crate) gpu: Gpu,
+    pub(crate) weights: WeightsDev,
+    pub(crate) kv: KvDev,
+    pub(crate) scratch: Scratch,
+    pub(crate) step: StepState,
+    pub(crate) state: StateDev,
+    recipe: Recipe,
+    max_batch: usize,
+    max_blocks_per_seq: usize,
+    graphs: Graphs,
+    /// Capture decode steps into CUDA graphs (default on; off for A/B checks).
+    pub use_graphs: bool,
+    pub weight_bytes: u64,
+}
+
+/// Sizes of a model on the GPU.
+#[derive(Debug, Clone)]
+pub struct GpuShape {
+    pub n_blocks: usize,
+    pub block_size: usize,
+    pub max_batch: usize,
+    /// Longest sequence, in tokens (sizes the block tables).
+    pub max_context: usize,
+    /// Recurrent-state slots (hybrid models: running sequences + snapshots; at least one is
+    /// made for a hybrid model, none for the others).
+    pub state_slots: usize,
+}
+
+/// A recipe's layer loader (from `kestrel_models::recipes`).
+type LoadLayer =
+    fn(&TensorStore, &ModelConfig, usize) -> std::result::Result<LayerWeights, kestrel_models::ModelError>;
+
+impl CudaModel {
+    /// Uploads the weights of `store` and allocates the KV pool and scratch.
+    pub fn load(gpu: Gpu, cfg: ModelConfig, store: &TensorStore, shape: &GpuShape) -> Result<Self> {
+        let (recipe, load_layer): (Recipe, LoadLayer) = match (cfg.arch, dense::Family::of(cfg.arch)) {
+            (Arch::Qwen35, _) => (Recipe::Hybrid, recipes::qwen35::load_layer),
+            (Arch::Llama, Some(f)) => (Recipe::Dense(f), recipes::llama::load_layer),
+            (Arch::Qwen2, Some(f)) => (Recipe::Dense(f), recipes::qwen2::load_layer),
+            (Arch::Qwen3, Some(f)) => (Recipe::Dense(f), recipes::qwen3::load_layer),
+            _ => {
+                return Err(CudaError::Unsupported(format!(
+                    "the {} architecture (llama, qwen2, qwen3 and qwen35 only)",
+                    cfg.arch.name()
+                )))
+            }
+        };
+        if let Some(h) = &cfg.hybrid {
+            if ![16, 32, 64, 128].contains(&h.head_k_dim) || h.conv_kernel > 8 || h.head_v_dim > 1024 {
+                return Err(CudaError::Unsupported(format!(
+                    "DeltaNet layers with head_k_dim {} / conv_kernel {} (16-128 / up to 8 on the GPU)",
+                    h.head_k_dim, h.conv_kernel
+                )));
+            }
+        }
+        gpu.bind()?;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        let mut weight_bytes = 0u64;
+        for i in 0..cfg.n_layers {
+            let d = LayerDev::upload(&gpu, &load_layer(store, &cfg, i)?, i)?;
+            weight_bytes += d.matrices().iter().map(|m| m.bytes() as u64).sum::<u64>();
             layers.push(d);
         }
         let embed = DevMatrix::upload(
@@ -296,13 +487,14 @@ impl CudaModel {
         let row_bytes = cfg.kv_dim() * 2;
         let layer_bytes = shape.n_blocks * shape.block_size * row_bytes;
         let kv = KvDev {
-            k: gpu.alloc(layer_bytes * cfg.n_layers)?,
-            v: gpu.alloc(layer_bytes * cfg.n_layers)?,
+            k: gpu.alloc(layer_bytes * cfg.n_kv_layers())?,
+            v: gpu.alloc(layer_bytes * cfg.n_kv_layers())?,
             n_blocks: shape.n_blocks,
             block_size: shape.block_size,
             layer_bytes,
             row_bytes,
         };
+        let state = StateDev::new(&gpu, &cfg, shape.state_slots)?;
         gpu.stream.synchronize()?;
         Ok(Self {
             config: cfg,
@@ -316,7 +508,8 @@ impl CudaModel {
             kv,
             scratch,
             step: StepState::default(),
-            family,
+            state,
+            recipe,
             max_batch: shape.max_batch,
             max_blocks_per_seq,
             graphs: Graphs(HashMap::new()),
@@ -335,12 +528,8 @@ impl CudaModel {
         let mats: u64 = w
             .layers
             .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|m| m.bytes() as u64)
-                    .sum::<u64>()
-            })
+            .flat_map(|l| l.matrices())
+            .map(|m| m.bytes() as u64)
             .sum();
         mats + w.output.as_ref().unwrap_or(&w.embed).bytes() as u64
             + (w.embed.bytes() / w.embed.rows) as u64
@@ -387,6 +576,7 @@ impl CudaModel {
                     blocks: s.blocks,
                     want_logits: s.want_logits && j == n,
                     all_logits: s.all_logits,
+                    slot: s.slot,
                 };
                 out.extend(self.pass(&[part])?);
                 i = j;
@@ -404,7 +594,22 @@ impl CudaModel {
         let mut tbl_off = Vec::new();
         let mut tables: Vec<i32> = Vec::new();
         let mut pick = Vec::new();
+        let (mut seq_t0, mut seq_len, mut seq_slot) = (Vec::new(), Vec::new(), Vec::new());
         for s in seqs {
+            if self.state.n_slots > 0 {
+                if s.slot as usize >= self.state.n_slots {
+                    return Err(CudaError::Plan(format!(
+                        "recurrent-state slot {} of {}",
+                        s.slot, self.state.n_slots
+                    )));
+                }
+                if s.start == 0 {
+                    self.clear_slot(s.slot as usize)?;
+                }
+            }
+            seq_t0.push(ids.len() as u32);
+            seq_len.push(s.tokens.len() as u32);
+            seq_slot.push(s.slot);
             let off = tables.len() as i32;
             tables.extend(s.blocks.iter().map(|&b| b as i32));
             for (i, &tok) in s.tokens.iter().enumerate() {
@@ -430,9 +635,9 @@ impl CudaModel {
                 "block tables exceed the planned size".into(),
             ));
         }
-        // one upload: five sections of max_batch, then the tables
+        // one upload: STEP_SECTIONS sections of max_batch, then the tables
         let mb = self.scratch.max_batch;
-        let mut host = vec![0u8; (5 * mb + tables.len()) * 4];
+        let mut host = vec![0u8; (STEP_SECTIONS * mb + tables.len()) * 4];
         let mut put = |section: usize, v: &mut dyn Iterator<Item = u32>| {
             for (i, x) in v.enumerate() {
                 let at = (section * mb + i) * 4;
@@ -444,17 +649,22 @@ impl CudaModel {
         put(2, &mut kv_row.iter().map(|&x| x as u32));
         put(3, &mut tbl_off.iter().map(|&x| x as u32));
         put(4, &mut pick.iter().map(|&x| x as u32));
-        put(5, &mut tables.iter().map(|&x| x as u32));
+        put(5, &mut seq_t0.iter().copied());
+        put(6, &mut seq_len.iter().copied());
+        put(7, &mut seq_slot.iter().copied());
+        put(STEP_SECTIONS, &mut tables.iter().map(|&x| x as u32));
         self.gpu.write(self.scratch.step_in.ptr, &host)?;
         let n_out = pick.len();
+        let n_seqs = seqs.len();
         self.step = StepState {
             t,
             n_out,
             n_splits: if t <= MATVEC_MAX { DECODE_SPLITS } else { 1 },
+            n_seqs,
             ..StepState::default()
         };
         if t <= MATVEC_MAX && self.use_graphs {
-            self.replay(t, n_out)?;
+            self.replay(t, n_out, n_seqs)?;
         } else {
             self.run_recipe()?;
         }
@@ -467,14 +677,47 @@ impl CudaModel {
     }
 
     fn run_recipe(&mut self) -> Result<()> {
-        let (cfg, fam) = (self.config.clone(), self.family);
-        dense::forward(self, &cfg, fam)?;
+        let cfg = self.config.clone();
+        match self.recipe {
+            Recipe::Dense(fam) => dense::forward(self, &cfg, fam)?,
+            Recipe::Hybrid => hybrid::forward(self, &cfg)?,
+        }
         self.flush()
     }
 
+    /// Clears recurrent-state slot `slot` (the state before position 0), stream-ordered.
+    fn clear_slot(&self, slot: usize) -> Result<()> {
+        let bytes = self.state.slot_floats * 4;
+        // SAFETY: the slot lies inside the state buffer (slot < n_slots, checked by callers).
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                self.state.slot_ptr(slot),
+                0,
+                bytes,
+                self.gpu.stream.cu_stream(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Copies recurrent-state slot `src` into `dst` (a snapshot, or a resume from one).
+    pub fn copy_state(&mut self, src: u32, dst: u32) -> Result<()> {
+        let n = self.state.n_slots;
+        if src == dst || src as usize >= n || dst as usize >= n {
+            return Ok(());
+        }
+        self.gpu.bind()?;
+        self.gpu.copy(
+            self.state.slot_ptr(dst as usize),
+            self.state.slot_ptr(src as usize),
+            self.state.slot_floats * 4,
+        )
+    }
+
     /// Launches the graph of this step shape, capturing it first if it is new.
-    fn replay(&mut self, t: usize, n_out: usize) -> Result<()> {
-        if !self.graphs.0.contains_key(&(t, n_out)) {
+    fn replay(&mut self, t: usize, n_out: usize, n_seqs: usize) -> Result<()> {
+        let key = (t, n_out, n_seqs);
+        if !self.graphs.0.contains_key(&key) {
             // load every kernel before capture (module calls are not captured)
             self.run_recipe()
                 .map_err(|e| CudaError::Other(format!("decode step before capture: {e}")))?;
@@ -482,6 +725,7 @@ impl CudaModel {
                 t,
                 n_out,
                 n_splits: DECODE_SPLITS,
+                n_seqs,
                 ..StepState::default()
             };
             let stream = self.gpu.stream.clone();
@@ -492,11 +736,11 @@ impl CudaModel {
             let g = g
                 .map_err(|e| CudaError::Other(format!("instantiating the decode graph: {e}")))?
                 .ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
-            self.graphs.0.insert((t, n_out), g);
+            self.graphs.0.insert(key, g);
             // the eager run above already computed this step
             return Ok(());
         }
-        if let Some(g) = self.graphs.0.get(&(t, n_out)) {
+        if let Some(g) = self.graphs.0.get(&key) {
             g.launch()?;
         }
         Ok(())
@@ -507,7 +751,7 @@ impl CudaModel {
         self.gpu.bind()?;
         let rb = self.kv.row_bytes;
         let bs = self.kv.block_size;
-        for l in 0..self.config.n_layers {
+        for l in 0..self.config.n_kv_layers() {
             for (base_of, _) in [
                 (KvDev::k_layer as fn(&KvDev, usize) -> u64, 0),
                 (KvDev::v_layer, 1),
@@ -552,9 +796,17 @@ impl kestrel_engine::StepModel for CudaModel {
                 blocks: s.blocks,
                 want_logits: s.want_logits,
                 all_logits: s.all_logits,
+                slot: s.slot,
             })
             .collect();
         CudaModel::forward(self, &s).map_err(|e| e.to_string())
+    }
+    fn state_slots(&self) -> usize {
+        self.state.n_slots
+    }
+    fn copy_state(&mut self, src: u32, dst: u32) {
+        // As copy_block: a failed device copy surfaces at the next forward.
+        let _ = CudaModel::copy_state(self, src, dst);
     }
     fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize) {
         // The trait has no error path; a failed device copy surfaces at the next forward.

@@ -11,7 +11,7 @@
 
 use crate::error::{CudaError, Result};
 pub use crate::matmul::warps_per_row;
-use crate::model::CudaModel;
+use crate::model::{AttnDev, CudaModel, DeltaNetDev, LayerDev, MixerDev};
 use crate::weights::DevMatrix;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use kestrel_models::backend::{Buf, Ops, Param, W};
@@ -63,6 +63,39 @@ impl CudaModel {
             Buf::Ffn => (s.ffn.ptr, c.ffn_dim),
             Buf::Picked => (s.picked.ptr, c.dim),
             Buf::Logits => (s.logits.ptr, c.vocab_size),
+            Buf::QGate => (s.qgate.ptr, 2 * c.q_dim()),
+            Buf::Gate => (s.gate.ptr, c.q_dim()),
+            Buf::Mixed => (s.mixed.ptr, c.hybrid.as_ref().map_or(0, |h| h.conv_channels())),
+            Buf::Conv => (s.conv.ptr, c.hybrid.as_ref().map_or(0, |h| h.conv_channels())),
+            Buf::Z => (s.z.ptr, c.hybrid.as_ref().map_or(0, |h| h.value_dim())),
+            Buf::Alpha => (s.alpha.ptr, c.hybrid.as_ref().map_or(0, |h| h.n_v_heads)),
+            Buf::Beta => (s.beta.ptr, c.hybrid.as_ref().map_or(0, |h| h.n_v_heads)),
+            Buf::Delta => (s.delta.ptr, c.hybrid.as_ref().map_or(0, |h| h.value_dim())),
+        }
+    }
+
+    fn layer(&self, l: usize) -> Result<&LayerDev> {
+        self.weights
+            .layers
+            .get(l)
+            .ok_or_else(|| CudaError::Other(format!("no layer {l}")))
+    }
+
+    fn attn(&self, l: usize) -> Result<&AttnDev> {
+        match &self.layer(l)?.mixer {
+            MixerDev::Attention(a) => Ok(a),
+            MixerDev::DeltaNet(_) => Err(CudaError::Other(format!(
+                "layer {l} is a DeltaNet layer where attention was expected"
+            ))),
+        }
+    }
+
+    fn deltanet(&self, l: usize) -> Result<&DeltaNetDev> {
+        match &self.layer(l)?.mixer {
+            MixerDev::DeltaNet(d) => Ok(d),
+            MixerDev::Attention(_) => Err(CudaError::Other(format!(
+                "layer {l} is an attention layer where DeltaNet was expected"
+            ))),
         }
     }
 
@@ -80,18 +113,20 @@ impl CudaModel {
             W::Embed => &ws.embed,
             W::Output => ws.output.as_ref().unwrap_or(&ws.embed),
             W::Layer(l, p) => {
-                let l = ws
-                    .layers
-                    .get(l)
-                    .ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
+                let layer = self.layer(l)?;
                 match p {
-                    Param::Wq => &l.wq,
-                    Param::Wk => &l.wk,
-                    Param::Wv => &l.wv,
-                    Param::Wo => &l.wo,
-                    Param::Gate => &l.gate,
-                    Param::Up => &l.up,
-                    Param::Down => &l.down,
+                    Param::Wq => &self.attn(l)?.wq,
+                    Param::Wk => &self.attn(l)?.wk,
+                    Param::Wv => &self.attn(l)?.wv,
+                    Param::Wo => &self.attn(l)?.wo,
+                    Param::SsmQkv => &self.deltanet(l)?.qkv,
+                    Param::SsmZ => &self.deltanet(l)?.z,
+                    Param::SsmAlpha => &self.deltanet(l)?.alpha,
+                    Param::SsmBeta => &self.deltanet(l)?.beta,
+                    Param::SsmOut => &self.deltanet(l)?.out,
+                    Param::Gate => &layer.gate,
+                    Param::Up => &layer.up,
+                    Param::Down => &layer.down,
                     other => return Err(CudaError::Other(format!("{other:?} is not a matrix"))),
                 }
             }
@@ -106,19 +141,22 @@ impl CudaModel {
         Ok(match w {
             W::OutputNorm => ws.output_norm.ptr,
             W::Layer(l, p) => {
-                let l = ws
-                    .layers
-                    .get(l)
-                    .ok_or_else(|| CudaError::Other(format!("no layer {l}")))?;
                 let opt = |b: &Option<crate::device::DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
                 match p {
-                    Param::AttnNorm => l.attn_norm.ptr,
-                    Param::FfnNorm => l.ffn_norm.ptr,
-                    Param::BiasQ => opt(&l.bias[0]),
-                    Param::BiasK => opt(&l.bias[1]),
-                    Param::BiasV => opt(&l.bias[2]),
-                    Param::QNorm => opt(&l.qk_norm[0]),
-                    Param::KNorm => opt(&l.qk_norm[1]),
+                    Param::AttnNorm => match &self.layer(l)?.mixer {
+                        MixerDev::Attention(a) => a.norm.ptr,
+                        MixerDev::DeltaNet(d) => d.norm.ptr,
+                    },
+                    Param::FfnNorm => self.layer(l)?.ffn_norm.ptr,
+                    Param::BiasQ => opt(&self.attn(l)?.bias[0]),
+                    Param::BiasK => opt(&self.attn(l)?.bias[1]),
+                    Param::BiasV => opt(&self.attn(l)?.bias[2]),
+                    Param::QNorm => opt(&self.attn(l)?.qk_norm[0]),
+                    Param::KNorm => opt(&self.attn(l)?.qk_norm[1]),
+                    Param::SsmConv => self.deltanet(l)?.conv_taps.ptr,
+                    Param::SsmA => self.deltanet(l)?.a.ptr,
+                    Param::SsmDtBias => self.deltanet(l)?.dt_bias.ptr,
+                    Param::SsmNorm => self.deltanet(l)?.out_norm.ptr,
                     other => return Err(CudaError::Other(format!("{other:?} is not a vector"))),
                 }
             }
@@ -157,7 +195,10 @@ impl CudaModel {
         let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
         let neox = (c.rope_layout == kestrel_models::RopeLayout::NeoX) as i32;
         let (kc, vc) = match p.kv_layer {
-            Some(l) => (self.kv.k_layer(l), self.kv.v_layer(l)),
+            Some(l) => {
+                let kv = c.kv_layer(l);
+                (self.kv.k_layer(kv), self.kv.v_layer(kv))
+            }
             None => (0, 0),
         };
         let (pos, kv_row) = (self.scratch.pos.ptr, self.scratch.kv_row.ptr);
@@ -355,9 +396,10 @@ impl Ops for CudaModel {
         let split = self.gpu.func(&attn_kernel(c.head_dim))?;
         let combine = self.gpu.func("attn_combine")?;
         let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        let kvl = c.kv_layer(layer);
         let (kc, vc, bs) = (
-            self.kv.k_layer(layer),
-            self.kv.v_layer(layer),
+            self.kv.k_layer(kvl),
+            self.kv.v_layer(kvl),
             self.kv.block_size as i32,
         );
         let s = &self.scratch;

@@ -1,6 +1,6 @@
-//! The GPU memory plan: weights + KV pool + scratch in device memory, computed from the config
-//! before any weight is uploaded, capped below the device's free memory, and refused with what
-//! would fit.
+//! The GPU memory plan: weights + KV pool + scratch (+ the recurrent-state slots of hybrid
+//! models) in device memory, computed from the config before any weight is uploaded, capped
+//! below the device's free memory, and refused with what would fit.
 
 use crate::error::{CudaError, Result};
 use crate::model::{KvDev, Scratch};
@@ -15,6 +15,14 @@ pub struct GpuPlan {
     pub weight_bytes: u64,
     pub kv_bytes: u64,
     pub scratch_bytes: u64,
+    /// Hybrid models: bytes of one sequence's recurrent state, the slots for running sequences
+    /// and for snapshots (as the CPU's plan: at most `snapshots_per_seq` per sequence), and
+    /// their bytes in all. Zero for the others.
+    pub state_slot_bytes: u64,
+    pub running_slots: usize,
+    pub snapshot_slots: usize,
+    pub snapshots_per_seq: usize,
+    pub state_bytes: u64,
     pub total_bytes: u64,
     pub limit_bytes: u64,
     pub free_bytes: u64,
@@ -24,7 +32,9 @@ pub struct GpuPlan {
 }
 
 /// Sizes the KV pool for `ctx_size` tokens for each of `parallel` sequences (plus one
-/// context of prefix-cache reserve) within `max_memory` (default: 90% of `free_bytes`).
+/// context of prefix-cache reserve) within `max_memory` (default: 90% of `free_bytes`). A hybrid
+/// model's running slots are fixed costs; its snapshot slots shrink (down to none) before the
+/// KV pool does.
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
     cfg: &ModelConfig,
@@ -43,17 +53,30 @@ pub fn plan(
         .unwrap_or((free_bytes as f64 * DEFAULT_FRACTION) as u64)
         .min(free_bytes);
     let mib = |b: u64| b >> 20;
-    let fixed = weight_bytes + scratch;
+    let slot_bytes = cfg.state_bytes() as u64;
+    let (running_slots, per_seq) = if slot_bytes > 0 {
+        (parallel.max(1), kestrel_engine::SNAPSHOTS_PER_SEQUENCE)
+    } else {
+        (0, 0)
+    };
+    let fixed = weight_bytes + scratch + running_slots as u64 * slot_bytes;
     if fixed > limit {
         return Err(CudaError::Plan(format!(
-            "{} MiB of device memory may be used ({} MiB free) but the weights ({} MiB) and scratch ({} MiB) need {} MiB; use a smaller model or --device cpu",
-            mib(limit), mib(free_bytes), mib(weight_bytes), mib(scratch), mib(fixed)
+            "{} MiB of device memory may be used ({} MiB free) but the weights ({} MiB), scratch ({} MiB) and recurrent state ({} MiB) need {} MiB; use a smaller model or --device cpu",
+            mib(limit), mib(free_bytes), mib(weight_bytes), mib(scratch), mib(running_slots as u64 * slot_bytes), mib(fixed)
         )));
     }
-    let wanted = (ctx_size * (parallel.max(1) + 1)).div_ceil(block_size);
-    let room = ((limit - fixed) / block_bytes) as usize;
-    let n_blocks = wanted.min(room);
     let need = ctx_size.div_ceil(block_size);
+    let mut snapshot_slots = per_seq * (parallel.max(1) + 1);
+    if slot_bytes > 0 {
+        let room = limit.saturating_sub(fixed + need as u64 * block_bytes) / slot_bytes;
+        snapshot_slots = snapshot_slots.min(room as usize);
+    }
+    let state_bytes = (running_slots + snapshot_slots) as u64 * slot_bytes;
+    let fixed = weight_bytes + scratch + state_bytes;
+    let wanted = (ctx_size * (parallel.max(1) + 1)).div_ceil(block_size);
+    let room = (limit.saturating_sub(fixed) / block_bytes) as usize;
+    let n_blocks = wanted.min(room);
     if n_blocks < need {
         return Err(CudaError::Plan(format!(
             "{} MiB of device memory may be used: weights {} MiB + scratch {} MiB leave room for {} tokens of KV, less than one {ctx_size}-token context ({} MiB); lower --ctx-size or raise --max-memory",
@@ -65,7 +88,12 @@ pub fn plan(
         weight_bytes,
         kv_bytes,
         scratch_bytes: scratch,
-        total_bytes: weight_bytes + kv_bytes + scratch,
+        state_slot_bytes: slot_bytes,
+        running_slots,
+        snapshot_slots,
+        snapshots_per_seq: per_seq,
+        state_bytes,
+        total_bytes: weight_bytes + kv_bytes + scratch + state_bytes,
         limit_bytes: limit,
         free_bytes,
         n_blocks,
@@ -79,9 +107,22 @@ impl std::fmt::Display for GpuPlan {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         write!(
             f,
-            "GPU memory plan: weights {:.0} MiB + KV {:.0} MiB ({} blocks of {} tokens = {} tokens, f16) + scratch {:.0} MiB = {:.0} MiB (limit {:.0} MiB of {:.0} MiB free)",
+            "GPU memory plan: weights {:.0} MiB + KV {:.0} MiB ({} blocks of {} tokens = {} tokens, f16) + scratch {:.0} MiB",
             mib(self.weight_bytes), mib(self.kv_bytes), self.n_blocks, self.block_size, self.tokens,
-            mib(self.scratch_bytes), mib(self.total_bytes), mib(self.limit_bytes), mib(self.free_bytes)
+            mib(self.scratch_bytes)
+        )?;
+        if self.state_bytes > 0 {
+            write!(
+                f,
+                " + recurrent state {:.0} MiB ({:.1} MiB per sequence x {} running + {} snapshots, at most {} per sequence)",
+                mib(self.state_bytes), mib(self.state_slot_bytes), self.running_slots,
+                self.snapshot_slots, self.snapshots_per_seq
+            )?;
+        }
+        write!(
+            f,
+            " = {:.0} MiB (limit {:.0} MiB of {:.0} MiB free)",
+            mib(self.total_bytes), mib(self.limit_bytes), mib(self.free_bytes)
         )
     }
 }

@@ -145,17 +145,7 @@ impl CpuBackend {
 }
 
 fn slot(b: Buf) -> usize {
-    match b {
-        Buf::X => 0,
-        Buf::H => 1,
-        Buf::Q => 2,
-        Buf::K => 3,
-        Buf::V => 4,
-        Buf::Att => 5,
-        Buf::Ffn => 6,
-        Buf::Picked => 7,
-        Buf::Logits => 8,
-    }
+    b as usize
 }
 
 /// One forward step's state: the step's tokens and the activation buffers.
@@ -168,7 +158,7 @@ struct Step<'a> {
     tkv: Vec<TokenKv<'a>>,
     picks: Vec<usize>,
     rope: Rope,
-    bufs: [Vec<f32>; 9],
+    bufs: [Vec<f32>; Buf::COUNT],
 }
 
 impl Step<'_> {

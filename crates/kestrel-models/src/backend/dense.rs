@@ -67,7 +67,12 @@ pub fn layer<O: Ops + ?Sized>(o: &mut O, f: Family, l: usize) -> Result<(), O::E
     o.kv_write(l, Buf::K, Buf::V)?;
     o.attention(l, Buf::Q, Buf::Att)?;
     o.matmul_add(w(Param::Wo), Buf::Att, Buf::X)?;
-    // MLP: x += down(silu(gate(norm(x))) * up(norm(x)))
+    mlp(o, l)
+}
+
+/// The SwiGLU MLP of layer `l`: `x += down(silu(gate(norm(x))) * up(norm(x)))`.
+pub fn mlp<O: Ops + ?Sized>(o: &mut O, l: usize) -> Result<(), O::Error> {
+    let w = |p| W::Layer(l, p);
     o.rms_norm(Buf::X, w(Param::FfnNorm), Buf::H)?;
     o.gate_up_swiglu(w(Param::Gate), w(Param::Up), Buf::H, Buf::Ffn)?;
     o.matmul_add(w(Param::Down), Buf::Ffn, Buf::X)

@@ -16,6 +16,7 @@
 
 pub mod cpu;
 pub mod dense;
+pub mod hybrid;
 
 /// A weight of one layer, by role (GGUF's names in comments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,6 +35,17 @@ pub enum Param {
     Gate,     // ffn_gate (ffn_dim, dim)
     Up,       // ffn_up (ffn_dim, dim)
     Down,     // ffn_down (dim, ffn_dim)
+    // Qwen3.5's gated-DeltaNet layers (their attention layers reuse the names above, with Wq
+    // yielding per head the query then its output gate: (n_heads * 2 * head_dim, dim))
+    SsmQkv,    // attn_qkv (conv channels = 2 * key_dim + value_dim, dim)
+    SsmZ,      // attn_gate (value_dim, dim): the output gate z
+    SsmAlpha,  // ssm_alpha (n_v_heads, dim): decay input
+    SsmBeta,   // ssm_beta (n_v_heads, dim): update strength
+    SsmConv,   // ssm_conv1d (conv_kernel, conv channels), tap-major
+    SsmA,      // ssm_a (n_v_heads): -exp(A_log)
+    SsmDtBias, // ssm_dt.bias (n_v_heads)
+    SsmNorm,   // ssm_norm (head_v_dim): the gated RMSNorm's weight
+    SsmOut,    // ssm_out (dim, value_dim)
 }
 
 /// A weight of the model.
@@ -50,7 +62,7 @@ pub enum W {
 
 /// The activation buffers a recipe works in. Rows are the step's tokens (`T`, from every
 /// sequence of the batch) except `Picked` and `Logits`, whose rows are the tokens whose logits
-/// were asked for.
+/// were asked for. `Buf as usize` numbers them from 0 to [`Buf::COUNT`] - 1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Buf {
     X,      // [T, dim] the residual stream
@@ -62,6 +74,19 @@ pub enum Buf {
     Ffn,    // [T, ffn_dim] silu(gate) * up
     Picked, // [n_out, dim]
     Logits, // [n_out, vocab]
+    // hybrid models (Qwen3.5)
+    QGate, // [T, n_heads * 2 * head_dim] per head the query, then its output gate
+    Gate,  // [T, n_heads * head_dim] the attention's output gate
+    Mixed, // [T, conv channels] a DeltaNet layer's q | k | v before the convolution
+    Conv,  // [T, conv channels] after the convolution and SiLU
+    Z,     // [T, value_dim] the DeltaNet output gate
+    Alpha, // [T, n_v_heads]
+    Beta,  // [T, n_v_heads]
+    Delta, // [T, value_dim] the delta rule's output
+}
+
+impl Buf {
+    pub const COUNT: usize = Buf::Delta as usize + 1;
 }
 
 /// The operations a backend carries out. Every call is enqueued work: no host
@@ -90,4 +115,33 @@ pub trait Ops {
     fn attention(&mut self, layer: usize, q: Buf, out: Buf) -> Result<(), Self::Error>;
     /// The rows of `x` whose logits were asked for, in order, into `out`.
     fn pick_rows(&mut self, x: Buf, out: Buf) -> Result<(), Self::Error>;
+}
+
+/// The operations of hybrid models (Qwen3.5: gated DeltaNet and gated attention) beyond
+/// [`Ops`]. The recurrent state lives in the backend: per sequence a slot (the engine's
+/// `SeqStep::slot`) holding, for every DeltaNet layer, the convolution window and the state
+/// matrices; a sequence whose step starts at position 0 starts from a cleared slot.
+pub trait HybridOps: Ops {
+    /// Splits the per-head `[query | gate]` rows of `qg` into `q` and `gate`.
+    fn split_gate(&mut self, qg: Buf, q: Buf, gate: Buf) -> Result<(), Self::Error>;
+    /// `x *= sigmoid(gate)`, elementwise.
+    fn mul_sigmoid(&mut self, x: Buf, gate: Buf) -> Result<(), Self::Error>;
+    /// DeltaNet layer `layer`'s short causal convolution (taps `SsmConv`) + SiLU over each
+    /// sequence's tokens of `x`, continuing from the window in the sequence's slot, which then
+    /// holds the last `conv_kernel - 1` inputs.
+    fn conv_silu(&mut self, layer: usize, x: Buf, out: Buf) -> Result<(), Self::Error>;
+    /// The gated delta rule of DeltaNet layer `layer` over each sequence's tokens, from and into
+    /// the state in its slot: q, k (from `conv`) L2-normalized (q scaled by 1/sqrt(d_k)),
+    /// `beta = sigmoid(beta_in)`, decay `exp(A softplus(alpha + dt_bias))`, the per-value-head
+    /// outputs into `out`. The backend may overwrite `conv`, `alpha` and `beta`.
+    fn delta_rule(
+        &mut self,
+        layer: usize,
+        conv: Buf,
+        alpha: Buf,
+        beta: Buf,
+        out: Buf,
+    ) -> Result<(), Self::Error>;
+    /// Per value head, in place: `x = rms_norm(x) * w * silu(z)`.
+    fn gated_norm(&mut self, x: Buf, z: Buf, w: W) -> Result<(), Self::Error>;
 }
