@@ -7,7 +7,9 @@
 # small = Qwen2.5-1.5B-shape Q4_K_M: GPU vs CPU logits, pp512/tg128; big = Qwen3-8B shape;
 # hybrid = Qwen3.5: tiny-qwen3_5 (GGUF and folder) against transformers, serve --device cuda
 # against --device cpu on it, and the Qwen3.5-0.8B shape (Q4_K_M by kestrel's quantizer, which
-# writes llama.cpp's bytes): GPU vs CPU logits, pp512/tg128 (HYBRID_BIG=1: the 9B shape too).
+# writes llama.cpp's bytes): GPU vs CPU logits, pp512/tg128; HYBRID_SHAPES picks the shapes
+# (default qwen35-0.8b; qwen35-9b), SCEN=1 adds the engine's concurrent and agent scenarios,
+# SKIP_TINY=1 skips the tiny fixture checks.
 set -u
 B=${B:-.gpu-cuda}
 OUT=${OUT:-/tmp/out}
@@ -30,6 +32,23 @@ make_model() {  # make_model SHAPE OUT.gguf
   /tmp/ll/trim/build/bin/llama-quantize /tmp/w/$1-f16.gguf $2 Q4_K_M 16 > /tmp/w/quant-$1.log 2>&1; local rc=$?
   rm -f /tmp/w/$1-f16.gguf; ls -la $2; return $rc
 }
+profile() {  # profile MODEL NAME: per-kernel times of eager decode steps (ncu, clocks left alone)
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  $NCU --clock-control none --metrics gpu__time_duration.sum --csv -c ${PROF} $K bench -m $1 -p 0 -n 2 -r 1 --device cuda --no-graphs > /tmp/w/ncu.csv 2>/tmp/w/ncu.err
+  python3 - /tmp/w/ncu.csv <<'PY' | tee $OUT/prof-$2.log
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value")
+t = collections.defaultdict(list)
+for r in rows[1:]:
+    t[r[ki].split("(")[0]].append(float(r[vi].replace(",", "")))
+tot = sum(sum(v) for v in t.values())
+print(f"{sum(len(v) for v in t.values())} kernels, {tot/1e3:.1f} us in all")
+for k, v in sorted(t.items(), key=lambda kv: -sum(kv[1])):
+    print(f"{k:<28} n={len(v):4d} total {sum(v)/1e3:8.1f} us  mean {sum(v)/len(v)/1e3:6.2f} us")
+PY
+  tail -3 /tmp/w/ncu.err
+}
 T=testdata/tiny
 for s in $STAGES; do
   echo "=== stage $s ($(date +%T))"
@@ -45,9 +64,11 @@ for s in $STAGES; do
     done
     ;;
   hybrid)
-    $K gpu-check -m $T/tiny-qwen3_5/qwen3_5-f32.gguf -m $T/tiny-qwen3_5 2>&1 | grep -v "^ok  " | tee $OUT/check-hybrid.log
-    python3 $B/serve-check.py $K $T/tiny-qwen3_5/qwen3_5-f32.gguf 2>&1 | tee $OUT/serve-hybrid.log
-    for SH in qwen35-0.8b ${HYBRID_BIG:+qwen35-9b}; do
+    if [ -z "${SKIP_TINY:-}" ]; then
+      $K gpu-check -m $T/tiny-qwen3_5/qwen3_5-f32.gguf -m $T/tiny-qwen3_5 2>&1 | grep -v "^ok  " | tee $OUT/check-hybrid.log
+      python3 $B/serve-check.py $K $T/tiny-qwen3_5/qwen3_5-f32.gguf 2>&1 | tee $OUT/serve-hybrid.log
+    fi
+    for SH in ${HYBRID_SHAPES:-qwen35-0.8b}; do
       M=/tmp/w/$SH-q4_k_m.gguf
       python3 $B/make_qwen35_model.py /tmp/w/$SH-f16.gguf $SH > /dev/null && \
         $K quantize /tmp/w/$SH-f16.gguf $M --type q4_k_m -t 16 2>&1 | tail -2; rm -f /tmp/w/$SH-f16.gguf
@@ -55,6 +76,11 @@ for s in $STAGES; do
       $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
       $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
       [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
+      if [ -n "${SCEN:-}" ]; then  # the serving engine on the GPU: batched decode, agent turns
+        $K bench -m $M --scenario concurrent -c 8,32 -r 3 --device cuda 2>&1 | tee $OUT/concurrent-$SH.log
+        $K bench -m $M --scenario agent --device cuda 2>&1 | tee $OUT/agent-$SH.log
+      fi
+      [ -n "${PROF:-}" ] && profile $M $SH
       rm -f $M
     done
     ;;
@@ -67,23 +93,7 @@ for s in $STAGES; do
     $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
     $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
     [ $s = big ] && [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
-    if [ -n "${PROF:-}" ]; then  # per-kernel times of eager decode steps (ncu, clocks left alone)
-      NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-      $NCU --clock-control none --metrics gpu__time_duration.sum --csv -c ${PROF} $K bench -m $M -p 0 -n 2 -r 1 --device cuda --no-graphs > /tmp/w/ncu.csv 2>/tmp/w/ncu.err
-      python3 - /tmp/w/ncu.csv <<'PY' | tee $OUT/prof-$SH.log
-import csv, sys, collections
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value")
-t = collections.defaultdict(list)
-for r in rows[1:]:
-    t[r[ki].split("(")[0]].append(float(r[vi].replace(",", "")))
-tot = sum(sum(v) for v in t.values())
-print(f"{sum(len(v) for v in t.values())} kernels, {tot/1e3:.1f} us in all")
-for k, v in sorted(t.items(), key=lambda kv: -sum(kv[1])):
-    print(f"{k:<28} n={len(v):4d} total {sum(v)/1e3:8.1f} us  mean {sum(v)/len(v)/1e3:6.2f} us")
-PY
-      tail -3 /tmp/w/ncu.err
-    fi
+    [ -n "${PROF:-}" ] && profile $M $SH
     rm -f $M
     ;;
   esac

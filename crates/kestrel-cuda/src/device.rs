@@ -158,8 +158,10 @@ impl Gpu {
     }
 
     /// Copies `out.len()` bytes from device address `src`, waiting for them.
-    pub fn read(&self, src: u64, out: &mut [u8]) -> Result<()> {
-        // SAFETY: src points into a live allocation at least out.len() bytes long.
+    /// Copies device memory at `src` into `out` (plain values: bytes, f32, ints).
+    pub fn read<T: Copy>(&self, src: u64, out: &mut [T]) -> Result<()> {
+        // SAFETY: src points into a live allocation at least size_of_val(out) bytes long, and
+        // every bit pattern is a valid T for the plain value types callers read.
         unsafe {
             cudarc::driver::result::memcpy_dtoh_async(out, src, self.stream.cu_stream())?;
         }
@@ -176,11 +178,9 @@ impl Gpu {
     }
 
     pub fn read_f32(&self, src: u64, n: usize) -> Result<Vec<f32>> {
-        let mut b = vec![0u8; n * 4];
-        self.read(src, &mut b)?;
-        Ok(b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        let mut v = vec![0f32; n];
+        self.read(src, &mut v)?;
+        Ok(v)
     }
 
     /// `C[n, m] (+)= A[m, k] · B[n, k]ᵀ` in row-major terms: weights A (f16 rows), activations

@@ -130,10 +130,9 @@ impl HybridOps for CudaModel {
         let (op, _) = self.buf(out);
         let a = self.vector(W::Layer(layer, Param::SsmA))?;
         let dt = self.vector(W::Layer(layer, Param::SsmDtBias))?;
-        let (chi, nk, dk, nv, dv) = (
+        let (chi, nk, nv, dv) = (
             ch as i32,
             h.n_k_heads as i32,
-            h.head_k_dim as i32,
             h.n_v_heads as i32,
             h.head_v_dim as i32,
         );
@@ -142,25 +141,11 @@ impl HybridOps for CudaModel {
         let (states, slot_floats) = (self.state.buf.ptr, self.state.slot_floats as u64);
         let off = self.state_offset(layer)? + self.state.conv_floats as u64;
         let (t0, len, slot) = self.seq_args();
-        let t = self.step.t as u32;
-        let prep = self.gpu.func("dn_prep")?;
         let rule = self.gpu.func(&format!("delta_rule_{}", h.head_k_dim))?;
-        let block = (h.head_v_dim.div_ceil(32) * 32) as u32;
+        // one warp per RULE_COLS (32) value columns of a head (kernels/deltanet.cu)
+        let col_blocks = h.head_v_dim.div_ceil(32) as u32;
         // SAFETY: as in conv_silu.
         unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&prep)
-                .arg(&cp)
-                .arg(&chi)
-                .arg(&nk)
-                .arg(&dk)
-                .arg(&ap)
-                .arg(&bp)
-                .arg(&a)
-                .arg(&dt)
-                .arg(&nv)
-                .launch(cfg((t, 1, 1), 256))?;
             self.gpu
                 .stream
                 .launch_builder(&rule)
@@ -169,6 +154,8 @@ impl HybridOps for CudaModel {
                 .arg(&key_dim)
                 .arg(&ap)
                 .arg(&bp)
+                .arg(&a)
+                .arg(&dt)
                 .arg(&nv)
                 .arg(&nk)
                 .arg(&dv)
@@ -180,11 +167,12 @@ impl HybridOps for CudaModel {
                 .arg(&t0)
                 .arg(&len)
                 .arg(&slot)
-                .launch(cfg((self.step.n_seqs as u32, h.n_v_heads as u32, 1), block))?;
+                .launch(cfg(
+                    (self.step.n_seqs as u32, h.n_v_heads as u32, col_blocks),
+                    32,
+                ))?;
         }
-        for b in [conv, alpha, beta, out] {
-            self.wrote(b);
-        }
+        self.wrote(out);
         Ok(())
     }
 

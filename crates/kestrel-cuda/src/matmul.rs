@@ -1,5 +1,6 @@
 //! Matrix products of the CUDA backend: mat-vec kernels for steps of up to [`MATVEC_MAX`]
-//! tokens (int8 activations for the quantized types, one launch for q/k/v sharing an input) and,
+//! tokens (int8 activations for the quantized types, one launch for up to [`MVX_MATS`] matrices
+//! sharing an input: attention's q/k/v, a DeltaNet layer's qkv/z/alpha/beta) and,
 //! above that, weights dequantized to f16 in row chunks and multiplied by cuBLAS.
 
 use crate::error::{CudaError, Result};
@@ -7,6 +8,9 @@ use crate::model::CudaModel;
 use crate::ops::{cfg, MATVEC_MAX};
 use cudarc::driver::PushKernelArg;
 use kestrel_models::backend::{Buf, W};
+
+/// Most matrices one fused mat-vec launch takes (the `mvx_*` kernels' arguments).
+pub const MVX_MATS: usize = 4;
 
 /// Warps that share one row of the mat-vec: long rows get more loads in flight (units of 64
 /// weights for the K-quants, 32 for the others, 8 for f16/f32; a lane takes one at a time).
@@ -27,7 +31,7 @@ pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
 }
 
 impl CudaModel {
-    /// Runs the deferred mat-vecs (one fused launch for two or three).
+    /// Runs the deferred mat-vecs (one fused launch for two to four).
     pub(crate) fn flush_mm(&mut self) -> Result<()> {
         let pend = std::mem::take(&mut self.step.mm);
         let Some(x) = self.step.mm_x.take() else {
@@ -58,9 +62,10 @@ impl CudaModel {
         let nt = rows.next_power_of_two();
         let f = self.gpu.func(&format!("mvx_{nt}"))?;
         let none = (0u64, 0i32, 0i32, 0u64);
-        let (a, b, c) = (mats[0], mats[1], mats.get(2).copied().unwrap_or(none));
+        let m = |i: usize| mats.get(i).copied().unwrap_or(none);
+        let (a, b, c, d) = (m(0), m(1), m(2), m(3));
         let (q, qd, ci) = (self.scratch.xq.ptr, self.scratch.xd.ptr, cols as i32);
-        let total = (a.1 + b.1 + c.1) as usize;
+        let total = (a.1 + b.1 + c.1 + d.1) as usize;
         // SAFETY: as in flush_epilogue.
         unsafe {
             self.gpu
@@ -78,6 +83,10 @@ impl CudaModel {
                 .arg(&c.1)
                 .arg(&c.2)
                 .arg(&c.3)
+                .arg(&d.0)
+                .arg(&d.1)
+                .arg(&d.2)
+                .arg(&d.3)
                 .arg(&ci)
                 .arg(&q)
                 .arg(&qd)

@@ -480,7 +480,7 @@ impl CudaModel {
             None
         };
         weight_bytes += embed.bytes() as u64 + output.as_ref().map_or(0, |o| o.bytes() as u64);
-        let output_norm = gpu.upload_f32(&store.vector("output_norm.weight", cfg.dim)?)?;
+        let output_norm = gpu.upload_f32(&recipes::output_norm(store, &cfg)?)?;
         let max_blocks_per_seq = shape.max_context.div_ceil(shape.block_size);
         let max_table = shape.max_batch.max(MATVEC_MAX) * max_blocks_per_seq;
         let scratch = Scratch::new(&gpu, &cfg, shape.max_batch, max_table)?;
@@ -538,6 +538,14 @@ impl CudaModel {
     /// One step over the new tokens of several sequences; returns the logits of those that
     /// want them, in order. Steps over `max_batch` tokens are cut into several passes.
     pub fn forward(&mut self, seqs: &[SeqIn]) -> Result<Vec<f32>> {
+        let mut logits = Vec::new();
+        self.forward_into(seqs, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// As [`CudaModel::forward`], the logits left in `logits` (resized; reused across steps).
+    pub fn forward_into(&mut self, seqs: &[SeqIn], logits: &mut Vec<f32>) -> Result<()> {
+        logits.clear();
         self.gpu.bind()?;
         let (vocab, bs) = (self.config.vocab_size, self.kv.block_size);
         for s in seqs {
@@ -561,10 +569,9 @@ impl CudaModel {
         }
         let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if total <= self.max_batch {
-            return self.pass(seqs);
+            return self.pass(seqs, logits);
         }
         // Too many tokens for one pass: sequence by sequence, in chunks of max_batch.
-        let mut out = Vec::new();
         for s in seqs {
             let n = s.tokens.len();
             let mut i = 0;
@@ -578,15 +585,15 @@ impl CudaModel {
                     all_logits: s.all_logits,
                     slot: s.slot,
                 };
-                out.extend(self.pass(&[part])?);
+                self.pass(&[part], logits)?;
                 i = j;
             }
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// One pass of at most `max_batch` tokens.
-    fn pass(&mut self, seqs: &[SeqIn]) -> Result<Vec<f32>> {
+    /// One pass of at most `max_batch` tokens; its logits are appended to `logits`.
+    fn pass(&mut self, seqs: &[SeqIn], logits: &mut Vec<f32>) -> Result<()> {
         let bs = self.kv.block_size;
         let mut ids = Vec::new();
         let mut pos = Vec::new();
@@ -628,7 +635,7 @@ impl CudaModel {
         }
         let t = ids.len();
         if t == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         if tables.len() > self.scratch.tables_cap {
             return Err(CudaError::Plan(
@@ -668,12 +675,9 @@ impl CudaModel {
         } else {
             self.run_recipe()?;
         }
-        let mut out = vec![0u8; n_out * self.config.vocab_size * 4];
-        self.gpu.read(self.scratch.logits.ptr, &mut out)?;
-        Ok(out
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        let at = logits.len();
+        logits.resize(at + n_out * self.config.vocab_size, 0.0);
+        self.gpu.read(self.scratch.logits.ptr, &mut logits[at..])
     }
 
     fn run_recipe(&mut self) -> Result<()> {
@@ -787,7 +791,8 @@ impl kestrel_engine::StepModel for CudaModel {
     fn forward(
         &mut self,
         seqs: &[kestrel_engine::SeqStep<'_>],
-    ) -> std::result::Result<Vec<f32>, String> {
+        logits: &mut Vec<f32>,
+    ) -> std::result::Result<(), String> {
         let s: Vec<SeqIn> = seqs
             .iter()
             .map(|s| SeqIn {
@@ -799,7 +804,7 @@ impl kestrel_engine::StepModel for CudaModel {
                 slot: s.slot,
             })
             .collect();
-        CudaModel::forward(self, &s).map_err(|e| e.to_string())
+        CudaModel::forward_into(self, &s, logits).map_err(|e| e.to_string())
     }
     fn state_slots(&self) -> usize {
         self.state.n_slots

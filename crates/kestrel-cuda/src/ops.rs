@@ -10,7 +10,7 @@
 //! - The residual add is the mat-vec's epilogue (`matmul_add`), SwiGLU the gate/up mat-vec's.
 
 use crate::error::{CudaError, Result};
-pub use crate::matmul::warps_per_row;
+pub use crate::matmul::{warps_per_row, MVX_MATS};
 use crate::model::{AttnDev, CudaModel, DeltaNetDev, LayerDev, MixerDev};
 use crate::weights::DevMatrix;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -343,7 +343,10 @@ impl Ops for CudaModel {
             && self.rows(x) > 0
             && m.cols == cols
             && m.rows == self.buf(out).1
-            && matches!(out, Buf::Q | Buf::K | Buf::V);
+            && matches!(
+                out,
+                Buf::Q | Buf::K | Buf::V | Buf::QGate | Buf::Mixed | Buf::Z | Buf::Alpha | Buf::Beta
+            );
         if !fusable {
             return self.mm(w, None, x, out, false);
         }
@@ -352,7 +355,7 @@ impl Ops for CudaModel {
             self.matrix(w2)
                 .is_ok_and(|m2| m2.kind.int8_activations() == int8)
         });
-        if self.step.mm_x != Some(x) || self.step.mm.len() == 3 || !same_kind_class {
+        if self.step.mm_x != Some(x) || self.step.mm.len() == MVX_MATS || !same_kind_class {
             self.flush_mm()?;
         }
         self.flush_epilogue()?;

@@ -34,10 +34,12 @@ pub trait StepModel: Send {
     fn kv_blocks(&self) -> usize;
     /// Positions per block.
     fn block_size(&self) -> usize;
-    /// Runs all `seqs` in one forward pass (one pass over the weights serves all); returns
-    /// `vocab_size` logits for every seq with want_logits (for each of its tokens when
-    /// `all_logits`), in order.
-    fn forward(&mut self, seqs: &[SeqStep<'_>]) -> Result<Vec<f32>, String>;
+    /// Runs all `seqs` in one forward pass (one pass over the weights serves all); leaves in
+    /// `logits` (resized to fit) `vocab_size` logits for every seq with want_logits (for each
+    /// of its tokens when `all_logits`), in order. The engine hands the same buffer to every
+    /// step, so a step allocates nothing for its logits (32 sequences of a 248k vocabulary are
+    /// 32 MB: a fresh allocation each step costs more than the GPU's whole step).
+    fn forward(&mut self, seqs: &[SeqStep<'_>], logits: &mut Vec<f32>) -> Result<(), String>;
     /// Copies K/V of the first `n_positions` of block `src` into block `dst` (copy-on-write of
     /// a partially filled shared block).
     fn copy_block(&mut self, src: u32, dst: u32, n_positions: usize);

@@ -17,7 +17,7 @@ impl StepModel for PagedModel {
         self.pool.block_size()
     }
 
-    fn forward(&mut self, seqs: &[SeqStep<'_>]) -> Result<Vec<f32>, String> {
+    fn forward(&mut self, seqs: &[SeqStep<'_>], logits: &mut Vec<f32>) -> Result<(), String> {
         let steps: Vec<PagedStep<'_>> = seqs
             .iter()
             .map(|s| PagedStep {
@@ -29,7 +29,8 @@ impl StepModel for PagedModel {
                 all_logits: s.all_logits,
             })
             .collect();
-        self.step(&steps).map_err(|e| e.to_string())
+        *logits = self.step(&steps).map_err(|e| e.to_string())?;
+        Ok(())
     }
 
     fn state_slots(&self) -> usize {

@@ -75,6 +75,8 @@ pub(crate) struct Scheduler<'t> {
     running_slots: usize,
     /// Counters (occupancy fields are filled in by `stats`).
     counters: EngineStats,
+    /// The logits of the last step, kept to be reused by the next (no allocation per step).
+    logits: Vec<f32>,
 }
 
 impl<'t> Scheduler<'t> {
@@ -104,6 +106,7 @@ impl<'t> Scheduler<'t> {
             running: Vec::new(),
             reserved: 0,
             counters: EngineStats::default(),
+            logits: Vec::new(),
         }
     }
 
@@ -285,9 +288,23 @@ impl<'t> Scheduler<'t> {
             })
             .collect();
         let model = &mut self.model;
-        let result = catch_unwind(AssertUnwindSafe(|| model.forward(&steps)))
+        let mut logits = std::mem::take(&mut self.logits);
+        let result = catch_unwind(AssertUnwindSafe(|| model.forward(&steps, &mut logits)))
             .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
         drop(steps);
+        self.take_logits(plan, outcomes, result, &logits);
+        self.logits = logits;
+    }
+
+    /// The step's bookkeeping and each sequence's use of its logits (or the step's failure).
+    fn take_logits(
+        &mut self,
+        plan: &[Planned],
+        outcomes: &mut [Option<Outcome>],
+        result: Result<(), String>,
+        logits: &[f32],
+    ) {
+        let bs = self.cfg.block_size;
 
         let c = &mut self.counters;
         c.forward_steps += 1;
@@ -316,18 +333,18 @@ impl<'t> Scheduler<'t> {
                 outcomes[p.seq] = Some(Outcome::Failed(message.clone()));
             }
         };
-        let logits = match result {
-            Ok(l) if l.len() == n_want * self.vocab => l,
-            Ok(l) => {
+        match result {
+            Ok(()) if logits.len() == n_want * self.vocab => {}
+            Ok(()) => {
                 let message = format!(
                     "model error: forward returned {} logits, expected {n_want} x {}",
-                    l.len(),
+                    logits.len(),
                     self.vocab
                 );
                 return fail_all(outcomes, message);
             }
             Err(e) => return fail_all(outcomes, format!("model error: {e}")),
-        };
+        }
 
         let mut k = 0;
         for p in plan {

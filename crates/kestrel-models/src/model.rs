@@ -134,10 +134,7 @@ impl Model {
             "token_embd.weight"
         };
         let output = store.matrix(output_name, cfg.vocab_size, cfg.dim)?;
-        let output_norm = match cfg.arch {
-            Arch::Qwen35 => recipes::qwen35::output_norm(store, &cfg)?,
-            _ => store.vector("output_norm.weight", cfg.dim)?,
-        };
+        let output_norm = recipes::output_norm(store, &cfg)?;
         store.prefault(progress);
         let mut layers = layers;
         let mut output = output;

@@ -59,6 +59,11 @@ impl Sampler {
     /// 1, else top-k, top-p, min-p, temperature and a seeded draw. NaN
     /// logits count as `-inf`; empty `logits` give token 0.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        if self.params.is_greedy() && !self.penalties().is_active() {
+            // The chain would change nothing: the argmax straight over the logits, with no
+            // candidate list built (a 248k vocabulary costs 2 MB of writes per token).
+            return greedy::argmax_logits(logits).unwrap_or(0);
+        }
         let picked = if self.process(logits, history) {
             greedy::argmax(&self.cands)
         } else {
@@ -72,13 +77,8 @@ impl Sampler {
     pub(crate) fn process(&mut self, logits: &[f32], history: &[u32]) -> bool {
         let p = &self.params;
         self.cands.fill(logits);
-        Penalties {
-            repeat: p.repeat_penalty,
-            last_n: p.repeat_last_n,
-            presence: p.presence_penalty,
-            frequency: p.frequency_penalty,
-        }
-        .apply(&mut self.cands, history, &mut self.scratch);
+        self.penalties()
+            .apply(&mut self.cands, history, &mut self.scratch);
         if p.is_greedy() {
             return true;
         }
@@ -87,6 +87,16 @@ impl Sampler {
         MinP(p.min_p).apply(&mut self.cands);
         Temperature(p.temperature).apply(&mut self.cands);
         false
+    }
+
+    fn penalties(&self) -> Penalties {
+        let p = &self.params;
+        Penalties {
+            repeat: p.repeat_penalty,
+            last_n: p.repeat_last_n,
+            presence: p.presence_penalty,
+            frequency: p.frequency_penalty,
+        }
     }
 
     /// The candidates left by [`Sampler::process`].

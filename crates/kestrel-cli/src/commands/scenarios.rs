@@ -3,8 +3,8 @@
 //!
 //! - agent: a replayed coding-agent conversation (agent_conversation.json: a ~3k-token system +
 //!   tools prefix, then five user turns; earlier assistant replies are replayed, not generated).
-//!   Each turn's time to first token through the engine with its prefix cache (warm) and by a
-//!   forward pass over the whole prompt on an empty cache (cold: the cache disabled). Then a
+//!   Each turn's time to first token through the engine with its prefix cache (warm) and with
+//!   nothing to reuse (cold: the prompt's first token changed, so no cached prefix matches). Then a
 //!   4,000-token prefix + 100 new tokens, cold and warm (the peer's published case).
 //! - concurrent: for each concurrency c, c requests (128-token prompts, 64 new tokens each) at
 //!   once, their prompts prefilled (cached) beforehand as llama-batched-bench does; aggregate
@@ -13,45 +13,45 @@
 use crate::commands::bench::BenchArgs;
 use crate::source::ModelSource;
 use anyhow::{anyhow, Result};
-use kestrel_engine::{plan_pool, Engine, EngineConfig, Event, GenerateRequest, Usage};
-use kestrel_models::{KvType, LoadOptions, Logits, Model, PagedModel};
+use kestrel_engine::{Engine, EngineConfig, Event, GenerateRequest, Usage};
+use kestrel_models::{KvType, LoadOptions};
 use kestrel_sampler::SamplingParams;
 use serde_json::{json, Value};
 use std::time::Instant;
 
 const CONVERSATION: &str = include_str!("agent_conversation.json");
-const BLOCK_SIZE: usize = 16;
 /// ChatML with the tools listed in the system turn, for files without a chat template.
 const CHATML: &str = "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}{%- for m in messages %}{%- if not (tools and loop.first and m.role == 'system') %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
+/// The serving engine on the bench's device (`--device`), as `serve` builds it: the model's
+/// pool planned for `parallel` sequences of `ctx` tokens.
 fn engine_for(
     src: &ModelSource,
-    opts: &LoadOptions,
+    args: &BenchArgs,
+    opts: LoadOptions,
     ctx: usize,
     parallel: usize,
 ) -> Result<Engine> {
-    let plan = plan_pool(
-        &src.config,
-        src.weight_bytes,
+    let loaded = crate::gpu::step_model(
+        src,
+        None,
+        crate::gpu::Device::parse(&args.device)?,
+        opts,
         ctx,
         parallel,
-        BLOCK_SIZE,
         KvType::F16,
         None,
-        None,
-    )
-    .map_err(|e| anyhow!(e))?;
-    let model = src.load_model(opts.clone(), true)?;
-    let paged = PagedModel::new(model, plan.n_blocks, plan.block_size, KvType::F16)
-        .with_state_slots(plan.state_slots());
+        true,
+        true,
+    )?;
     let cfg = EngineConfig {
-        block_size: plan.block_size,
+        block_size: loaded.plan.block_size,
         max_running: parallel,
         ctx_size: ctx,
         step_token_budget: 512.max(parallel),
         ..EngineConfig::default()
     };
-    Engine::try_start(Box::new(paged), src.tokenizer.clone(), cfg).map_err(|e| anyhow!("{e}"))
+    Engine::try_start(loaded.model, src.tokenizer.clone(), cfg).map_err(|e| anyhow!("{e}"))
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
@@ -76,13 +76,21 @@ fn finish(mut h: kestrel_engine::RequestHandle) -> Result<Usage> {
     }
 }
 
-/// Time to first token with the cache disabled: the whole prompt on an empty cache, then the
-/// first token's logits.
-fn cold_ttft_ms(model: &Model, prompt: &[u32]) -> Result<f64> {
-    let t0 = Instant::now();
-    let mut cache = model.new_cache(prompt.len() + 1, KvType::F16);
-    model.forward(prompt, &mut cache, Logits::Last)?;
-    Ok(t0.elapsed().as_secs_f64() * 1e3)
+/// Time to first token with nothing to reuse: the same prompt with its first token changed
+/// (by `salt`, distinct per call, so cold runs share no prefix with each other either), through
+/// the same engine: the whole prompt is prefilled.
+fn cold_ttft_ms(engine: &Engine, prompt: &[u32], vocab: usize, salt: usize) -> Result<f64> {
+    let mut cold = prompt.to_vec();
+    if let Some(first) = cold.first_mut() {
+        *first = ((*first as usize + salt) % vocab) as u32;
+    }
+    let usage = finish(engine.submit(request(cold, 1)).map_err(|e| anyhow!("{e}"))?)?;
+    anyhow::ensure!(
+        usage.cached_tokens == 0,
+        "the cold request reused {} cached tokens",
+        usage.cached_tokens
+    );
+    Ok(usage.ttft_ms)
 }
 
 pub fn agent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
@@ -99,8 +107,9 @@ pub fn agent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     };
     let tools = conv["tools"].as_array().cloned().unwrap_or_default();
     let ctx = 8192.min(src.config.max_context);
-    let engine = engine_for(&src, &opts, ctx, 1)?;
-    let cold_model = src.load_model(opts, true)?;
+    let vocab = src.config.vocab_size;
+    // Room for two prompts: a turn's cold run must not evict the warm conversation's blocks.
+    let engine = engine_for(&src, args, opts, ctx, 2)?;
 
     let mut messages = vec![json!({"role": "system", "content": conv["system"]})];
     let mut turns = Vec::new();
@@ -124,7 +133,7 @@ pub fn agent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
                 .submit(request(prompt.clone(), 1))
                 .map_err(|e| anyhow!("{e}"))?,
         )?;
-        let cold = cold_ttft_ms(&cold_model, &prompt)?;
+        let cold = cold_ttft_ms(&engine, &prompt, vocab, i + 1)?;
         println!(
             "{:<6} {:>8} {:>8} {:>8} {:>12.0} {:>12.0} {:>7.1}x",
             i + 1,
@@ -165,7 +174,7 @@ pub fn agent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
             .submit(request(full.clone(), 1))
             .map_err(|e| anyhow!("{e}"))?,
     )?;
-    let cold = cold_ttft_ms(&cold_model, &full)?;
+    let cold = cold_ttft_ms(&engine, &full, vocab, turns.len() + 1)?;
     let speedup = cold / warm.ttft_ms.max(1e-9);
     println!(
         "4,000-token prefix + 100 new: TTFT cold {:.0} ms, warm {:.0} ms ({} cached): {:.1}x",
@@ -199,7 +208,7 @@ pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let max_c = levels.iter().copied().max().unwrap_or(1).max(1);
-    let engine = engine_for(&src, &opts, 256, max_c)?;
+    let engine = engine_for(&src, args, opts, 256, max_c)?;
     let vocab = src.config.vocab_size as u64;
     let mut rows = Vec::new();
     println!(

@@ -116,22 +116,25 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
     Ok(())
 }
 
-/// The fused q/k/v mat-vec: three matrices of different types in one launch.
+/// The fused mat-vec: up to four matrices of different types in one launch (attention's
+/// q/k/v; a DeltaNet layer's qkv, z, alpha and beta, the last two of a few rows).
 pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     let cols = 1536;
-    for (kinds, nt) in [
-        ([Kind::Q4K, Kind::Q4K, Kind::Q6K], 1usize),
-        ([Kind::Q8_0, Kind::Q5_0, Kind::Q4_0], 4),
-        ([Kind::F32, Kind::F16, Kind::F32], 2),
+    for (kinds, rows, nt) in [
+        (vec![Kind::Q4K, Kind::Q4K, Kind::Q6K], vec![512usize, 128, 128], 1usize),
+        (vec![Kind::Q8_0, Kind::Q5_0, Kind::Q4_0], vec![512, 128, 128], 4),
+        (vec![Kind::F32, Kind::F16, Kind::F32], vec![512, 128, 128], 2),
+        (vec![Kind::Q4K, Kind::Q4K, Kind::Q4K, Kind::Q6K], vec![384, 256, 16, 16], 1),
+        (vec![Kind::Q6K, Kind::Q4K, Kind::Q8_0, Kind::Q8_0], vec![384, 256, 16, 16], 8),
     ] {
-        let rows = [512usize, 128, 128];
-        let mats: Vec<(Vec<u8>, Vec<f32>)> = (0..3)
+        let n_mats = kinds.len();
+        let mats: Vec<(Vec<u8>, Vec<f32>)> = (0..n_mats)
             .map(|i| random_matrix(kinds[i], rows[i], cols, rng))
             .collect::<Result<_>>()?;
-        let devs: Vec<_> = (0..3)
+        let devs: Vec<_> = (0..n_mats)
             .map(|i| gpu.upload(&to_device_layout(kinds[i], &mats[i].0)))
             .collect::<Result<_>>()?;
-        let outs: Vec<_> = (0..3)
+        let outs: Vec<_> = (0..n_mats)
             .map(|i| gpu.alloc(nt * rows[i] * 4))
             .collect::<Result<_>>()?;
         let x = rng.vec(nt * cols, 1.0);
@@ -140,8 +143,11 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         let qf = gpu.func("quantize_q")?;
         let n = cols as i32;
         let f = gpu.func(&format!("mvx_{}", nt.next_power_of_two()))?;
-        let r: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
-        let ty: Vec<i32> = kinds.iter().map(|&k| k as i32).collect();
+        // absent matrices: no rows
+        let (mut r, mut ty, mut wp, mut op) = (vec![0i32; 4], vec![0i32; 4], vec![0u64; 4], vec![0u64; 4]);
+        for i in 0..n_mats {
+            (r[i], ty[i], wp[i], op[i]) = (rows[i] as i32, kinds[i] as i32, devs[i].ptr, outs[i].ptr);
+        }
         let total = rows.iter().sum::<usize>();
         // SAFETY: as in check_matvec.
         unsafe {
@@ -154,25 +160,29 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                 .launch(cfg((nt as u32, 6, 1), 256))?;
             gpu.stream
                 .launch_builder(&f)
-                .arg(&devs[0].ptr)
+                .arg(&wp[0])
                 .arg(&r[0])
                 .arg(&ty[0])
-                .arg(&outs[0].ptr)
-                .arg(&devs[1].ptr)
+                .arg(&op[0])
+                .arg(&wp[1])
                 .arg(&r[1])
                 .arg(&ty[1])
-                .arg(&outs[1].ptr)
-                .arg(&devs[2].ptr)
+                .arg(&op[1])
+                .arg(&wp[2])
                 .arg(&r[2])
                 .arg(&ty[2])
-                .arg(&outs[2].ptr)
+                .arg(&op[2])
+                .arg(&wp[3])
+                .arg(&r[3])
+                .arg(&ty[3])
+                .arg(&op[3])
                 .arg(&n)
                 .arg(&dq.ptr)
                 .arg(&dd.ptr)
                 .arg(&dx.ptr)
                 .launch(cfg((total.div_ceil(4) as u32, 1, 1), 128))?;
         }
-        for i in 0..3 {
+        for i in 0..n_mats {
             let got = gpu.read_f32(outs[i].ptr, nt * rows[i])?;
             let w = &mats[i].1;
             let want: Vec<f32> = (0..nt * rows[i])
@@ -192,7 +202,7 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
             };
             out.push(CaseResult {
                 op: format!(
-                    "fused q/k/v mat-vec, part {i}: {} [{}x{cols}] tokens {nt}",
+                    "fused mat-vec, part {i} of {n_mats}: {} [{}x{cols}] tokens {nt}",
                     kinds[i].name(),
                     rows[i]
                 ),

@@ -61,67 +61,66 @@ extern "C" __global__ void conv_silu_seq(const float* x, float* out, const float
         if (j < K - 1) win[(u64)j * ch + c] = h[j];
 }
 
-// Per token (grid T, 256 threads): q and k heads of the convolution output L2-normalized in
-// place (q also scaled by 1/sqrt(dk)); beta = sigmoid(beta) and alpha = exp(A softplus(alpha +
-// dt_bias)) (the decay) in place.
-extern "C" __global__ void dn_prep(float* conv, int ch, int nk, int dk, float* alpha, float* beta,
-                                   const float* A, const float* dt_bias, int nv) {
-    int t = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float* row = conv + (u64)t * ch;
-    float qscale = rsqrtf((float)dk);
-    for (int h = warp; h < 2 * nk; h += blockDim.x >> 5) {
-        float* v = row + h * dk;
-        float ss = 0.f;
-        for (int i = lane; i < dk; i += 32) ss += v[i] * v[i];
-        ss = warp_sum(ss);
-        float inv = (h < nk ? qscale : 1.f) / sqrtf(ss + 1e-6f);
-        for (int i = lane; i < dk; i += 32) v[i] *= inv;
-    }
-    for (int j = threadIdx.x; j < nv; j += blockDim.x) {
-        u64 at = (u64)t * nv + j;
-        beta[at] = 1.f / (1.f + expf(-beta[at]));
-        float a = alpha[at] + dt_bias[j];
-        float sp = a > 20.f ? a : log1pf(expf(a));
-        alpha[at] = expf(A[j] * sp);
-    }
-}
-
 // Tokens whose q and k one chunk of the rule kernel stages in shared memory.
 #define RULE_CHUNK 16
+// Value columns per block of the rule kernel (one warp): a head's state is split over
+// dv / RULE_COLS blocks, so a decode step keeps n_seqs * nv * dv / 32 warps busy.
+#define RULE_COLS 32
 
-// The gated delta rule, tokens in order (prep'd inputs): S = a S + k (beta (v - a Sᵀk))ᵀ,
-// o = Sᵀq per value head. grid (n_seqs, nv), blockDim = dv rounded up to 32 (and >= dk / ...):
-// thread j keeps column j of the head's state [DK, dv] in registers, so a token's update and
-// output are one thread's own loop over DK; the chunk's q and k are shared.
+// The gated delta rule, tokens in order: S = a S + k (beta (v - a Sᵀk))ᵀ, o = Sᵀq per value
+// head, from the raw convolution output and gate inputs (prepared here, per chunk: q and k
+// L2-normalized, q also scaled by 1/sqrt(dk); beta = sigmoid(beta); the decay
+// a = exp(A softplus(alpha + dt_bias))). grid (n_seqs, nv, ceil(dv / RULE_COLS)), one warp:
+// lane j keeps column j of its block's slice of the head's state [DK, dv] in registers, so a
+// token's update and output are one thread's own loop over DK.
 template <int DK>
-__device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_dim, const float* decay,
-                                           const float* beta, int nv, int nk, int dv, int tiled,
-                                           float* out, float* states, u64 slot_floats, u64 layer_off,
-                                           const int* seq_t0, const int* seq_len, const int* seq_slot) {
-    __shared__ float qs[RULE_CHUNK][DK], ks[RULE_CHUNK][DK];
-    int s = blockIdx.x, vh = blockIdx.y, j = threadIdx.x;
+__device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_dim, const float* alpha,
+                                           const float* beta, const float* A, const float* dt_bias,
+                                           int nv, int nk, int dv, int tiled, float* out, float* states,
+                                           u64 slot_floats, u64 layer_off, const int* seq_t0,
+                                           const int* seq_len, const int* seq_slot) {
+    __shared__ float qs[RULE_CHUNK][DK], ks[RULE_CHUNK][DK], decay[RULE_CHUNK], gate[RULE_CHUNK];
+    int s = blockIdx.x, vh = blockIdx.y, lane = threadIdx.x, j = blockIdx.z * RULE_COLS + lane;
     int t0 = seq_t0[s], n = seq_len[s];
     int kh = tiled ? vh % nk : vh / (nv / nk);
     int value_dim = nv * dv;
     float* S = states + (u64)seq_slot[s] * slot_floats + layer_off + (u64)vh * DK * dv;
     bool act = j < dv;
+    float qscale = rsqrtf((float)DK);
     float col[DK];
 #pragma unroll
     for (int r = 0; r < DK; r++) col[r] = act ? S[(u64)r * dv + j] : 0.f;
     for (int c0 = 0; c0 < n; c0 += RULE_CHUNK) {
         int m = min(RULE_CHUNK, n - c0);
-        __syncthreads();
-        for (int e = threadIdx.x; e < m * DK; e += blockDim.x) {
-            int i = e / DK, r = e % DK;
+        __syncwarp();
+        for (int i = 0; i < m; i++) {
             const float* row = conv + (u64)(t0 + c0 + i) * ch;
-            qs[i][r] = row[kh * DK + r];
-            ks[i][r] = row[key_dim + kh * DK + r];
+            float sq = 0.f, sk = 0.f;
+            for (int r = lane; r < DK; r += 32) {
+                float q = row[kh * DK + r], k = row[key_dim + kh * DK + r];
+                qs[i][r] = q;
+                ks[i][r] = k;
+                sq += q * q;
+                sk += k * k;
+            }
+            float iq = qscale / sqrtf(warp_sum(sq) + 1e-6f), ik = 1.f / sqrtf(warp_sum(sk) + 1e-6f);
+            for (int r = lane; r < DK; r += 32) {
+                qs[i][r] *= iq;
+                ks[i][r] *= ik;
+            }
         }
-        __syncthreads();
+        if (lane < m) {
+            u64 at = (u64)(t0 + c0 + lane) * nv + vh;
+            float a = alpha[at] + dt_bias[vh];
+            float sp = a > 20.f ? a : log1pf(expf(a));
+            decay[lane] = expf(A[vh] * sp);
+            gate[lane] = 1.f / (1.f + expf(-beta[at]));
+        }
+        __syncwarp();
         if (!act) continue;
         for (int i = 0; i < m; i++) {
             u64 t = t0 + c0 + i;
-            float a = decay[t * nv + vh], b = beta[t * nv + vh];
+            float a = decay[i], b = gate[i];
             float v = conv[t * ch + 2 * key_dim + vh * dv + j];
             float kv = 0.f;
 #pragma unroll
@@ -143,12 +142,12 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
 }
 
 #define RULE_KERNEL(DK)                                                                                   \
-    extern "C" __global__ void delta_rule_##DK(const float* conv, int ch, int key_dim, const float* decay, \
-                                               const float* beta, int nv, int nk, int dv, int tiled,      \
-                                               float* out, float* states, u64 slot_floats, u64 layer_off,  \
-                                               const int* seq_t0, const int* seq_len, const int* seq_slot) { \
-        delta_rule<DK>(conv, ch, key_dim, decay, beta, nv, nk, dv, tiled, out, states, slot_floats,       \
-                       layer_off, seq_t0, seq_len, seq_slot);                                             \
+    extern "C" __global__ void __launch_bounds__(RULE_COLS) delta_rule_##DK(                              \
+        const float* conv, int ch, int key_dim, const float* alpha, const float* beta, const float* A,    \
+        const float* dt_bias, int nv, int nk, int dv, int tiled, float* out, float* states,               \
+        u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_len, const int* seq_slot) {    \
+        delta_rule<DK>(conv, ch, key_dim, alpha, beta, A, dt_bias, nv, nk, dv, tiled, out, states,        \
+                       slot_floats, layer_off, seq_t0, seq_len, seq_slot);                                \
     }
 RULE_KERNEL(16)
 RULE_KERNEL(32)

@@ -264,7 +264,8 @@ MV_ALL(MVQ, q6_k, T_Q6_K)
 MV_ALL(MVF, f32, T_F32)
 MV_ALL(MVF, f16, T_F16)
 
-// Up to three matrices over the same activations in one launch (q, k and v of attention):
+// Up to four matrices over the same activations in one launch (q, k and v of attention; qkv, z,
+// alpha and beta of a DeltaNet layer):
 // warp g of the grid takes row g of the concatenated rows, whatever each matrix's type.
 template <int TY, int NT>
 __device__ __forceinline__ void mvx_row(const u8* W, int rows, int cols, int row, const i8* xq,
@@ -286,8 +287,9 @@ __device__ __forceinline__ void mvx_row(const u8* W, int rows, int cols, int row
 
 template <int NT>
 __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
-                                    float* o1, const u8* W2, int r2, int t2, float* o2, int cols,
-                                    const i8* xq, const float2* xd, const float* xf) {
+                                    float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
+                                    int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
+                                    const float* xf) {
     int g = blockIdx.x * 4 + (threadIdx.x >> 5);
     const u8* W;
     int rows, ty, row;
@@ -295,6 +297,7 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
     if (g < r0) { W = W0; rows = r0; ty = t0; row = g; out = o0; }
     else if (g < r0 + r1) { W = W1; rows = r1; ty = t1; row = g - r0; out = o1; }
     else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
+    else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
     case T_F32: mvx_row<T_F32, NT>(W, rows, cols, row, xq, xd, xf, out); break;
@@ -310,8 +313,8 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
 #define MVX(NT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) mvx_##NT(                                  \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
-        const u8* W2, int r2, int t2, float* o2, int cols, const i8* xq, const float2* xd,       \
-        const float* xf) {                                                                       \
-        mvx<NT>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, cols, xq, xd, xf);              \
+        const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
+        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
+        mvx<NT>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
 MVX(1) MVX(2) MVX(4) MVX(8)

@@ -102,8 +102,9 @@ impl Scheduler<'_> {
                     }
                 })
                 .collect();
-            let logits = match draft.forward(&steps) {
-                Ok(l) if l.len() == steps.len() * self.vocab => l,
+            let mut logits = Vec::new();
+            match draft.forward(&steps, &mut logits) {
+                Ok(()) if logits.len() == steps.len() * self.vocab => {}
                 _ => {
                     drop(steps);
                     return self.drop_drafts(plan);
@@ -163,7 +164,7 @@ impl Scheduler<'_> {
                 }
             })
             .collect();
-        let result = draft.forward(&steps);
+        let result = draft.forward(&steps, &mut Vec::new());
         drop(steps);
         for p in prefills {
             match &result {

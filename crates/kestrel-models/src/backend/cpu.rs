@@ -75,7 +75,7 @@ impl CpuBackend {
                 layers,
                 embed: store.matrix("token_embd.weight", v, d)?,
                 output,
-                output_norm: store.vector("output_norm.weight", d)?,
+                output_norm: recipes::output_norm(store, &config)?,
                 pool: ThreadPool::new(threads),
                 path,
                 family,
