@@ -28,8 +28,10 @@ QB=$!
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $B/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site
 make_model() {  # make_model SHAPE OUT.gguf
-  python3 $B/make_dense_model.py /tmp/w/$1-f16.gguf $1 > /dev/null && \
-  /tmp/ll/trim/build/bin/llama-quantize /tmp/w/$1-f16.gguf $2 Q4_K_M 16 > /tmp/w/quant-$1.log 2>&1; local rc=$?
+  # llama.cpp's own quantizer when the bundle brought its source, else kestrel's (same bytes)
+  local Q="/tmp/ll/trim/build/bin/llama-quantize /tmp/w/$1-f16.gguf $2 Q4_K_M 16"
+  [ -x /tmp/ll/trim/build/bin/llama-quantize ] || Q="$K quantize /tmp/w/$1-f16.gguf $2 --type q4_k_m -t 16"
+  python3 $B/make_dense_model.py /tmp/w/$1-f16.gguf $1 > /dev/null && $Q > /tmp/w/quant-$1.log 2>&1; local rc=$?
   rm -f /tmp/w/$1-f16.gguf; ls -la $2; return $rc
 }
 profile() {  # profile MODEL NAME: per-kernel times of eager decode steps (ncu, clocks left alone)

@@ -391,7 +391,8 @@ pub fn check(
         if perf {
             let mut rng = kestrel_cuda::check::Rng::new(7);
             for (ty, us, gbs) in kestrel_cuda::check::perf_matvec(&mut gpu, &mut rng)? {
-                println!("perf mat-vec {ty:<5} 12288x4096, 1 token: {us:7.1} us, {gbs:6.0} GB/s of weights ({:.0}% of 4650)", 100.0 * gbs / 4650.0);
+                let shape = if ty.contains(' ') { "" } else { " 12288x4096" };
+                println!("perf mat-vec {ty:<5}{shape}, 1 token: {us:7.1} us, {gbs:6.0} GB/s of weights ({:.0}% of 4650)", 100.0 * gbs / 4650.0);
             }
         }
     }

@@ -108,7 +108,10 @@ impl HybridOps for CudaModel {
                 .arg(&t0)
                 .arg(&len)
                 .arg(&slot)
-                .launch(cfg((self.step.n_seqs as u32, ch.div_ceil(256) as u32, 1), 256))?;
+                .launch(cfg(
+                    (self.step.n_seqs as u32, ch.div_ceil(256) as u32, 1),
+                    256,
+                ))?;
         }
         self.wrote(out);
         Ok(())

@@ -30,6 +30,47 @@ pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
     }
 }
 
+/// Warps a one-token mat-vec should keep busy: 16 per SM of the H200's 132.
+const ROW_GROUP_WARPS: usize = 2048;
+
+/// Rows per warp of a one-token mat-vec over int8 activations: 2 where that still leaves
+/// [`ROW_GROUP_WARPS`] warps (and divides `rows` where `exact`), else 1. Measured on the H200
+/// (`kestrel gpu-check --perf`, the 8B's four decode shapes, Q4_K and Q6_K): two rows per warp
+/// were the fastest or within 8% of it on every shape, up to 25% faster than a row shared by
+/// 1-4 warps; four rows per warp were 5-15% slower again (docs/cuda.md).
+pub fn rows_per_warp(rows: usize, exact: bool) -> usize {
+    if rows / 2 >= ROW_GROUP_WARPS && (!exact || rows % 2 == 0) {
+        2
+    } else {
+        1
+    }
+}
+
+/// The mat-vec kernel for `nt` tokens over a `rows x cols` matrix of `kind` with epilogue
+/// `epi` (0 store, 1 add, 2 SwiGLU), and its grid of 128-thread blocks.
+pub fn matvec_kernel(
+    kind: crate::weights::Kind,
+    rows: usize,
+    cols: usize,
+    nt: usize,
+    epi: u32,
+) -> (String, u32) {
+    // the fused SwiGLU (two matrices per row already) stays on the warps-per-row kernel:
+    // 19.4 us on the 8B's 12288 x 4096 gate/up against 26.7 in row pairs (H200 profile)
+    if nt == 1 && kind.int8_activations() && epi != 2 {
+        let r = rows_per_warp(rows, false);
+        return (
+            format!("mv_{}_1_{epi}_r{r}", kind.name()),
+            rows.div_ceil(4 * r) as u32,
+        );
+    }
+    let wpr = warps_per_row(kind, cols);
+    (
+        format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()),
+        rows.div_ceil(4 / wpr) as u32,
+    )
+}
+
 impl CudaModel {
     /// Runs the deferred mat-vecs (one fused launch for two to four).
     pub(crate) fn flush_mm(&mut self) -> Result<()> {
@@ -60,7 +101,19 @@ impl CudaModel {
         let rows = self.rows(x);
         let (xp, cols) = self.buf(x);
         let nt = rows.next_power_of_two();
-        let f = self.gpu.func(&format!("mvx_{nt}"))?;
+        // one token over quantized matrices: row groups when every matrix's rows divide
+        let total_rows: usize = mats.iter().map(|m| m.1 as usize).sum();
+        let all_int8 = pend
+            .iter()
+            .all(|&(w, _)| self.matrix(w).is_ok_and(|m| m.kind.int8_activations()));
+        let r = match nt == 1 && all_int8 && mats.iter().all(|m| m.1 % 2 == 0) {
+            true => rows_per_warp(total_rows, true),
+            false => 1,
+        };
+        let f = match r {
+            1 => self.gpu.func(&format!("mvx_{nt}"))?,
+            r => self.gpu.func(&format!("mvx_1_r{r}"))?,
+        };
         let none = (0u64, 0i32, 0i32, 0u64);
         let m = |i: usize| mats.get(i).copied().unwrap_or(none);
         let (a, b, c, d) = (m(0), m(1), m(2), m(3));
@@ -91,7 +144,7 @@ impl CudaModel {
                 .arg(&q)
                 .arg(&qd)
                 .arg(&xp)
-                .launch(cfg((total.div_ceil(4) as u32, 1, 1), 128))?;
+                .launch(cfg((total.div_ceil(4 * r) as u32, 1, 1), 128))?;
         }
         for (_, out) in pend {
             self.wrote(out);
@@ -205,10 +258,8 @@ impl CudaModel {
         }
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
-        let wpr = warps_per_row(kind, wcols);
-        let f = self
-            .gpu
-            .func(&format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()))?;
+        let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
+        let f = self.gpu.func(&name)?;
         let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
@@ -226,7 +277,7 @@ impl CudaModel {
                 .arg(&xp)
                 .arg(&op)
                 .arg(&old)
-                .launch(cfg((wrows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
+                .launch(cfg((grid, 1, 1), 128))?;
         }
         Ok(())
     }

@@ -247,9 +247,7 @@ pub const STEP_SECTIONS: usize = 8;
 /// Floats per token of the hybrid models' buffers (0 for dense models).
 fn hybrid_floats(cfg: &ModelConfig) -> usize {
     match &cfg.hybrid {
-        Some(h) => {
-            3 * cfg.q_dim() + 2 * h.conv_channels() + 2 * h.value_dim() + 2 * h.n_v_heads
-        }
+        Some(h) => 3 * cfg.q_dim() + 2 * h.conv_channels() + 2 * h.value_dim() + 2 * h.n_v_heads,
         None => 0,
     }
 }
@@ -357,7 +355,9 @@ impl Scratch {
         self.seq_t0 = Sub { ptr: base + 5 * t };
         self.seq_len = Sub { ptr: base + 6 * t };
         self.seq_slot = Sub { ptr: base + 7 * t };
-        self.tables = Sub { ptr: base + STEP_SECTIONS as u64 * t };
+        self.tables = Sub {
+            ptr: base + STEP_SECTIONS as u64 * t,
+        };
         self
     }
 }
@@ -433,26 +433,33 @@ pub struct GpuShape {
 }
 
 /// A recipe's layer loader (from `kestrel_models::recipes`).
-type LoadLayer =
-    fn(&TensorStore, &ModelConfig, usize) -> std::result::Result<LayerWeights, kestrel_models::ModelError>;
+type LoadLayer = fn(
+    &TensorStore,
+    &ModelConfig,
+    usize,
+) -> std::result::Result<LayerWeights, kestrel_models::ModelError>;
 
 impl CudaModel {
     /// Uploads the weights of `store` and allocates the KV pool and scratch.
     pub fn load(gpu: Gpu, cfg: ModelConfig, store: &TensorStore, shape: &GpuShape) -> Result<Self> {
-        let (recipe, load_layer): (Recipe, LoadLayer) = match (cfg.arch, dense::Family::of(cfg.arch)) {
-            (Arch::Qwen35, _) => (Recipe::Hybrid, recipes::qwen35::load_layer),
-            (Arch::Llama, Some(f)) => (Recipe::Dense(f), recipes::llama::load_layer),
-            (Arch::Qwen2, Some(f)) => (Recipe::Dense(f), recipes::qwen2::load_layer),
-            (Arch::Qwen3, Some(f)) => (Recipe::Dense(f), recipes::qwen3::load_layer),
-            _ => {
-                return Err(CudaError::Unsupported(format!(
-                    "the {} architecture (llama, qwen2, qwen3 and qwen35 only)",
-                    cfg.arch.name()
-                )))
-            }
-        };
+        let (recipe, load_layer): (Recipe, LoadLayer) =
+            match (cfg.arch, dense::Family::of(cfg.arch)) {
+                (Arch::Qwen35, _) => (Recipe::Hybrid, recipes::qwen35::load_layer),
+                (Arch::Llama, Some(f)) => (Recipe::Dense(f), recipes::llama::load_layer),
+                (Arch::Qwen2, Some(f)) => (Recipe::Dense(f), recipes::qwen2::load_layer),
+                (Arch::Qwen3, Some(f)) => (Recipe::Dense(f), recipes::qwen3::load_layer),
+                _ => {
+                    return Err(CudaError::Unsupported(format!(
+                        "the {} architecture (llama, qwen2, qwen3 and qwen35 only)",
+                        cfg.arch.name()
+                    )))
+                }
+            };
         if let Some(h) = &cfg.hybrid {
-            if ![16, 32, 64, 128].contains(&h.head_k_dim) || h.conv_kernel > 8 || h.head_v_dim > 1024 {
+            if ![16, 32, 64, 128].contains(&h.head_k_dim)
+                || h.conv_kernel > 8
+                || h.head_v_dim > 1024
+            {
                 return Err(CudaError::Unsupported(format!(
                     "DeltaNet layers with head_k_dim {} / conv_kernel {} (16-128 / up to 8 on the GPU)",
                     h.head_k_dim, h.conv_kernel

@@ -65,8 +65,14 @@ impl CudaModel {
             Buf::Logits => (s.logits.ptr, c.vocab_size),
             Buf::QGate => (s.qgate.ptr, 2 * c.q_dim()),
             Buf::Gate => (s.gate.ptr, c.q_dim()),
-            Buf::Mixed => (s.mixed.ptr, c.hybrid.as_ref().map_or(0, |h| h.conv_channels())),
-            Buf::Conv => (s.conv.ptr, c.hybrid.as_ref().map_or(0, |h| h.conv_channels())),
+            Buf::Mixed => (
+                s.mixed.ptr,
+                c.hybrid.as_ref().map_or(0, |h| h.conv_channels()),
+            ),
+            Buf::Conv => (
+                s.conv.ptr,
+                c.hybrid.as_ref().map_or(0, |h| h.conv_channels()),
+            ),
             Buf::Z => (s.z.ptr, c.hybrid.as_ref().map_or(0, |h| h.value_dim())),
             Buf::Alpha => (s.alpha.ptr, c.hybrid.as_ref().map_or(0, |h| h.n_v_heads)),
             Buf::Beta => (s.beta.ptr, c.hybrid.as_ref().map_or(0, |h| h.n_v_heads)),
@@ -345,7 +351,14 @@ impl Ops for CudaModel {
             && m.rows == self.buf(out).1
             && matches!(
                 out,
-                Buf::Q | Buf::K | Buf::V | Buf::QGate | Buf::Mixed | Buf::Z | Buf::Alpha | Buf::Beta
+                Buf::Q
+                    | Buf::K
+                    | Buf::V
+                    | Buf::QGate
+                    | Buf::Mixed
+                    | Buf::Z
+                    | Buf::Alpha
+                    | Buf::Beta
             );
         if !fusable {
             return self.mm(w, None, x, out, false);

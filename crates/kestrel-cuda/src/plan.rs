@@ -122,7 +122,9 @@ impl std::fmt::Display for GpuPlan {
         write!(
             f,
             " = {:.0} MiB (limit {:.0} MiB of {:.0} MiB free)",
-            mib(self.total_bytes), mib(self.limit_bytes), mib(self.free_bytes)
+            mib(self.total_bytes),
+            mib(self.limit_bytes),
+            mib(self.free_bytes)
         )
     }
 }

@@ -84,7 +84,11 @@ fn cold_ttft_ms(engine: &Engine, prompt: &[u32], vocab: usize, salt: usize) -> R
     if let Some(first) = cold.first_mut() {
         *first = ((*first as usize + salt) % vocab) as u32;
     }
-    let usage = finish(engine.submit(request(cold, 1)).map_err(|e| anyhow!("{e}"))?)?;
+    let usage = finish(
+        engine
+            .submit(request(cold, 1))
+            .map_err(|e| anyhow!("{e}"))?,
+    )?;
     anyhow::ensure!(
         usage.cached_tokens == 0,
         "the cold request reused {} cached tokens",

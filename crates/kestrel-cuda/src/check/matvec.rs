@@ -13,102 +13,124 @@ use cudarc::driver::PushKernelArg;
 /// dequantized weights. 8-bit activations cost about 0.5% (one step of 127 per block):
 /// tolerance 1e-2 there, 1e-4 for f32 activations.
 pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
-    let (rows, cols) = (1536, 4096);
-    for kind in [
-        Kind::Q4K,
-        Kind::Q6K,
-        Kind::Q8_0,
-        Kind::Q5_0,
-        Kind::Q4_0,
-        Kind::F16,
-        Kind::F32,
-    ] {
-        let (file, w) = random_matrix(kind, rows, cols, rng)?;
-        let (file2, w2) = random_matrix(kind, rows, cols, rng)?;
-        let dw = gpu.upload(&to_device_layout(kind, &file))?;
-        let dw2 = gpu.upload(&to_device_layout(kind, &file2))?;
-        for nt in [1usize, 2, 4, 8] {
-            let x = rng.vec(nt * cols, 1.0);
-            let dx = gpu.upload_f32(&x)?;
-            let dq = gpu.alloc(nt * cols)?;
-            let dd = gpu.alloc(nt * cols / 32 * 8)?;
-            let f = gpu.func("quantize_q")?;
-            let n = cols as i32;
-            // SAFETY: buffers sized above; arguments match the kernel.
-            unsafe {
-                gpu.stream
-                    .launch_builder(&f)
-                    .arg(&dx.ptr)
-                    .arg(&dq.ptr)
-                    .arg(&dd.ptr)
-                    .arg(&n)
-                    .launch(cfg((nt as u32, 1, 1), 256))?;
-            }
-            // f64 dots, once per token count
-            let mut g1 = vec![0f64; nt * rows];
-            let mut g2 = vec![0f64; nt * rows];
-            for t in 0..nt {
-                let xt = &x[t * cols..(t + 1) * cols];
-                for r in 0..rows {
-                    let dot = |m: &[f32]| -> f64 {
-                        m[r * cols..(r + 1) * cols]
-                            .iter()
-                            .zip(xt)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum()
-                    };
-                    g1[t * rows + r] = dot(&w);
-                    g2[t * rows + r] = dot(&w2);
+    // the second shape's row count is no multiple of 4: the row groups' last warp is partial
+    for (rows, cols) in [(1536, 4096), (1533, 1024)] {
+        for kind in [
+            Kind::Q4K,
+            Kind::Q6K,
+            Kind::Q8_0,
+            Kind::Q5_0,
+            Kind::Q4_0,
+            Kind::F16,
+            Kind::F32,
+        ] {
+            let (file, w) = random_matrix(kind, rows, cols, rng)?;
+            let (file2, w2) = random_matrix(kind, rows, cols, rng)?;
+            let dw = gpu.upload(&to_device_layout(kind, &file))?;
+            let dw2 = gpu.upload(&to_device_layout(kind, &file2))?;
+            for nt in [1usize, 2, 4, 8] {
+                let x = rng.vec(nt * cols, 1.0);
+                let dx = gpu.upload_f32(&x)?;
+                let dq = gpu.alloc(nt * cols)?;
+                let dd = gpu.alloc(nt * cols / 32 * 8)?;
+                let f = gpu.func("quantize_q")?;
+                let n = cols as i32;
+                // SAFETY: buffers sized above; arguments match the kernel.
+                unsafe {
+                    gpu.stream
+                        .launch_builder(&f)
+                        .arg(&dx.ptr)
+                        .arg(&dq.ptr)
+                        .arg(&dd.ptr)
+                        .arg(&n)
+                        .launch(cfg((nt as u32, 1, 1), 256))?;
                 }
-            }
-            let wprs: &[usize] = if kind.int8_activations() {
-                &[1, 2, 4]
-            } else {
-                &[1, 4]
-            };
-            for epi in 0..3 {
-                for &wpr in wprs {
-                    let base = rng.vec(nt * rows, 1.0);
-                    let dout = gpu.upload_f32(&base)?;
-                    let f = gpu.func(&format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()))?;
-                    let (r, c) = (rows as i32, cols as i32);
-                    // SAFETY: as above.
-                    unsafe {
-                        gpu.stream
-                            .launch_builder(&f)
-                            .arg(&dw.ptr)
-                            .arg(&dw2.ptr)
-                            .arg(&r)
-                            .arg(&c)
-                            .arg(&dq.ptr)
-                            .arg(&dd.ptr)
-                            .arg(&c)
-                            .arg(&dx.ptr)
-                            .arg(&dout.ptr)
-                            .arg(&r)
-                            .launch(cfg((rows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
+                // f64 dots, once per token count
+                let mut g1 = vec![0f64; nt * rows];
+                let mut g2 = vec![0f64; nt * rows];
+                for t in 0..nt {
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    for r in 0..rows {
+                        let dot = |m: &[f32]| -> f64 {
+                            m[r * cols..(r + 1) * cols]
+                                .iter()
+                                .zip(xt)
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum()
+                        };
+                        g1[t * rows + r] = dot(&w);
+                        g2[t * rows + r] = dot(&w2);
                     }
-                    let got = gpu.read_f32(dout.ptr, nt * rows)?;
-                    let want: Vec<f32> = (0..nt * rows)
-                        .map(|i| {
-                            let g = g1[i];
-                            (match epi {
-                                0 => g,
-                                1 => base[i] as f64 + g,
-                                _ => g / (1.0 + (-g).exp()) * g2[i],
-                            }) as f32
+                }
+                let wprs: &[usize] = if kind.int8_activations() {
+                    &[1, 2, 4]
+                } else {
+                    &[1, 4]
+                };
+                for epi in 0..3 {
+                    // (kernel, grid, label): warps per row; one token also in row groups
+                    let mut kernels: Vec<(String, u32, String)> = wprs
+                        .iter()
+                        .map(|&wpr| {
+                            (
+                                format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()),
+                                rows.div_ceil(4 / wpr) as u32,
+                                format!("warps/row {wpr}"),
+                            )
                         })
                         .collect();
-                    let tol = if kind.int8_activations() { 1e-2 } else { 1e-4 };
-                    out.push(CaseResult {
-                        op: format!(
-                            "matvec {} [{rows}x{cols}] tokens {nt} epilogue {} warps/row {wpr}",
-                            kind.name(),
-                            ["store", "add", "swiglu"][epi]
-                        ),
-                        err: rel_err(&got, &want),
-                        tol,
-                    });
+                    if nt == 1 && kind.int8_activations() {
+                        for r in [1usize, 2, 4] {
+                            kernels.push((
+                                format!("mv_{}_1_{epi}_r{r}", kind.name()),
+                                rows.div_ceil(4 * r) as u32,
+                                format!("rows/warp {r}"),
+                            ));
+                        }
+                    }
+                    for (name, grid, label) in &kernels {
+                        let base = rng.vec(nt * rows, 1.0);
+                        let dout = gpu.upload_f32(&base)?;
+                        let f = gpu.func(name)?;
+                        let (r, c) = (rows as i32, cols as i32);
+                        // SAFETY: as above.
+                        unsafe {
+                            gpu.stream
+                                .launch_builder(&f)
+                                .arg(&dw.ptr)
+                                .arg(&dw2.ptr)
+                                .arg(&r)
+                                .arg(&c)
+                                .arg(&dq.ptr)
+                                .arg(&dd.ptr)
+                                .arg(&c)
+                                .arg(&dx.ptr)
+                                .arg(&dout.ptr)
+                                .arg(&r)
+                                .launch(cfg((*grid, 1, 1), 128))?;
+                        }
+                        let got = gpu.read_f32(dout.ptr, nt * rows)?;
+                        let want: Vec<f32> = (0..nt * rows)
+                            .map(|i| {
+                                let g = g1[i];
+                                (match epi {
+                                    0 => g,
+                                    1 => base[i] as f64 + g,
+                                    _ => g / (1.0 + (-g).exp()) * g2[i],
+                                }) as f32
+                            })
+                            .collect();
+                        let tol = if kind.int8_activations() { 1e-2 } else { 1e-4 };
+                        out.push(CaseResult {
+                            op: format!(
+                                "matvec {} [{rows}x{cols}] tokens {nt} epilogue {} {label}",
+                                kind.name(),
+                                ["store", "add", "swiglu"][epi]
+                            ),
+                            err: rel_err(&got, &want),
+                            tol,
+                        });
+                    }
                 }
             }
         }
@@ -121,11 +143,31 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
 pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     let cols = 1536;
     for (kinds, rows, nt) in [
-        (vec![Kind::Q4K, Kind::Q4K, Kind::Q6K], vec![512usize, 128, 128], 1usize),
-        (vec![Kind::Q8_0, Kind::Q5_0, Kind::Q4_0], vec![512, 128, 128], 4),
-        (vec![Kind::F32, Kind::F16, Kind::F32], vec![512, 128, 128], 2),
-        (vec![Kind::Q4K, Kind::Q4K, Kind::Q4K, Kind::Q6K], vec![384, 256, 16, 16], 1),
-        (vec![Kind::Q6K, Kind::Q4K, Kind::Q8_0, Kind::Q8_0], vec![384, 256, 16, 16], 8),
+        (
+            vec![Kind::Q4K, Kind::Q4K, Kind::Q6K],
+            vec![512usize, 128, 128],
+            1usize,
+        ),
+        (
+            vec![Kind::Q8_0, Kind::Q5_0, Kind::Q4_0],
+            vec![512, 128, 128],
+            4,
+        ),
+        (
+            vec![Kind::F32, Kind::F16, Kind::F32],
+            vec![512, 128, 128],
+            2,
+        ),
+        (
+            vec![Kind::Q4K, Kind::Q4K, Kind::Q4K, Kind::Q6K],
+            vec![384, 256, 16, 16],
+            1,
+        ),
+        (
+            vec![Kind::Q6K, Kind::Q4K, Kind::Q8_0, Kind::Q8_0],
+            vec![384, 256, 16, 16],
+            8,
+        ),
     ] {
         let n_mats = kinds.len();
         let mats: Vec<(Vec<u8>, Vec<f32>)> = (0..n_mats)
@@ -134,151 +176,212 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         let devs: Vec<_> = (0..n_mats)
             .map(|i| gpu.upload(&to_device_layout(kinds[i], &mats[i].0)))
             .collect::<Result<_>>()?;
-        let outs: Vec<_> = (0..n_mats)
-            .map(|i| gpu.alloc(nt * rows[i] * 4))
-            .collect::<Result<_>>()?;
         let x = rng.vec(nt * cols, 1.0);
         let dx = gpu.upload_f32(&x)?;
         let (dq, dd) = (gpu.alloc(nt * cols)?, gpu.alloc(nt * cols / 32 * 8)?);
         let qf = gpu.func("quantize_q")?;
         let n = cols as i32;
-        let f = gpu.func(&format!("mvx_{}", nt.next_power_of_two()))?;
-        // absent matrices: no rows
-        let (mut r, mut ty, mut wp, mut op) = (vec![0i32; 4], vec![0i32; 4], vec![0u64; 4], vec![0u64; 4]);
-        for i in 0..n_mats {
-            (r[i], ty[i], wp[i], op[i]) = (rows[i] as i32, kinds[i] as i32, devs[i].ptr, outs[i].ptr);
+        let quantized = kinds.iter().all(|k| k.int8_activations());
+        let mut kernels = vec![(format!("mvx_{}", nt.next_power_of_two()), 1usize)];
+        if nt == 1 && quantized {
+            for r in [2usize, 4] {
+                if rows.iter().all(|n| n % r == 0) {
+                    kernels.push((format!("mvx_1_r{r}"), r));
+                }
+            }
         }
-        let total = rows.iter().sum::<usize>();
-        // SAFETY: as in check_matvec.
-        unsafe {
-            gpu.stream
-                .launch_builder(&qf)
-                .arg(&dx.ptr)
-                .arg(&dq.ptr)
-                .arg(&dd.ptr)
-                .arg(&n)
-                .launch(cfg((nt as u32, 6, 1), 256))?;
-            gpu.stream
-                .launch_builder(&f)
-                .arg(&wp[0])
-                .arg(&r[0])
-                .arg(&ty[0])
-                .arg(&op[0])
-                .arg(&wp[1])
-                .arg(&r[1])
-                .arg(&ty[1])
-                .arg(&op[1])
-                .arg(&wp[2])
-                .arg(&r[2])
-                .arg(&ty[2])
-                .arg(&op[2])
-                .arg(&wp[3])
-                .arg(&r[3])
-                .arg(&ty[3])
-                .arg(&op[3])
-                .arg(&n)
-                .arg(&dq.ptr)
-                .arg(&dd.ptr)
-                .arg(&dx.ptr)
-                .launch(cfg((total.div_ceil(4) as u32, 1, 1), 128))?;
-        }
-        for i in 0..n_mats {
-            let got = gpu.read_f32(outs[i].ptr, nt * rows[i])?;
-            let w = &mats[i].1;
-            let want: Vec<f32> = (0..nt * rows[i])
-                .map(|j| {
-                    let (t, row) = (j / rows[i], j % rows[i]);
-                    w[row * cols..(row + 1) * cols]
-                        .iter()
-                        .zip(&x[t * cols..(t + 1) * cols])
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>() as f32
-                })
-                .collect();
-            let tol = if kinds[i].int8_activations() {
-                1e-2
-            } else {
-                1e-4
-            };
-            out.push(CaseResult {
-                op: format!(
-                    "fused mat-vec, part {i} of {n_mats}: {} [{}x{cols}] tokens {nt}",
-                    kinds[i].name(),
-                    rows[i]
-                ),
-                err: rel_err(&got, &want),
-                tol,
-            });
+        for (name, rpw) in kernels {
+            // outputs poisoned with NaN: a row the kernel leaves unwritten fails
+            let outs: Vec<_> = (0..n_mats)
+                .map(|i| gpu.upload_f32(&vec![f32::NAN; nt * rows[i]]))
+                .collect::<Result<_>>()?;
+            let f = gpu.func(&name)?;
+            // absent matrices: no rows
+            let (mut r, mut ty, mut wp, mut op) =
+                (vec![0i32; 4], vec![0i32; 4], vec![0u64; 4], vec![0u64; 4]);
+            for i in 0..n_mats {
+                (r[i], ty[i], wp[i], op[i]) =
+                    (rows[i] as i32, kinds[i] as i32, devs[i].ptr, outs[i].ptr);
+            }
+            let total = rows.iter().sum::<usize>();
+            // SAFETY: as in check_matvec.
+            unsafe {
+                gpu.stream
+                    .launch_builder(&qf)
+                    .arg(&dx.ptr)
+                    .arg(&dq.ptr)
+                    .arg(&dd.ptr)
+                    .arg(&n)
+                    .launch(cfg((nt as u32, 6, 1), 256))?;
+                gpu.stream
+                    .launch_builder(&f)
+                    .arg(&wp[0])
+                    .arg(&r[0])
+                    .arg(&ty[0])
+                    .arg(&op[0])
+                    .arg(&wp[1])
+                    .arg(&r[1])
+                    .arg(&ty[1])
+                    .arg(&op[1])
+                    .arg(&wp[2])
+                    .arg(&r[2])
+                    .arg(&ty[2])
+                    .arg(&op[2])
+                    .arg(&wp[3])
+                    .arg(&r[3])
+                    .arg(&ty[3])
+                    .arg(&op[3])
+                    .arg(&n)
+                    .arg(&dq.ptr)
+                    .arg(&dd.ptr)
+                    .arg(&dx.ptr)
+                    .launch(cfg((total.div_ceil(4 * rpw) as u32, 1, 1), 128))?;
+            }
+            for i in 0..n_mats {
+                let got = gpu.read_f32(outs[i].ptr, nt * rows[i])?;
+                let w = &mats[i].1;
+                let want: Vec<f32> = (0..nt * rows[i])
+                    .map(|j| {
+                        let (t, row) = (j / rows[i], j % rows[i]);
+                        w[row * cols..(row + 1) * cols]
+                            .iter()
+                            .zip(&x[t * cols..(t + 1) * cols])
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>() as f32
+                    })
+                    .collect();
+                let tol = if kinds[i].int8_activations() {
+                    1e-2
+                } else {
+                    1e-4
+                };
+                out.push(CaseResult {
+                    op: format!(
+                        "fused mat-vec ({name}), part {i} of {n_mats}: {} [{}x{cols}] tokens {nt}",
+                        kinds[i].name(),
+                        rows[i]
+                    ),
+                    err: rel_err(&got, &want),
+                    tol,
+                });
+            }
         }
     }
     Ok(())
 }
 
-/// Mat-vec speed per type on an 8B-shape FFN matrix (12288 x 4096): GB/s of weights read.
+/// Mat-vec speed per type: GB/s of weights read, one token. Each line: (label, us per launch,
+/// GB/s). The first line of a type is the kernel decode uses on the 8B's FFN shape (12288 x
+/// 4096), timed as stream launches as every earlier release measured it; for the K-quants
+/// the 8B's other decode shapes follow, each with the kernel decode picks and the other
+/// warps-per-row and rows-per-warp variants, timed as 200 launches replayed from one CUDA
+/// graph (as decode runs: no launch gaps), so they compare among themselves.
 pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
-    let (rows, cols) = (12288usize, 4096usize);
     let mut res = Vec::new();
     for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
-        // random bytes (speed does not depend on the values); 8 copies rotate so the 50 MB
-        // L2 never holds the weights
-        let rb = kestrel_quant::row_bytes(ggml(kind), cols)
-            .map_err(|e| CudaError::Other(e.to_string()))?;
-        let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
-        let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;
-        let dx = gpu.upload_f32(&rng.vec(cols, 1.0))?;
-        let (dq, dd, dout) = (
-            gpu.alloc(cols)?,
-            gpu.alloc(cols / 32 * 8)?,
-            gpu.alloc(rows * 4)?,
-        );
-        let qf = gpu.func("quantize_q")?;
-        let n = cols as i32;
-        let wpr = crate::ops::warps_per_row(kind, cols);
-        let f = gpu.func(&format!("mv_{}_1_0_{wpr}", kind.name()))?;
-        let (r, c) = (rows as i32, cols as i32);
-        // SAFETY: as in check_matvec.
-        unsafe {
-            gpu.stream
-                .launch_builder(&qf)
-                .arg(&dx.ptr)
-                .arg(&dq.ptr)
-                .arg(&dd.ptr)
-                .arg(&n)
-                .launch(cfg((1, 1, 1), 256))?;
-        }
-        let reps = 200;
-        let launch = |i: usize| -> Result<()> {
-            let w = copies[i % copies.len()].ptr;
+        let kquant = matches!(kind, Kind::Q4K | Kind::Q6K);
+        let shapes: &[(usize, usize)] = if kquant {
+            &[(12288, 4096), (4096, 12288), (6144, 4096), (4096, 4096)]
+        } else {
+            &[(12288, 4096)]
+        };
+        for (si, &(rows, cols)) in shapes.iter().enumerate() {
+            // random bytes (speed does not depend on the values); 8 copies rotate so the
+            // 50 MB L2 never holds the weights
+            let rb = kestrel_quant::row_bytes(ggml(kind), cols)
+                .map_err(|e| CudaError::Other(e.to_string()))?;
+            let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+            let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;
+            let dx = gpu.upload_f32(&rng.vec(cols, 1.0))?;
+            let (dq, dd, dout) = (
+                gpu.alloc(cols)?,
+                gpu.alloc(cols / 32 * 8)?,
+                gpu.alloc(rows * 4)?,
+            );
+            let qf = gpu.func("quantize_q")?;
+            let n = cols as i32;
             // SAFETY: as in check_matvec.
             unsafe {
                 gpu.stream
-                    .launch_builder(&f)
-                    .arg(&w)
-                    .arg(&w)
-                    .arg(&r)
-                    .arg(&c)
+                    .launch_builder(&qf)
+                    .arg(&dx.ptr)
                     .arg(&dq.ptr)
                     .arg(&dd.ptr)
-                    .arg(&c)
-                    .arg(&dx.ptr)
-                    .arg(&dout.ptr)
-                    .arg(&r)
-                    .launch(cfg((rows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
+                    .arg(&n)
+                    .launch(cfg((1, 1, 1), 256))?;
             }
-            Ok(())
-        };
-        for i in 0..20 {
-            launch(i)?;
+            let mut variants = vec![crate::matmul::matvec_kernel(kind, rows, cols, 1, 0)];
+            if kquant {
+                for w in [1usize, 2, 4] {
+                    variants.push((
+                        format!("mv_{}_1_0_{w}", kind.name()),
+                        rows.div_ceil(4 / w) as u32,
+                    ));
+                }
+                for r in [1usize, 2, 4] {
+                    variants.push((
+                        format!("mv_{}_1_0_r{r}", kind.name()),
+                        rows.div_ceil(4 * r) as u32,
+                    ));
+                }
+            }
+            let (r, c) = (rows as i32, cols as i32);
+            for (vi, (name, grid)) in variants.iter().enumerate() {
+                let f = gpu.func(name)?;
+                let launch = |gpu: &Gpu, i: usize| -> Result<()> {
+                    let w = copies[i % copies.len()].ptr;
+                    // SAFETY: as in check_matvec.
+                    unsafe {
+                        gpu.stream
+                            .launch_builder(&f)
+                            .arg(&w)
+                            .arg(&w)
+                            .arg(&r)
+                            .arg(&c)
+                            .arg(&dq.ptr)
+                            .arg(&dd.ptr)
+                            .arg(&c)
+                            .arg(&dx.ptr)
+                            .arg(&dout.ptr)
+                            .arg(&r)
+                            .launch(cfg((*grid, 1, 1), 128))?;
+                    }
+                    Ok(())
+                };
+                let reps = 200;
+                for i in 0..20 {
+                    launch(gpu, i)?;
+                }
+                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let first = si == 0 && vi == 0;
+                let g = if first {
+                    None
+                } else {
+                    let stream = gpu.stream.clone();
+                    stream.begin_capture(
+                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                    )?;
+                    let r = (0..reps).try_for_each(|i| launch(gpu, i));
+                    let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+                    r?;
+                    g?
+                };
+                let e0 = gpu.stream.record_event(timing)?;
+                match &g {
+                    Some(g) => g.launch()?,
+                    None => (0..reps).try_for_each(|i| launch(gpu, i))?,
+                }
+                let e1 = gpu.stream.record_event(timing)?;
+                e1.synchronize()?;
+                let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64;
+                let label = match (first, vi) {
+                    (true, _) => kind.name().to_string(),
+                    (false, 0) => format!("{rows}x{cols} {name} (decode's, graph)"),
+                    _ => format!("{rows}x{cols} {name} (graph)"),
+                };
+                res.push((label, us, dev.len() as f64 / us / 1e3));
+            }
         }
-        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let e0 = gpu.stream.record_event(timing)?;
-        for i in 0..reps {
-            launch(i)?;
-        }
-        let e1 = gpu.stream.record_event(timing)?;
-        e1.synchronize()?;
-        let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64;
-        res.push((kind.name().to_string(), us, dev.len() as f64 / us / 1e3));
     }
     Ok(res)
 }

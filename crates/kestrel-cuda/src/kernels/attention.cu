@@ -88,8 +88,10 @@ extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* part
             int h = i / hd, e = i % hd;
             const float* p = partial + (u64)(t * n_heads + h) * n_splits * (hd + 2);
             float M = -INFINITY;
+#pragma unroll 8
             for (int s = 0; s < n_splits; s++) M = fmaxf(M, p[s * (hd + 2)]);
             float a = 0.f, L = 0.f;
+#pragma unroll 8
             for (int s = 0; s < n_splits; s++) {
                 float ms = p[s * (hd + 2)];
                 if (ms == -INFINITY) continue;

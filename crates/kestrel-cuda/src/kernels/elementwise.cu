@@ -10,9 +10,19 @@
 extern "C" __global__ void __launch_bounds__(256) rms_norm_q(const float* x, const float* w, float* out,
                                                              i8* q, float2* qd, int n, float eps) {
     const float* xr = x + (u64)blockIdx.x * n;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss);
+    // four independent loads in flight per thread (a loop of one load at a time waits one L2
+    // round trip per element: 8 us for a 4096-wide row)
+    float s4[4] = {0.f, 0.f, 0.f, 0.f};
+    int i = threadIdx.x;
+    for (; i + 3 * (int)blockDim.x < n; i += 4 * blockDim.x) {
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = xr[i + j * blockDim.x];
+#pragma unroll
+        for (int j = 0; j < 4; j++) s4[j] += v[j] * v[j];
+    }
+    for (; i < n; i += blockDim.x) s4[0] += xr[i] * xr[i];
+    float ss = block_sum((s4[0] + s4[1]) + (s4[2] + s4[3]));
     float scale = rsqrtf(ss / (float)n + eps);
     float* orow = out + (u64)blockIdx.x * n;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -194,6 +194,58 @@ __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restr
     mv_finish<NT, EPI, WPR>(acc, acc2, active, row, out, old);
 }
 
+// One token, R rows per warp (decode): each lane keeps R rows' (and, for the SwiGLU, both
+// matrices') loads in flight before it waits, instead of one unit at a time; no branch between
+// them (rows past the end re-read the last row, only the stores are guarded). Rows
+// row0 .. row0 + R - 1 of W (and W2); out gets the epilogue as in mv_finish.
+template <int TY, int EPI, int R>
+__device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
+                                         int cols, int row0, const i8* __restrict__ xq,
+                                         const float2* __restrict__ xd, float* __restrict__ out) {
+    int lane = threadIdx.x & 31;
+    int bpr = cols / Blk<TY>::QK;
+    u64 nblk = (u64)rows * bpr;
+    int units = cols / Blk<TY>::UNIT;
+    float acc[R][1], acc2[R][1];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][0] = acc2[r][0] = 0.f;
+#pragma unroll 2
+    for (int u = lane; u < units; u += 32) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int row = min(row0 + r, rows - 1);
+            unit_acc<TY, 1>(W, nblk, row, bpr, u, xq, xd, cols, acc[r]);
+            if (EPI == 2) unit_acc<TY, 1>(W2, nblk, row, bpr, u, xq, xd, cols, acc2[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = warp_sum(acc[r][0]);
+        float v2 = EPI == 2 ? warp_sum(acc2[r][0]) : 0.f;
+        if (lane == 0 && row0 + r < rows) {
+            float* o = out + row0 + r;
+            if (EPI == 0) *o = v;
+            else if (EPI == 1) *o += v;
+            else *o = silu(v) * v2;
+        }
+    }
+}
+
+#define MVR1(NAME, TY, EPI, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
+        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
+        const float* xf, float* out, int old) {                                                  \
+        rows_acc<TY, EPI, R>(W, W2, rows, cols, (blockIdx.x * 4 + (threadIdx.x >> 5)) * R, xq, xd, out); \
+    }
+#define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
+    MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
+    MVR1(NAME, TY, 0, 4) MVR1(NAME, TY, 1, 4) MVR1(NAME, TY, 2, 4)
+MVR(q4_0, T_Q4_0)
+MVR(q5_0, T_Q5_0)
+MVR(q8_0, T_Q8_0)
+MVR(q4_k, T_Q4_K)
+MVR(q6_k, T_Q6_K)
+
 // F32 / F16 weights dot f32 activations (tiny models, norms kept as matrices, F16 outputs).
 template <int TY, int NT>
 __device__ __forceinline__ void unit_acc_f(const u8* __restrict__ W, int row, int cols, int u,
@@ -309,6 +361,44 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
     case T_Q6_K: mvx_row<T_Q6_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
     }
 }
+
+// One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
+// lie in one matrix when every matrix's row count is a multiple of R (the host checks).
+template <int R>
+__device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
+                                      float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
+                                      int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
+                                      const float* xf) {
+    int g = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;
+    const u8* W;
+    int rows, ty, row;
+    float* out;
+    if (g < r0) { W = W0; rows = r0; ty = t0; row = g; out = o0; }
+    else if (g < r0 + r1) { W = W1; rows = r1; ty = t1; row = g - r0; out = o1; }
+    else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
+    else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
+    else return;
+    switch (ty) {
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    default:  // f32 / f16 (the host takes R = 1 for those)
+        for (int r = 0; r < R && row + r < rows; r++) {
+            if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, out);
+            else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, out);
+        }
+    }
+}
+#define MVXR(R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
+        const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
+        const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
+        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
+        mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
+    }
+MVXR(2) MVXR(4)
 
 #define MVX(NT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) mvx_##NT(                                  \

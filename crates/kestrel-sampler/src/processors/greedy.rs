@@ -48,6 +48,10 @@ mod tests {
             c.fill(logits);
             assert_eq!(argmax_logits(logits), argmax(&c), "{logits:?}");
         }
-        assert_eq!(argmax_logits(&[1.0, 3.0, 3.0, 2.0]), Some(1), "ties: the lowest id");
+        assert_eq!(
+            argmax_logits(&[1.0, 3.0, 3.0, 2.0]),
+            Some(1),
+            "ties: the lowest id"
+        );
     }
 }
