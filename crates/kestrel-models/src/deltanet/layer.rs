@@ -9,7 +9,7 @@
 //! x += W_out (rms_norm(o) * w * silu(h W_z))   per value head
 //! ```
 
-use super::conv::{conv_silu_rows, silu, slide_window};
+use super::conv::{conv_silu_rows, slide_window};
 use super::rule::{self, HeadSeq};
 use super::state::StatePool;
 use super::DeltaNetConfig;
@@ -170,7 +170,8 @@ pub fn forward(
     let mut hn = vec![0f32; x.len()];
     ops::rms_norm_into(x, &w.norm, eps, &mut hn);
     tap("attn_norm", layer, &hn);
-    let [qkv, z, alpha, beta_in] = ctx.matmul_fused([&w.qkv, &w.z, &w.alpha, &w.beta], &hn)?;
+    let [qkv, mut z, alpha, beta_in] =
+        ctx.matmul_fused([&w.qkv, &w.z, &w.alpha, &w.beta], &hn)?;
     tap("linear_attn_qkv_mixed", layer, &qkv);
 
     // short convolution + SiLU, per sequence, through its window; long runs split over
@@ -297,15 +298,13 @@ pub fn forward(
     });
     tap("attn_output", layer, &o);
 
-    // gated RMSNorm per value head: norm(o) * w * silu(z)
-    for (oh, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact(dv)) {
+    // gated RMSNorm per value head: silu(z) * norm(o) * w, into z (16 lanes of exp at a time)
+    for (oh, zh) in o.chunks_exact_mut(dv).zip(z.chunks_exact_mut(dv)) {
         ops::rms_norm(oh, &w.out_norm, eps);
-        for (a, &b) in oh.iter_mut().zip(zh) {
-            *a *= silu(b);
-        }
+        crate::vexp::swiglu_row(zh, oh);
     }
-    tap("final_output", layer, &o);
-    let y = ctx.matmul(&w.out, &o)?;
+    tap("final_output", layer, &z);
+    let y = ctx.matmul(&w.out, &z)?;
     tap("linear_attn_out", layer, &y);
     ops::add_in_place(x, &y);
     tap("ffn_inp", layer, x);
