@@ -170,8 +170,7 @@ pub fn forward(
     let mut hn = vec![0f32; x.len()];
     ops::rms_norm_into(x, &w.norm, eps, &mut hn);
     tap("attn_norm", layer, &hn);
-    let [qkv, mut z, alpha, beta_in] =
-        ctx.matmul_fused([&w.qkv, &w.z, &w.alpha, &w.beta], &hn)?;
+    let [qkv, mut z, alpha, beta_in] = ctx.matmul_fused([&w.qkv, &w.z, &w.alpha, &w.beta], &hn)?;
     tap("linear_attn_qkv_mixed", layer, &qkv);
 
     // short convolution + SiLU, per sequence, through its window; long runs split over
