@@ -23,6 +23,22 @@ pub fn conv_silu_rows(
     out: &mut [f32],
     rows: std::ops::Range<usize>,
 ) {
+    for (i, t) in rows.enumerate() {
+        conv_silu_channels(x, taps, c, window, &mut out[i * c..(i + 1) * c], t, 0..c);
+    }
+}
+
+/// Token `t`'s outputs for channels `chans` only (`out`: `chans.len()` values), so one token's
+/// channels can run as separate tasks (decode); the window is read, not changed.
+pub fn conv_silu_channels(
+    x: &[f32],
+    taps: &[f32],
+    c: usize,
+    window: &[f32],
+    out: &mut [f32],
+    t: usize,
+    chans: std::ops::Range<usize>,
+) {
     let k = taps.len() / c;
     let hist = k - 1;
     debug_assert_eq!(window.len(), hist * c);
@@ -36,19 +52,17 @@ pub fn conv_silu_rows(
             &x[r * c..(r + 1) * c]
         }
     };
-    for (i, t) in rows.enumerate() {
-        let acc = &mut out[i * c..(i + 1) * c];
-        acc.fill(0.0);
-        for j in 0..k {
-            let src = input(t as isize - hist as isize + j as isize);
-            let w = &taps[j * c..(j + 1) * c];
-            for ((a, &wv), &xv) in acc.iter_mut().zip(w).zip(src) {
-                *a += wv * xv;
-            }
+    let acc = &mut out[..chans.len()];
+    acc.fill(0.0);
+    for j in 0..k {
+        let src = &input(t as isize - hist as isize + j as isize)[chans.clone()];
+        let w = &taps[j * c..(j + 1) * c][chans.clone()];
+        for ((a, &wv), &xv) in acc.iter_mut().zip(w).zip(src) {
+            *a += wv * xv;
         }
-        for a in acc.iter_mut() {
-            *a = silu(*a);
-        }
+    }
+    for a in acc.iter_mut() {
+        *a = silu(*a);
     }
 }
 
@@ -127,5 +141,14 @@ mod tests {
         slide_window(&x, c, &mut window3);
         assert_eq!(got3, want);
         assert_eq!(window3, window);
+        // one token's channels in two ranges
+        let window4 = vec![0f32; (k - 1) * c];
+        for t in 0..t_len {
+            let mut o = vec![0f32; c];
+            let (lo, hi) = o.split_at_mut(2);
+            conv_silu_channels(&x, &taps, c, &window4, lo, t, 0..2);
+            conv_silu_channels(&x, &taps, c, &window4, hi, t, 2..c);
+            assert_eq!(o, want[t * c..(t + 1) * c]);
+        }
     }
 }

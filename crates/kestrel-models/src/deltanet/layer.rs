@@ -9,7 +9,7 @@
 //! x += W_out (rms_norm(o) * w * silu(h W_z))   per value head
 //! ```
 
-use super::conv::{conv_silu_rows, slide_window};
+use super::conv::{conv_silu_channels, conv_silu_rows, slide_window};
 use super::rule::{self, HeadSeq};
 use super::state::StatePool;
 use super::DeltaNetConfig;
@@ -106,7 +106,6 @@ struct TaskScratch {
     g: Vec<f64>,
     beta: Vec<f64>,
     out: Vec<f64>,
-    delta: Vec<f64>,
     rule: rule::Scratch,
 }
 
@@ -119,7 +118,6 @@ impl TaskScratch {
             (&mut self.g, n),
             (&mut self.beta, n),
             (&mut self.out, n * dv),
-            (&mut self.delta, dv),
         ] {
             if buf.len() < len {
                 buf.resize(len, 0.0);
@@ -174,30 +172,47 @@ pub fn forward(
     tap("linear_attn_qkv_mixed", layer, &qkv);
 
     // short convolution + SiLU, per sequence, through its window; long runs split over
-    // token ranges on the pool (each task reads the window, which slides afterwards)
+    // token ranges on the pool, a single token (decode) over channel ranges (each task reads
+    // the window, which slides afterwards)
     let mut conv = vec![0f32; t_len * ch];
     {
-        let parts: Vec<(usize, std::ops::Range<usize>)> = ctx
+        let chan_parts = ctx.pool.n_threads().min(ch / 16).max(1);
+        let parts: Vec<(usize, std::ops::Range<usize>, std::ops::Range<usize>)> = ctx
             .seqs
             .iter()
             .enumerate()
-            .flat_map(|(si, s)| {
-                let step = CONV_ROWS.min(s.len).max(1);
-                (0..s.len)
-                    .step_by(step)
-                    .map(move |a| (si, a..(a + step).min(s.len)))
+            .flat_map(|(si, s)| -> Vec<_> {
+                if s.len == 1 {
+                    let step = ch.div_ceil(chan_parts);
+                    (0..ch)
+                        .step_by(step)
+                        .map(|lo| (si, 0..1, lo..(lo + step).min(ch)))
+                        .collect()
+                } else {
+                    (0..s.len)
+                        .step_by(CONV_ROWS.min(s.len).max(1))
+                        .map(|a| (si, a..(a + CONV_ROWS).min(s.len), 0..ch))
+                        .collect()
+                }
             })
             .collect();
         let windows: Vec<&[f32]> = ctx.seqs.iter().map(|s| states.layer(s.slot, r).0).collect();
         let conv_ptr = SharedMut::new(&mut conv);
         let qkv_in = &qkv;
         ctx.pool.run(parts.len(), &|task| {
-            let (si, rows) = parts[task].clone();
+            let (si, rows, chans) = parts[task].clone();
             let s = &ctx.seqs[si];
-            // SAFETY: each task writes only its own token rows of `conv`.
-            let out = unsafe { conv_ptr.slice((s.t0 + rows.start) * ch, rows.len() * ch) };
             let x = &qkv_in[s.t0 * ch..(s.t0 + s.len) * ch];
-            conv_silu_rows(x, &w.conv_taps, ch, windows[si], out, rows);
+            if chans.len() == ch {
+                // SAFETY: each task writes only its own token rows of `conv`.
+                let out = unsafe { conv_ptr.slice((s.t0 + rows.start) * ch, rows.len() * ch) };
+                conv_silu_rows(x, &w.conv_taps, ch, windows[si], out, rows);
+            } else {
+                // SAFETY: each task writes only its own channels of this one token's row.
+                let out =
+                    unsafe { conv_ptr.slice((s.t0 + rows.start) * ch + chans.start, chans.len()) };
+                conv_silu_channels(x, &w.conv_taps, ch, windows[si], out, rows.start, chans);
+            }
         });
     }
     for s in ctx.seqs {
@@ -249,7 +264,6 @@ pub fn forward(
                 g: gh,
                 beta: bh,
                 out,
-                delta,
                 rule,
             } = ts;
             // gather this head's rows (in f64, see rule's module doc)
@@ -281,7 +295,7 @@ pub fn forward(
             let state = unsafe { states_ptr[si].slice(vh * dk * dv, dk * dv) };
             let out = &mut out[..n * dv];
             if n == 1 {
-                rule::recurrent_step(&seq, dk, dv, state, delta, out);
+                rule::recurrent_step(&seq, dk, dv, state, out);
             } else {
                 rule::chunked_with(&seq, dk, dv, state, out, rule);
             }

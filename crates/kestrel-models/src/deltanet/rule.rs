@@ -22,9 +22,10 @@
 //! picked at run time. The code has no fused multiply-adds and a fixed order of sums, so every
 //! variant gives the same bits.
 //!
-//! Decode runs [`recurrent_step`]: one token over the f32 state in place, two passes over it
-//! (`Sᵀk` of the decayed state, then the update with `o = Sᵀq`), no copy of the state: the
-//! same bits as [`recurrent`] on one token.
+//! Decode runs [`recurrent_step`]: one token over the f32 state in place, in blocks of 16
+//! value columns (one cache line of each state row): `Sᵀk` of the decayed state, then the
+//! update with `o = Sᵀq`, both over the block while it sits in L1, the sums in registers; no
+//! copy of the state, and the same bits as [`recurrent`] on one token.
 
 use super::gemm::{gemm_acc, Mat};
 
@@ -87,34 +88,49 @@ pub fn recurrent(h: &HeadSeq, dk: usize, dv: usize, state32: &mut [f32], out: &m
 
 multiversion! {
     /// One token of [`recurrent`] over the f32 state in place (decode): the same bits, without
-    /// a copy of the state. `delta`: `d_v` floats of scratch; `out`: `[d_v]`.
+    /// a copy of the state. `out`: `[d_v]`.
     pub fn recurrent_step => recurrent_step_impl(
         h: &HeadSeq,
         dk: usize,
         dv: usize,
         state: &mut [f32],
-        delta: &mut [f64],
         out: &mut [f64],
     )
 }
 
+/// Value columns per block of [`recurrent_step`]: one cache line of the f32 state per row.
+const STEP_COLS: usize = 16;
+
 #[inline(always)]
-fn recurrent_step_impl(
+fn recurrent_step_impl(h: &HeadSeq, dk: usize, dv: usize, state: &mut [f32], out: &mut [f64]) {
+    let full = dv - dv % STEP_COLS;
+    for j0 in (0..full).step_by(STEP_COLS) {
+        step_cols::<STEP_COLS>(h, dk, dv, j0, state, out);
+    }
+    for j0 in full..dv {
+        step_cols::<1>(h, dk, dv, j0, state, out);
+    }
+}
+
+/// Columns `j0 .. j0 + W` of one token's update, both passes over those columns' `d_k x W`
+/// slice of the state while it is in L1, the column sums in registers: every column's
+/// operations in [`recurrent`]'s order, so the same bits.
+#[inline(always)]
+fn step_cols<const W: usize>(
     h: &HeadSeq,
     dk: usize,
     dv: usize,
+    j0: usize,
     state: &mut [f32],
-    delta: &mut [f64],
     out: &mut [f64],
 ) {
     let (q, k) = (&h.q[..dk], &h.k[..dk]);
     let decay = h.g[0].exp();
-    let delta = &mut delta[..dv];
-    let out = &mut out[..dv];
     // delta = beta (v - (decay S)ᵀk)
-    delta.copy_from_slice(&h.v[..dv]);
+    let mut delta = [0f64; W];
+    delta.copy_from_slice(&h.v[j0..j0 + W]);
     for (r, &kr) in k.iter().enumerate() {
-        let row = &state[r * dv..(r + 1) * dv];
+        let row: &[f32; W] = state[r * dv + j0..][..W].try_into().expect("W columns");
         for (d, &s) in delta.iter_mut().zip(row) {
             *d += -kr * (s as f64 * decay);
         }
@@ -123,16 +139,19 @@ fn recurrent_step_impl(
         *d *= h.beta[0];
     }
     // S = decay S + k deltaᵀ, o = Sᵀq
-    out.fill(0.0);
+    let mut o = [0f64; W];
     for r in 0..dk {
-        let row = &mut state[r * dv..(r + 1) * dv];
+        let row: &mut [f32; W] = (&mut state[r * dv + j0..][..W])
+            .try_into()
+            .expect("W columns");
         let (kr, qr) = (k[r], q[r]);
-        for ((s, &d), o) in row.iter_mut().zip(delta.iter()).zip(out.iter_mut()) {
+        for ((s, &d), o) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
             let n = *s as f64 * decay + kr * d;
             *o += qr * n;
             *s = n as f32;
         }
     }
+    out[j0..j0 + W].copy_from_slice(&o);
 }
 
 /// Scratch of the chunked form, reused across calls: the state in f64, cumulative log decays,
@@ -409,7 +428,14 @@ mod tests {
 
     #[test]
     fn recurrent_step_equals_recurrent_bit_for_bit() {
-        let (t_len, dk, dv) = (5, 16, 12);
+        // dv: the remainder columns alone, full blocks and a remainder, Qwen3.5's 128
+        for dv in [12, 40, 128] {
+            step_equals_recurrent(16, dv);
+        }
+    }
+
+    fn step_equals_recurrent(dk: usize, dv: usize) {
+        let t_len = 5;
         let mut q = noise(11, t_len * dk);
         let mut k = noise(12, t_len * dk);
         l2_rows(&mut q, dk, 1.0 / (dk as f64).sqrt());
@@ -419,7 +445,6 @@ mod tests {
         let beta: Vec<f64> = noise(15, t_len).iter().map(|x| 0.5 + 0.45 * x).collect();
         let s0: Vec<f32> = noise(16, dk * dv).iter().map(|&v| v as f32).collect();
         let (mut a, mut b) = (s0.clone(), s0);
-        let mut delta = vec![0f64; dv];
         for t in 0..t_len {
             let h = HeadSeq {
                 q: &q[t * dk..(t + 1) * dk],
@@ -430,9 +455,9 @@ mod tests {
             };
             let (mut oa, mut ob) = (vec![0f64; dv], vec![0f64; dv]);
             recurrent(&h, dk, dv, &mut a, &mut oa);
-            recurrent_step(&h, dk, dv, &mut b, &mut delta, &mut ob);
-            assert_eq!(oa, ob, "token {t}");
-            assert_eq!(a, b, "token {t}");
+            recurrent_step(&h, dk, dv, &mut b, &mut ob);
+            assert_eq!(oa, ob, "dv {dv} token {t}");
+            assert_eq!(a, b, "dv {dv} token {t}");
         }
     }
 
