@@ -55,9 +55,7 @@ pub fn matvec_kernel(
     nt: usize,
     epi: u32,
 ) -> (String, u32) {
-    // the fused SwiGLU (two matrices per row already) stays on the warps-per-row kernel:
-    // 19.4 us on the 8B's 12288 x 4096 gate/up against 26.7 in row pairs (H200 profile)
-    if nt == 1 && kind.int8_activations() && epi != 2 {
+    if nt == 1 && kind.int8_activations() {
         let r = rows_per_warp(rows, false);
         return (
             format!("mv_{}_1_{epi}_r{r}", kind.name()),

@@ -9,25 +9,6 @@ use crate::error::Result;
 use crate::weights::{to_device_layout, Kind};
 use cudarc::driver::PushKernelArg;
 
-/// The 8-bit blocks of `rows` activation rows of `cols` (f32 at `x`) into `q` / `qd`, as decode
-/// makes them (`quantize_q`, one block per row).
-fn quantize_rows(gpu: &mut Gpu, x: u64, q: u64, qd: u64, cols: usize, rows: usize) -> Result<()> {
-    let f = gpu.func("quantize_q")?;
-    let n = cols as i32;
-    // SAFETY: the caller sized x (rows * cols f32), q (rows * cols bytes) and qd (rows * cols
-    // / 32 float2); the arguments match the kernel.
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(&x)
-            .arg(&q)
-            .arg(&qd)
-            .arg(&n)
-            .launch(cfg((rows as u32, 1, 1), 256))?;
-    }
-    Ok(())
-}
-
 /// The mat-vec kernels: every type, token count and epilogue, against f64 dot products of the
 /// dequantized weights. 8-bit activations cost about 0.5% (one step of 127 per block):
 /// tolerance 1e-2 there, 1e-4 for f32 activations.
@@ -52,7 +33,18 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                 let dx = gpu.upload_f32(&x)?;
                 let dq = gpu.alloc(nt * cols)?;
                 let dd = gpu.alloc(nt * cols / 32 * 8)?;
-                quantize_rows(gpu, dx.ptr, dq.ptr, dd.ptr, cols, nt)?;
+                let f = gpu.func("quantize_q")?;
+                let n = cols as i32;
+                // SAFETY: buffers sized above; arguments match the kernel.
+                unsafe {
+                    gpu.stream
+                        .launch_builder(&f)
+                        .arg(&dx.ptr)
+                        .arg(&dq.ptr)
+                        .arg(&dd.ptr)
+                        .arg(&n)
+                        .launch(cfg((nt as u32, 1, 1), 256))?;
+                }
                 // f64 dots, once per token count
                 let mut g1 = vec![0f64; nt * rows];
                 let mut g2 = vec![0f64; nt * rows];
@@ -187,6 +179,7 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         let x = rng.vec(nt * cols, 1.0);
         let dx = gpu.upload_f32(&x)?;
         let (dq, dd) = (gpu.alloc(nt * cols)?, gpu.alloc(nt * cols / 32 * 8)?);
+        let qf = gpu.func("quantize_q")?;
         let n = cols as i32;
         let quantized = kinds.iter().all(|k| k.int8_activations());
         let mut kernels = vec![(format!("mvx_{}", nt.next_power_of_two()), 1usize)];
@@ -211,9 +204,15 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                     (rows[i] as i32, kinds[i] as i32, devs[i].ptr, outs[i].ptr);
             }
             let total = rows.iter().sum::<usize>();
-            quantize_rows(gpu, dx.ptr, dq.ptr, dd.ptr, cols, nt)?;
             // SAFETY: as in check_matvec.
             unsafe {
+                gpu.stream
+                    .launch_builder(&qf)
+                    .arg(&dx.ptr)
+                    .arg(&dq.ptr)
+                    .arg(&dd.ptr)
+                    .arg(&n)
+                    .launch(cfg((nt as u32, 6, 1), 256))?;
                 gpu.stream
                     .launch_builder(&f)
                     .arg(&wp[0])
@@ -299,7 +298,18 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 gpu.alloc(cols / 32 * 8)?,
                 gpu.alloc(rows * 4)?,
             );
-            quantize_rows(gpu, dx.ptr, dq.ptr, dd.ptr, cols, 1)?;
+            let qf = gpu.func("quantize_q")?;
+            let n = cols as i32;
+            // SAFETY: as in check_matvec.
+            unsafe {
+                gpu.stream
+                    .launch_builder(&qf)
+                    .arg(&dx.ptr)
+                    .arg(&dq.ptr)
+                    .arg(&dd.ptr)
+                    .arg(&n)
+                    .launch(cfg((1, 1, 1), 256))?;
+            }
             let mut variants = vec![crate::matmul::matvec_kernel(kind, rows, cols, 1, 0)];
             if kquant {
                 for w in [1usize, 2, 4] {
