@@ -9,7 +9,7 @@
 //! x += W_out (rms_norm(o) * w * silu(h W_z))   per value head
 //! ```
 
-use super::conv::{conv_silu_channels, conv_silu_rows, slide_window};
+use super::conv::{conv_silu_channels, slide_window};
 use super::rule::{self, HeadSeq};
 use super::state::StatePool;
 use super::DeltaNetConfig;
@@ -203,15 +203,10 @@ pub fn forward(
             let (si, rows, chans) = parts[task].clone();
             let s = &ctx.seqs[si];
             let x = &qkv_in[s.t0 * ch..(s.t0 + s.len) * ch];
-            if chans.len() == ch {
-                // SAFETY: each task writes only its own token rows of `conv`.
-                let out = unsafe { conv_ptr.slice((s.t0 + rows.start) * ch, rows.len() * ch) };
-                conv_silu_rows(x, &w.conv_taps, ch, windows[si], out, rows);
-            } else {
-                // SAFETY: each task writes only its own channels of this one token's row.
-                let out =
-                    unsafe { conv_ptr.slice((s.t0 + rows.start) * ch + chans.start, chans.len()) };
-                conv_silu_channels(x, &w.conv_taps, ch, windows[si], out, rows.start, chans);
+            for t in rows {
+                // SAFETY: each task writes only its own (token, channel range) of `conv`.
+                let out = unsafe { conv_ptr.slice((s.t0 + t) * ch + chans.start, chans.len()) };
+                conv_silu_channels(x, &w.conv_taps, ch, windows[si], out, t, chans.clone());
             }
         });
     }
