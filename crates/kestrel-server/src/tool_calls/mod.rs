@@ -80,6 +80,20 @@ impl ToolSpec {
             .find(|(k, _)| k == key)
             .map(|(_, t)| t.as_str())
     }
+
+    /// The declared parameter `key` names: itself when declared, else the one declared
+    /// parameter that equals it ignoring ASCII case (`New_string` for `new_string`, a slip
+    /// seen in real replies); `None` when there is none or more than one.
+    pub fn resolve_param<'a>(&'a self, key: &'a str) -> Option<&'a str> {
+        if self.param_type(key).is_some() {
+            return Some(key);
+        }
+        let mut found = self.params.iter().filter(|(k, _)| k.eq_ignore_ascii_case(key));
+        match (found.next(), found.next()) {
+            (Some((k, _)), None) => Some(k.as_str()),
+            _ => None,
+        }
+    }
 }
 
 /// `"type": "string"`, or the one non-null type of `"type": ["integer", "null"]`; else "any".

@@ -15,9 +15,10 @@
 //! Values are raw text (one newline after the opening tag and one before the closing tag are
 //! layout, not value), typed by the tool's JSON schema: a string stays the string verbatim;
 //! integers, numbers, booleans, arrays and objects are parsed. Slips whose intent is plain are
-//! repaired: `<parameter>NAME>` for `<parameter=NAME>`, a missing `</parameter>` before the next
-//! parameter or `</function>`, a missing `</function>` at the end of the body. Anything else
-//! (text between parameters, a name that is not an identifier) is not a call.
+//! repaired: `<parameter>NAME>` for `<parameter=NAME>`, a parameter name that differs from a
+//! declared one only in ASCII case (when exactly one matches), a missing `</parameter>` before
+//! the next parameter or `</function>`, a missing `</function>` at the end of the body. Anything
+//! else (text between parameters, a name that is not an identifier) is not a call.
 
 use serde_json::{Map, Number, Value};
 
@@ -73,6 +74,8 @@ fn parse_function<'a>(
             break; // `</function>` missing at the end of the body
         }
         let (key, raw, after) = parse_parameter(rest, spec)?;
+        // a declared name in another case is the declared one; an undeclared name stays
+        let key = spec.and_then(|s| s.resolve_param(key)).unwrap_or(key);
         args.insert(
             key.to_string(),
             typed_value(raw, spec.and_then(|s| s.param_type(key))),
@@ -101,7 +104,7 @@ fn parse_parameter<'a>(
         // The slip `<parameter>KEY>`: taken only when KEY is one of the tool's parameters, or
         // an identifier when the tool's schema is unknown.
         let (key, body) = a.split_once('>')?;
-        let known = spec.is_none_or(|s| s.param_type(key.trim()).is_some());
+        let known = spec.is_none_or(|s| s.resolve_param(key.trim()).is_some());
         if !known {
             return None;
         }
@@ -252,6 +255,25 @@ mod tests {
         // Missing `</function>` at the end.
         let a = args("<function=edit>\n<parameter=file_path>\nc.py\n</parameter>\n");
         assert_eq!(a, json!({"file_path": "c.py"}));
+        // A declared name in another case (with and without the `>` slip), typed as declared.
+        let a = args("<function=edit>\n<parameter>New_string>\na + b\n</parameter>\n<parameter=Replace_All>\ntrue\n</parameter>\n</function>");
+        assert_eq!(a, json!({"new_string": "a + b", "replace_all": true}));
+    }
+
+    #[test]
+    fn a_case_insensitive_name_must_match_one_declared_parameter() {
+        let t = ToolSpec::from_tools(&[json!({"type": "function", "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {
+                "path": {"type": "string"}, "Path": {"type": "string"}, "n": {"type": "integer"}
+            }}
+        }})]);
+        // `PATH` could be `path` or `Path`: kept as written, and the `>` slip is not taken
+        let calls = parse_functions("<function=f><parameter=PATH>x</parameter></function>", &t, true).unwrap();
+        assert_eq!(calls[0].arguments, r#"{"PATH":"x"}"#);
+        assert!(parse_functions("<function=f><parameter>PATH>x</parameter></function>", &t, true).is_none());
+        let calls = parse_functions("<function=f><parameter=N>3</parameter></function>", &t, true).unwrap();
+        assert_eq!(calls[0].arguments, r#"{"n":3}"#);
     }
 
     #[test]
