@@ -289,11 +289,15 @@ impl<'t> Scheduler<'t> {
             .collect();
         let model = &mut self.model;
         let mut logits = std::mem::take(&mut self.logits);
+        let t0 = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| model.forward(&steps, &mut logits)))
             .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
+        let t1 = Instant::now();
         drop(steps);
         self.take_logits(plan, outcomes, result, &logits);
         self.logits = logits;
+        self.counters.forward_ns += (t1 - t0).as_nanos() as u64;
+        self.counters.sample_ns += t1.elapsed().as_nanos() as u64;
     }
 
     /// The step's bookkeeping and each sequence's use of its logits (or the step's failure).

@@ -32,6 +32,10 @@ pub struct EngineStats {
     pub computed_decode_tokens: u64,
     pub generated_tokens: u64,
     pub forward_steps: u64,
+    /// Time inside the model's `forward` (logits downloaded included), and in what follows
+    /// it: indexing the new blocks, sampling, streaming (nanoseconds, summed over steps).
+    pub forward_ns: u64,
+    pub sample_ns: u64,
     /// Most sequences in one `forward` call.
     pub max_step_seqs: usize,
     /// Most decode sequences in one `forward` call.

@@ -29,6 +29,11 @@ pub struct BackendStats {
     /// Speculative decoding since start: tokens proposed, and kept after verification.
     pub spec_proposed: u64,
     pub spec_accepted: u64,
+    /// Model steps since start, and the time spent in the model's forward passes and in the
+    /// engine's work on their logits (sampling, indexing, streaming), in nanoseconds.
+    pub forward_steps: u64,
+    pub forward_ns: u64,
+    pub sample_ns: u64,
 }
 
 /// A submitted request: its event stream, and a guard whose drop cancels it.
@@ -72,6 +77,9 @@ impl From<&EngineStats> for BackendStats {
             running: s.running,
             spec_proposed: s.spec_proposed,
             spec_accepted: s.spec_accepted,
+            forward_steps: s.forward_steps,
+            forward_ns: s.forward_ns,
+            sample_ns: s.sample_ns,
         }
     }
 }

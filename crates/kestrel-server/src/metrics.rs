@@ -246,6 +246,31 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         }
+        let name = "kestrel_forward_steps_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Model forward passes (one per scheduler step).\n# TYPE {name} counter\n{name} {}",
+            stats.forward_steps
+        );
+        let times = [
+            (
+                "kestrel_forward_seconds_total",
+                "Time inside the model's forward passes (logits downloaded included).",
+                stats.forward_ns,
+            ),
+            (
+                "kestrel_sample_seconds_total",
+                "Time the engine spent on the logits of each step: sampling, indexing, streaming.",
+                stats.sample_ns,
+            ),
+        ];
+        for (name, help, ns) in times {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {:.6}",
+                ns as f64 * 1e-9
+            );
+        }
         out
     }
 }
@@ -287,11 +312,17 @@ mod tests {
             running: 2,
             spec_proposed: 40,
             spec_accepted: 31,
+            forward_steps: 7,
+            forward_ns: 1_500_000_000,
+            sample_ns: 2_000_000,
         };
         let text = m.render(&stats);
         for line in [
             "kestrel_spec_proposed_tokens_total 40",
             "kestrel_spec_accepted_tokens_total 31",
+            "kestrel_forward_steps_total 7",
+            "kestrel_forward_seconds_total 1.500000",
+            "kestrel_sample_seconds_total 0.002000",
             "kestrel_http_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2",
             "kestrel_http_requests_total{route=\"/v1/chat/completions\",status=\"400\"} 1",
             "kestrel_prompt_tokens_total 10",

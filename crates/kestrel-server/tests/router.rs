@@ -130,6 +130,7 @@ impl Backend for Fake {
             running: 2,
             spec_proposed: 0,
             spec_accepted: 0,
+            ..Default::default()
         }
     }
 }

@@ -216,32 +216,35 @@ pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     let vocab = src.config.vocab_size as u64;
     let mut rows = Vec::new();
     println!(
-        "{:>4} {:>18} {:>14} {:>10}",
-        "c", "aggregate decode", "per sequence", "wall s"
+        "{:>4} {:>18} {:>14} {:>10} {:>14} {:>14}",
+        "c", "aggregate decode", "per sequence", "wall s", "forward/step", "engine/step"
     );
     // One unmeasured round first (page faults, thread pool start), then `-r` rounds per level:
     // the median is reported, as the peer script does.
     let reps = args.reps.max(1);
     let mut first = true;
     for &c in &levels {
-        let mut aggs = Vec::new();
-        let mut walls = Vec::new();
+        let (mut aggs, mut walls, mut fwd, mut eng) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for rep in 0..reps + usize::from(first) {
-            let (agg, wall) = concurrent_round(&engine, c, rep, vocab)?;
+            let r = concurrent_round(&engine, c, rep, vocab)?;
             if first {
                 first = false;
                 continue;
             }
-            aggs.push(agg);
-            walls.push(wall);
+            aggs.push(r.aggregate);
+            walls.push(r.wall);
+            fwd.push(r.forward_ms_per_step);
+            eng.push(r.engine_ms_per_step);
         }
         let agg = median(&mut aggs);
         let wall = median(&mut walls);
+        let (fwd, eng) = (median(&mut fwd), median(&mut eng));
         println!(
-            "{c:>4} {agg:>14.1} tok/s {:>10.1} tok/s {wall:>10.2}",
+            "{c:>4} {agg:>14.1} tok/s {:>10.1} tok/s {wall:>10.2} {fwd:>11.2} ms {eng:>11.2} ms",
             agg / c as f64
         );
-        rows.push(json!({"concurrency": c, "aggregate_decode_tok_s": agg, "wall_s": wall}));
+        rows.push(json!({"concurrency": c, "aggregate_decode_tok_s": agg, "wall_s": wall,
+            "forward_ms_per_step": fwd, "engine_ms_per_step": eng}));
     }
     if args.json {
         println!(
@@ -255,14 +258,25 @@ pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     Ok(())
 }
 
+/// What one round of `--scenario concurrent` measured.
+struct Round {
+    /// Generated tokens after each sequence's first, per second of the longest decode.
+    aggregate: f64,
+    wall: f64,
+    /// Per engine step of the generation phase: time inside the model's forward pass (its
+    /// logits downloaded included), and the engine's own work on them (sampling, streaming).
+    forward_ms_per_step: f64,
+    engine_ms_per_step: f64,
+}
+
 /// One measured round of `c` concurrent requests (distinct 128-token prompts cached first, then
-/// 64 new tokens each, decoded together): (aggregate decode tok/s, wall seconds).
+/// 64 new tokens each, decoded together).
 fn concurrent_round(
     engine: &kestrel_engine::Engine,
     c: usize,
     rep: usize,
     vocab: u64,
-) -> Result<(f64, f64)> {
+) -> Result<Round> {
     // A distinct 128-token prompt per sequence and round (no prefix sharing).
     let prompts: Vec<Vec<u32>> = (0..c)
         .map(|i| {
@@ -288,6 +302,7 @@ fn concurrent_round(
         })
         .collect::<Result<_>>()?;
     warm.into_iter().map(finish).collect::<Result<Vec<_>>>()?;
+    let before = engine.stats();
     let t0 = Instant::now();
     let handles: Vec<_> = prompts
         .into_iter()
@@ -300,7 +315,14 @@ fn concurrent_round(
         .map(|u| u.completion_tokens.saturating_sub(1))
         .sum();
     let longest = usages.iter().map(|u| u.decode_ms).fold(0.0, f64::max);
-    Ok((tokens as f64 * 1e3 / longest.max(1e-9), wall))
+    let after = engine.stats();
+    let steps = (after.forward_steps - before.forward_steps).max(1) as f64;
+    Ok(Round {
+        aggregate: tokens as f64 * 1e3 / longest.max(1e-9),
+        wall,
+        forward_ms_per_step: (after.forward_ns - before.forward_ns) as f64 * 1e-6 / steps,
+        engine_ms_per_step: (after.sample_ns - before.sample_ns) as f64 * 1e-6 / steps,
+    })
 }
 
 fn median(v: &mut [f64]) -> f64 {
