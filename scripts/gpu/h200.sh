@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# One call on the GPU host (the device tool's nvidia-h200): check the CUDA backend and time it.
-# Runs from the repository root with the bundle made by scripts/gpu/bundle.sh in $B
-# (default .gpu-cuda): kestrel.xz (the release binary), llama-src.tar.xz (llama.cpp trimmed to
-# build llama-quantize), gguf wheel, make_dense_model.py + vocab. Writes logs under $OUT.
-# STAGES (default "check small"): check = op harness + tiny fixtures vs transformers;
-# small = Qwen2.5-1.5B-shape Q4_K_M: GPU vs CPU logits, pp512/tg128; big = Qwen3-8B shape;
-# hybrid = Qwen3.5: tiny-qwen3_5 (GGUF and folder) against transformers, serve --device cuda
-# against --device cpu on it, and the Qwen3.5-0.8B shape (Q4_K_M by kestrel's quantizer, which
-# writes llama.cpp's bytes): GPU vs CPU logits, pp512/tg128; HYBRID_SHAPES picks the shapes
-# (default qwen35-0.8b; qwen35-9b), SCEN=1 adds the engine's concurrent and agent scenarios,
-# SKIP_TINY=1 skips the tiny fixture checks.
+# One call on the GPU host (the device tool's nvidia-h200): check the CUDA backend and time it,
+# and llama.cpp on the same files. Runs from the repository root with the bundle made by
+# scripts/gpu/bundle.sh in $B (default .gpu-cuda): kestrel.xz (the release binary),
+# llama-src.tar.xz (llama.cpp trimmed to build llama-bench, llama-batched-bench and
+# llama-quantize), gguf wheel, make_dense_model.py / make_qwen35_model.py + vocab. Logs go
+# under $OUT.
+# STAGES (default "check small"): check = op harness + tiny fixtures vs transformers (with
+# --perf lines: mat-vec variants, the logits download); small = Qwen2.5-1.5B-shape Q4_K_M: GPU
+# vs CPU logits, pp512/tg128; big = Qwen3-8B shape; hybrid = Qwen3.5: tiny-qwen3_5 (GGUF and
+# folder) against transformers, serve --device cuda against --device cpu on it, and the
+# Qwen3.5-0.8B shape: GPU vs CPU logits, pp512/tg128; HYBRID_SHAPES picks the shapes (default
+# qwen35-0.8b; qwen35-9b); SCEN=1 adds the engine's concurrent scenario (1/8/32 sequences) to
+# every shape and the agent scenario to the hybrid ones; DEPTH=1 adds pp4096 and tg128 at depth
+# 16384; SKIP_TINY=1 skips the tiny fixture checks; peer = llama.cpp (CUDA, -fa 1) on every file
+# the earlier stages (of this call or an earlier one on the same warm machine) wrote: llama-bench
+# pp512/pp4096/tg128, tg128 at depth 16384, llama-batched-bench with kestrel's concurrent
+# workload (128-token prompts, 64 new tokens, 1/8/32 sequences).
+# Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
+# `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
+# (target/gpu-models, git-ignored, so a later call on the warm machine reuses it). llama.cpp is
+# built for sm_90 in the background into $PEER (target/gpu-peer) when the bundle has its source
+# and no build is there yet (~4 minutes on 16 cores, while the kestrel stages run).
 set -u
 B=${B:-.gpu-cuda}
 OUT=${OUT:-/tmp/out}
@@ -19,20 +30,32 @@ export PYTHONUNBUFFERED=1
 xz -dc $B/kestrel.xz > /tmp/w/kestrel && chmod +x /tmp/w/kestrel
 K=/tmp/w/kestrel
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv | tee $OUT/gpu.txt
-# llama-quantize (CPU build) in the background while the checks run, when the bundle has it
-[ -f $B/llama-src.tar.xz ] && ( mkdir -p /tmp/ll && tar xJf $B/llama-src.tar.xz -C /tmp/ll && cd /tmp/ll/trim && \
-  cmake -B build -G Ninja -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_MTMD=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release >/tmp/w/cmake.log 2>&1 && \
-  cmake --build build --target llama-quantize -j16 >/tmp/w/build.log 2>&1; echo "quantize build rc=$?" ) > /tmp/w/qbuild.txt 2>&1 &
-QB=$!
+MODELS=${MODELS:-target/gpu-models}
+PEER=${PEER:-$PWD/target/gpu-peer}
+mkdir -p "$MODELS"
+if [ -f $B/llama-src.tar.xz ] && [ ! -x $PEER/build/bin/llama-bench ]; then
+  mkdir -p $PEER
+  ( tar xJf $B/llama-src.tar.xz -C $PEER && cd $PEER/trim && \
+    cmake -B $PEER/build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_MTMD=OFF \
+      -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release > $PEER/cmake.log 2>&1 && \
+    nice cmake --build $PEER/build --target llama-bench llama-batched-bench -j12 > $PEER/build.log 2>&1
+    echo "llama.cpp CUDA build rc=$? ($(date +%T))" ) > $PEER/status.txt 2>&1 &
+fi
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $B/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site
-make_model() {  # make_model SHAPE OUT.gguf
-  # llama.cpp's own quantizer when the bundle brought its source, else kestrel's (same bytes)
-  local Q="/tmp/ll/trim/build/bin/llama-quantize /tmp/w/$1-f16.gguf $2 Q4_K_M 16"
-  [ -x /tmp/ll/trim/build/bin/llama-quantize ] || Q="$K quantize /tmp/w/$1-f16.gguf $2 --type q4_k_m -t 16"
-  python3 $B/make_dense_model.py /tmp/w/$1-f16.gguf $1 > /dev/null && $Q > /tmp/w/quant-$1.log 2>&1; local rc=$?
-  rm -f /tmp/w/$1-f16.gguf; ls -la $2; return $rc
+model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
+  local M=$MODELS/$1-q4_k_m.gguf F=/tmp/w/$1-f16.gguf
+  if [ ! -s $M ]; then
+    case $1 in qwen35*) python3 $B/make_qwen35_model.py $F $1 > /dev/null ;; *) python3 $B/make_dense_model.py $F $1 > /dev/null ;; esac
+    $K quantize $F $M.part --type q4_k_m -t 16 > /tmp/w/quant-$1.log 2>&1 && mv $M.part $M
+    rm -f $F
+  fi
+  [ -s $M ] || { tail -5 /tmp/w/quant-$1.log >&2; return 1; }
+  echo $M
+}
+concurrent() {  # concurrent MODEL SHAPE: aggregate decode of 1/8/32 sequences through the engine
+  $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee $OUT/concurrent-$2.log
 }
 profile() {  # profile MODEL NAME: per-kernel times of eager decode steps (ncu, clocks left alone)
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
@@ -71,35 +94,48 @@ for s in $STAGES; do
       python3 $B/serve-check.py $K $T/tiny-qwen3_5/qwen3_5-f32.gguf 2>&1 | tee $OUT/serve-hybrid.log
     fi
     for SH in ${HYBRID_SHAPES:-qwen35-0.8b}; do
-      M=/tmp/w/$SH-q4_k_m.gguf
-      python3 $B/make_qwen35_model.py /tmp/w/$SH-f16.gguf $SH > /dev/null && \
-        $K quantize /tmp/w/$SH-f16.gguf $M --type q4_k_m -t 16 2>&1 | tail -2; rm -f /tmp/w/$SH-f16.gguf
+      M=$(model $SH) || continue
       [ $SH = qwen35-0.8b ] && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  " | tee $OUT/parity-$SH.log
       $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
       $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
       [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
       if [ -n "${SCEN:-}" ]; then  # the serving engine on the GPU: batched decode, agent turns
-        $K bench -m $M --scenario concurrent -c 8,32 -r 3 --device cuda 2>&1 | tee $OUT/concurrent-$SH.log
+        concurrent $M $SH
         $K bench -m $M --scenario agent --device cuda 2>&1 | tee $OUT/agent-$SH.log
       fi
       [ -n "${PROF:-}" ] && profile $M $SH
-      rm -f $M
     done
     ;;
   small|big)
-    wait $QB; cat /tmp/w/qbuild.txt
     if [ $s = small ]; then SH=qwen2.5-1.5b; else SH=qwen3-8b; fi
-    M=/tmp/w/$SH-q4_k_m.gguf
-    make_model $SH $M || { tail -5 /tmp/w/quant-$SH.log; continue; }
+    M=$(model $SH) || continue
     { [ $s = small ] || [ -n "${PARITY_BIG:-}" ]; } && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  matvec\|^ok  rms\|^ok  qkv\|^ok  att\|^ok  embed\|^ok  deq" | tee $OUT/parity-$SH.log
     $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
     $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
     [ $s = big ] && [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
+    [ -n "${SCEN:-}" ] && concurrent $M $SH
     [ -n "${PROF:-}" ] && profile $M $SH
-    rm -f $M
+    ;;
+  peer)  # llama.cpp on the same files, flash attention on, all layers on the GPU
+    while [ ! -s $PEER/status.txt ] && [ -d $PEER/trim ]; do sleep 5; done
+    cat $PEER/status.txt 2>/dev/null | tee $OUT/peer-build.txt
+    LB=$PEER/build/bin
+    [ -x $LB/llama-bench ] || { echo "no llama.cpp build (bundle without llama-src?)"; tail -20 $PEER/build.log 2>/dev/null; continue; }
+    for M in $MODELS/*-q4_k_m.gguf; do
+      SH=$(basename $M -q4_k_m.gguf)
+      $LB/llama-bench -m $M -ngl 99 -fa 1 -p 512,4096 -n 128 -r ${REPS:-3} 2>&1 | grep "^|" | tee $OUT/peer-$SH.log
+      $LB/llama-bench -m $M -ngl 99 -fa 1 -p 0 -n 128 -d 16384 -r 1 2>&1 | grep "^| [a-z]" | tail -1 | tee -a $OUT/peer-$SH.log
+      $LB/llama-batched-bench -m $M -ngl 99 -fa 1 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32 2>&1 | grep "^|" | tee -a $OUT/peer-$SH.log
+    done
     ;;
   esac
 done
 echo "=== summary ($(date +%T))"
 grep -h "FAIL\|op harness\|reference prompt\|GPU vs CPU\|perf mat-vec" $OUT/*.log 2>/dev/null | head -40
 grep -h "| tg\|| pp" $OUT/bench-*.log 2>/dev/null
+grep -h "tok/s" $OUT/concurrent-*.log 2>/dev/null
+grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null
+# everything in one file (the device tool brings back a bounded number of files)
+for f in $OUT/gpu.txt $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/peer*; do
+  [ -f "$f" ] && { echo "=== $(basename $f)"; cat "$f"; }
+done > $OUT/summary.txt 2>/dev/null

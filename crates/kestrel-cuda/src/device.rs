@@ -19,6 +19,60 @@ pub struct DevBuf {
     pub bytes: usize,
 }
 
+/// The engine's logits in page-locked host memory ([`kestrel_engine::LogitsMemory`]): the
+/// step's download lands there by DMA, and the engine samples from it where it lies.
+pub struct PinnedLogits {
+    ctx: Arc<CudaContext>,
+    /// The allocation, and its address and length (floats) taken once.
+    mem: Option<(cudarc::driver::PinnedHostSlice<f32>, *mut f32, usize)>,
+}
+
+// SAFETY: the pointer is into `mem`'s own allocation, owned by this value and moved with it;
+// nothing else aliases it.
+unsafe impl Send for PinnedLogits {}
+
+impl PinnedLogits {
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        PinnedLogits { ctx, mem: None }
+    }
+}
+
+impl kestrel_engine::LogitsMemory for PinnedLogits {
+    fn as_slice(&self) -> &[f32] {
+        match &self.mem {
+            // SAFETY: ptr and len describe the live pinned allocation held beside them; every
+            // f32 bit pattern is valid (stale contents are allowed by the contract).
+            Some((_, ptr, len)) => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+            None => &[],
+        }
+    }
+    fn as_mut_slice(&mut self) -> &mut [f32] {
+        match &mut self.mem {
+            // SAFETY: as in as_slice; `&mut self` makes this the only reference.
+            Some((_, ptr, len)) => unsafe { std::slice::from_raw_parts_mut(*ptr, *len) },
+            None => &mut [],
+        }
+    }
+    fn reserve(&mut self, n: usize) -> std::result::Result<(), String> {
+        if self.mem.as_ref().is_some_and(|m| m.2 >= n) {
+            return Ok(());
+        }
+        self.mem = None; // free the old one first
+        // SAFETY: the memory is read only after a download wrote it (stale floats otherwise,
+        // which the contract allows); flags 0: cached (the host reads it), not write-combined.
+        let mut slice = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(n.max(1), 0) }
+            .map_err(|e| format!("page-locked memory for {n} logits: {e}"))?;
+        let ptr = slice
+            .as_mut_ptr()
+            .map_err(|e| format!("page-locked memory for {n} logits: {e}"))?;
+        // zeroed once, so no read ever sees uninitialized memory
+        // SAFETY: ptr points to n.max(1) floats just allocated.
+        unsafe { std::ptr::write_bytes(ptr, 0, n.max(1)) };
+        self.mem = Some((slice, ptr, n.max(1)));
+        Ok(())
+    }
+}
+
 pub struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -174,6 +228,37 @@ impl Gpu {
         unsafe {
             cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())?
         };
+        Ok(())
+    }
+
+    /// Page-locked host memory for `n` f32 (cached, not write-combined: the host reads it):
+    /// the GPU writes it by DMA at the link's speed, where a pageable destination goes through
+    /// the driver's staging copies.
+    pub fn pinned_f32(&self, n: usize) -> Result<cudarc::driver::PinnedHostSlice<f32>> {
+        // SAFETY: the memory is written by a copy before anything reads it (the callers read
+        // only what a download filled).
+        Ok(unsafe { self.ctx.alloc_pinned_with_flags::<f32>(n.max(1), 0)? })
+    }
+
+    /// Copies `n` f32 from device address `src` into the start of `dst` and waits for them.
+    pub fn read_pinned(
+        &self,
+        src: u64,
+        dst: &mut cudarc::driver::PinnedHostSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let out = dst.as_mut_slice()?;
+        if n > out.len() {
+            return Err(CudaError::Other(format!(
+                "a download of {n} floats into a pinned buffer of {}",
+                out.len()
+            )));
+        }
+        // SAFETY: src holds at least n floats (the caller's buffer), out[..n] is host memory.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut out[..n], src, self.stream.cu_stream())?;
+        }
+        self.stream.synchronize()?;
         Ok(())
     }
 

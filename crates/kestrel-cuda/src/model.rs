@@ -397,6 +397,18 @@ enum Recipe {
     Hybrid,
 }
 
+/// Rows of logits a step returns: one per sequence that wants them, one per token where it
+/// wants them all.
+pub fn out_rows(seqs: &[SeqIn]) -> usize {
+    seqs.iter()
+        .map(|s| match (s.want_logits, s.all_logits) {
+            (_, true) => s.tokens.len(),
+            (true, false) => usize::from(!s.tokens.is_empty()),
+            (false, false) => 0,
+        })
+        .sum()
+}
+
 /// A captured decode step: (tokens, rows of logits, sequences) -> graph.
 struct Graphs(HashMap<(usize, usize, usize), cudarc::driver::CudaGraph>);
 // SAFETY: graphs are launched only by the model's owner, with the context bound (Gpu::bind).
@@ -545,14 +557,26 @@ impl CudaModel {
     /// One step over the new tokens of several sequences; returns the logits of those that
     /// want them, in order. Steps over `max_batch` tokens are cut into several passes.
     pub fn forward(&mut self, seqs: &[SeqIn]) -> Result<Vec<f32>> {
-        let mut logits = Vec::new();
+        let mut logits = vec![0.0; out_rows(seqs) * self.config.vocab_size];
         self.forward_into(seqs, &mut logits)?;
         Ok(logits)
     }
 
-    /// As [`CudaModel::forward`], the logits left in `logits` (resized; reused across steps).
-    pub fn forward_into(&mut self, seqs: &[SeqIn], logits: &mut Vec<f32>) -> Result<()> {
-        logits.clear();
+    /// As [`CudaModel::forward`], the logits written into `out`: [`out_rows`] x vocab floats
+    /// (the engine's page-locked buffer, reused across steps).
+    pub fn forward_into(&mut self, seqs: &[SeqIn], out: &mut [f32]) -> Result<()> {
+        let n = out_rows(seqs) * self.config.vocab_size;
+        if out.len() != n {
+            return Err(CudaError::Other(format!(
+                "a step's logits need {n} floats, the buffer has {}",
+                out.len()
+            )));
+        }
+        let mut filled = 0;
+        self.forward_rows(seqs, out, &mut filled)
+    }
+
+    fn forward_rows(&mut self, seqs: &[SeqIn], out: &mut [f32], filled: &mut usize) -> Result<()> {
         self.gpu.bind()?;
         let (vocab, bs) = (self.config.vocab_size, self.kv.block_size);
         for s in seqs {
@@ -576,7 +600,7 @@ impl CudaModel {
         }
         let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if total <= self.max_batch {
-            return self.pass(seqs, logits);
+            return self.pass(seqs, out, filled);
         }
         // Too many tokens for one pass: sequence by sequence, in chunks of max_batch.
         for s in seqs {
@@ -592,15 +616,16 @@ impl CudaModel {
                     all_logits: s.all_logits,
                     slot: s.slot,
                 };
-                self.pass(&[part], logits)?;
+                self.pass(&[part], out, filled)?;
                 i = j;
             }
         }
         Ok(())
     }
 
-    /// One pass of at most `max_batch` tokens; its logits are appended to `logits`.
-    fn pass(&mut self, seqs: &[SeqIn], logits: &mut Vec<f32>) -> Result<()> {
+    /// One pass of at most `max_batch` tokens; its logits are written at `out[*filled..]`, and
+    /// `filled` moves past them.
+    fn pass(&mut self, seqs: &[SeqIn], out: &mut [f32], filled: &mut usize) -> Result<()> {
         let bs = self.kv.block_size;
         let mut ids = Vec::new();
         let mut pos = Vec::new();
@@ -682,9 +707,12 @@ impl CudaModel {
         } else {
             self.run_recipe()?;
         }
-        let at = logits.len();
-        logits.resize(at + n_out * self.config.vocab_size, 0.0);
-        self.gpu.read(self.scratch.logits.ptr, &mut logits[at..])
+        let (at, end) = (*filled, *filled + n_out * self.config.vocab_size);
+        let rows = out
+            .get_mut(at..end)
+            .ok_or_else(|| CudaError::Other("logits past the step's buffer".into()))?;
+        *filled = end;
+        self.gpu.read(self.scratch.logits.ptr, rows)
     }
 
     fn run_recipe(&mut self) -> Result<()> {
@@ -798,7 +826,7 @@ impl kestrel_engine::StepModel for CudaModel {
     fn forward(
         &mut self,
         seqs: &[kestrel_engine::SeqStep<'_>],
-        logits: &mut Vec<f32>,
+        logits: &mut kestrel_engine::Logits,
     ) -> std::result::Result<(), String> {
         let s: Vec<SeqIn> = seqs
             .iter()
@@ -811,7 +839,11 @@ impl kestrel_engine::StepModel for CudaModel {
                 slot: s.slot,
             })
             .collect();
-        CudaModel::forward_into(self, &s, logits).map_err(|e| e.to_string())
+        let out = logits.fill(out_rows(&s) * self.config.vocab_size)?;
+        CudaModel::forward_into(self, &s, out).map_err(|e| e.to_string())
+    }
+    fn logits_memory(&self) -> Option<Box<dyn kestrel_engine::LogitsMemory>> {
+        Some(Box::new(crate::device::PinnedLogits::new(self.gpu.ctx.clone())))
     }
     fn state_slots(&self) -> usize {
         self.state.n_slots

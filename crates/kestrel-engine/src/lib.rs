@@ -71,7 +71,7 @@ pub use blocks::BlockPool;
 pub use config::{EngineConfig, SpecConfig, SpecMode};
 pub use engine::Engine;
 pub use error::{ConfigError, SubmitError};
-pub use model::{SeqStep, StepModel};
+pub use model::{Logits, LogitsMemory, SeqStep, StepModel};
 pub use paged::{plan_pool, PoolPlan, DEFAULT_MEMORY_FRACTION, SNAPSHOTS_PER_SEQUENCE};
 pub use request::{Event, FinishReason, GenerateRequest, RequestHandle, TokenLogprob, Usage};
 pub use stats::EngineStats;

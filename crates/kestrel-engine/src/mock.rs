@@ -134,7 +134,7 @@ impl StepModel for MockModel {
         self.block_size
     }
 
-    fn forward(&mut self, seqs: &[SeqStep<'_>], logits: &mut Vec<f32>) -> Result<(), String> {
+    fn forward(&mut self, seqs: &[SeqStep<'_>], out: &mut crate::model::Logits) -> Result<(), String> {
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
@@ -165,7 +165,7 @@ impl StepModel for MockModel {
                 context,
             });
         }
-        logits.clear();
+        let mut logits = Vec::new();
         for s in seqs {
             for (i, &t) in s.tokens.iter().enumerate() {
                 let pos = s.start + i;
@@ -180,10 +180,11 @@ impl StepModel for MockModel {
             if s.want_logits {
                 let from = if s.all_logits { 0 } else { s.tokens.len() - 1 };
                 for (i, &last) in s.tokens.iter().enumerate().skip(from) {
-                    self.logits_at(s.start + i, last, logits);
+                    self.logits_at(s.start + i, last, &mut logits);
                 }
             }
         }
+        out.set(&logits)?;
         self.log
             .lock()
             .unwrap_or_else(|e| e.into_inner())

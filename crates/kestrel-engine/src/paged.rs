@@ -1,7 +1,7 @@
 //! The real model behind the engine: `kestrel_models::PagedModel` (a model and its KV block
 //! pool) as a [`StepModel`], and the byte budget that sizes the pool.
 
-use crate::model::{SeqStep, StepModel};
+use crate::model::{Logits, SeqStep, StepModel};
 use kestrel_models::{KvPool, KvType, ModelConfig, PagedModel, PagedStep};
 
 impl StepModel for PagedModel {
@@ -17,7 +17,7 @@ impl StepModel for PagedModel {
         self.pool.block_size()
     }
 
-    fn forward(&mut self, seqs: &[SeqStep<'_>], logits: &mut Vec<f32>) -> Result<(), String> {
+    fn forward(&mut self, seqs: &[SeqStep<'_>], logits: &mut Logits) -> Result<(), String> {
         let steps: Vec<PagedStep<'_>> = seqs
             .iter()
             .map(|s| PagedStep {
@@ -29,8 +29,7 @@ impl StepModel for PagedModel {
                 all_logits: s.all_logits,
             })
             .collect();
-        *logits = self.step(&steps).map_err(|e| e.to_string())?;
-        Ok(())
+        logits.set(&self.step(&steps).map_err(|e| e.to_string())?)
     }
 
     fn state_slots(&self) -> usize {

@@ -15,7 +15,7 @@ use kestrel_tokenizer::Tokenizer;
 
 use crate::blocks::{BlockPool, ROOT_HASH};
 use crate::config::EngineConfig;
-use crate::model::{SeqStep, StepModel};
+use crate::model::{Logits, SeqStep, StepModel};
 use crate::request::{Event, FinishReason};
 use crate::sequence::{Pending, Sequence};
 use crate::stats::EngineStats;
@@ -75,8 +75,9 @@ pub(crate) struct Scheduler<'t> {
     running_slots: usize,
     /// Counters (occupancy fields are filled in by `stats`).
     counters: EngineStats,
-    /// The logits of the last step, kept to be reused by the next (no allocation per step).
-    logits: Vec<f32>,
+    /// The logits of the last step, kept to be reused by the next (no allocation per step), in
+    /// the memory the model asked for.
+    logits: Logits,
 }
 
 impl<'t> Scheduler<'t> {
@@ -89,6 +90,10 @@ impl<'t> Scheduler<'t> {
         let mut pool = BlockPool::new(model.kv_blocks(), cfg.block_size);
         let state_slots = model.state_slots();
         let running_slots = cfg.max_running.min(state_slots);
+        let logits = model
+            .logits_memory()
+            .map(Logits::with_memory)
+            .unwrap_or_default();
         if state_slots > 0 {
             pool = pool.with_snapshots(running_slots as u32, state_slots - running_slots);
         }
@@ -106,7 +111,7 @@ impl<'t> Scheduler<'t> {
             running: Vec::new(),
             reserved: 0,
             counters: EngineStats::default(),
-            logits: Vec::new(),
+            logits,
         }
     }
 
@@ -294,7 +299,7 @@ impl<'t> Scheduler<'t> {
             .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
         let t1 = Instant::now();
         drop(steps);
-        self.take_logits(plan, outcomes, result, &logits);
+        self.take_logits(plan, outcomes, result, logits.rows());
         self.logits = logits;
         self.counters.forward_ns += (t1 - t0).as_nanos() as u64;
         self.counters.sample_ns += t1.elapsed().as_nanos() as u64;

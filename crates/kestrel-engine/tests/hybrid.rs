@@ -55,7 +55,7 @@ impl StepModel for Recording {
     fn block_size(&self) -> usize {
         StepModel::block_size(&self.inner)
     }
-    fn forward(&mut self, seqs: &[SeqStep<'_>], out: &mut Vec<f32>) -> Result<(), String> {
+    fn forward(&mut self, seqs: &[SeqStep<'_>], out: &mut kestrel_engine::Logits) -> Result<(), String> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         if let Some((at, go)) = &self.hold_at {
             while n == *at && !go.load(Ordering::SeqCst) {
@@ -65,7 +65,7 @@ impl StepModel for Recording {
         self.inner.forward(seqs, out)?;
         let vocab = StepModel::vocab_size(&self.inner);
         let mut log = self.logits.lock().expect("log");
-        log.extend(out.chunks_exact(vocab).map(<[f32]>::to_vec));
+        log.extend(out.rows().chunks_exact(vocab).map(<[f32]>::to_vec));
         Ok(())
     }
     fn copy_block(&mut self, src: u32, dst: u32, n: usize) {

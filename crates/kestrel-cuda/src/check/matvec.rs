@@ -87,6 +87,13 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                                 format!("rows/warp {r}"),
                             ));
                         }
+                        for r in [1usize, 2] {
+                            kernels.push((
+                                format!("mv_{}_1_{epi}_h{r}", kind.name()),
+                                rows.div_ceil(8 * r) as u32,
+                                format!("rows/half-warp {r}"),
+                            ));
+                        }
                     }
                     for (name, grid, label) in &kernels {
                         let base = rng.vec(nt * rows, 1.0);
@@ -187,6 +194,8 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
             for r in [2usize, 4] {
                 if rows.iter().all(|n| n % r == 0) {
                     kernels.push((format!("mvx_1_r{r}"), r));
+                    // half-warp rows: 2 (h1) or 4 (h2) rows per warp
+                    kernels.push((format!("mvx_1_h{}", r / 2), r));
                 }
             }
         }
@@ -281,7 +290,16 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
     for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
         let kquant = matches!(kind, Kind::Q4K | Kind::Q6K);
         let shapes: &[(usize, usize)] = if kquant {
-            &[(12288, 4096), (4096, 12288), (6144, 4096), (4096, 4096)]
+            // the 8B's four decode shapes, then two of a 1024-wide model (16 units per row):
+            // the gate/up and the output's rows
+            &[
+                (12288, 4096),
+                (4096, 12288),
+                (6144, 4096),
+                (4096, 4096),
+                (3584, 1024),
+                (65536, 1024),
+            ]
         } else {
             &[(12288, 4096)]
         };
@@ -324,6 +342,24 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         rows.div_ceil(4 * r) as u32,
                     ));
                 }
+                for r in [1usize, 2] {
+                    variants.push((
+                        format!("mv_{}_1_0_h{r}", kind.name()),
+                        rows.div_ceil(8 * r) as u32,
+                    ));
+                }
+            }
+            // the fused SwiGLU (gate and up: here the same matrix twice) on the gate/up shape
+            let swiglu_from = variants.len();
+            if kquant && si == 0 {
+                variants.push(crate::matmul::matvec_kernel(kind, rows, cols, 1, 2));
+                for w in [1usize, 2, 4] {
+                    variants.push((
+                        format!("mv_{}_1_2_{w}", kind.name()),
+                        rows.div_ceil(4 / w) as u32,
+                    ));
+                }
+                variants.push((format!("mv_{}_1_2_r2", kind.name()), rows.div_ceil(8) as u32));
             }
             let (r, c) = (rows as i32, cols as i32);
             for (vi, (name, grid)) in variants.iter().enumerate() {
@@ -377,9 +413,14 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 let label = match (first, vi) {
                     (true, _) => kind.name().to_string(),
                     (false, 0) => format!("{rows}x{cols} {name} (decode's, graph)"),
+                    (false, v) if v == swiglu_from => {
+                        format!("{rows}x{cols} {name} (decode's SwiGLU, 2 matrices, graph)")
+                    }
                     _ => format!("{rows}x{cols} {name} (graph)"),
                 };
-                res.push((label, us, dev.len() as f64 / us / 1e3));
+                // a SwiGLU launch reads two matrices
+                let bytes = dev.len() * if vi >= swiglu_from { 2 } else { 1 };
+                res.push((label, us, bytes as f64 / us / 1e3));
             }
         }
     }

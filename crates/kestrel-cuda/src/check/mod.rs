@@ -36,6 +36,39 @@ impl Rng {
     }
 }
 
+/// The logits download of a decode step of 32 sequences over a 248,320-token vocabulary (the
+/// Qwen3.5 models'), three ways: into pageable memory (a `Vec`), into page-locked memory, and
+/// page-locked then copied into a `Vec`. (label, ms, GB/s), best of 5.
+pub fn perf_download(gpu: &Gpu) -> Result<Vec<(String, f64, f64)>> {
+    let n = 32 * 248_320;
+    let dev = gpu.upload_f32(&vec![0.5f32; n])?;
+    let mut pageable = vec![0f32; n];
+    let mut pinned = gpu.pinned_f32(n)?;
+    let mut res = Vec::new();
+    let mb = (n * 4) as f64 / 1e6;
+    for way in ["pageable Vec", "pinned", "pinned + copy into a Vec"] {
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            match way {
+                "pageable Vec" => gpu.read(dev.ptr, &mut pageable)?,
+                _ => {
+                    gpu.read_pinned(dev.ptr, &mut pinned, n)?;
+                    if way != "pinned" {
+                        pageable.copy_from_slice(pinned.as_slice()?);
+                    }
+                }
+            }
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
+        }
+        res.push((format!("{mb:.1} MB logits, {way}"), best, mb / best));
+    }
+    if pageable.iter().any(|&x| x != 0.5) {
+        return Err(CudaError::Other("the logits download came back wrong".into()));
+    }
+    Ok(res)
+}
+
 /// One case's outcome.
 #[derive(Debug, Clone)]
 pub struct CaseResult {

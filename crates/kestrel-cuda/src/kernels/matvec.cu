@@ -231,6 +231,65 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
     }
 }
 
+// One token, short rows: a K-quant row of 1024 columns is 16 units, so a warp per row leaves
+// half its lanes idle (every mat-vec of a 1024-wide model, the 248k-row output included). Here
+// each half-warp takes rows instead: lane l of half h takes units l, l + 16, ... of rows
+// row0 + 2r + h (r < R), sums over its half (xor shuffles below 16 stay in it), and lane 0 of
+// the half stores. Rows past the end re-read the last row; only the stores are guarded.
+__device__ __forceinline__ float half_warp_sum(float v) {
+    for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int TY, int EPI, int R>
+__device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2,
+                                              int rows, int cols, int row0, const i8* __restrict__ xq,
+                                              const float2* __restrict__ xd, float* __restrict__ out) {
+    int lane = threadIdx.x & 31, half = lane >> 4, hl = lane & 15;
+    int bpr = cols / Blk<TY>::QK;
+    u64 nblk = (u64)rows * bpr;
+    int units = cols / Blk<TY>::UNIT;
+    float acc[R][1], acc2[R][1];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][0] = acc2[r][0] = 0.f;
+#pragma unroll 2
+    for (int u = hl; u < units; u += 16) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int row = min(row0 + 2 * r + half, rows - 1);
+            unit_acc<TY, 1>(W, nblk, row, bpr, u, xq, xd, cols, acc[r]);
+            if (EPI == 2) unit_acc<TY, 1>(W2, nblk, row, bpr, u, xq, xd, cols, acc2[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = half_warp_sum(acc[r][0]);
+        float v2 = EPI == 2 ? half_warp_sum(acc2[r][0]) : 0.f;
+        int row = row0 + 2 * r + half;
+        if (hl == 0 && row < rows) {
+            float* o = out + row;
+            if (EPI == 0) *o = v;
+            else if (EPI == 1) *o += v;
+            else *o = silu(v) * v2;
+        }
+    }
+}
+
+// mv_<type>_1_<epi>_h<R>: 2R rows per warp, R per half-warp.
+#define MVH1(NAME, TY, EPI, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
+        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
+        const float* xf, float* out, int old) {                                                  \
+        half_rows_acc<TY, EPI, R>(W, W2, rows, cols, (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R, xq, xd, out); \
+    }
+#define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
+    MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
+MVH(q4_0, T_Q4_0)
+MVH(q5_0, T_Q5_0)
+MVH(q8_0, T_Q8_0)
+MVH(q4_k, T_Q4_K)
+MVH(q6_k, T_Q6_K)
+
 #define MVR1(NAME, TY, EPI, R)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
@@ -391,6 +450,39 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
         }
     }
 }
+// As mvx_r, half-warp rows (short rows): warp g takes rows 2gR .. 2gR + 2R - 1 of the
+// concatenation, inside one matrix when every matrix's row count is a multiple of 2R.
+template <int R>
+__device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
+                                      float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
+                                      int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd) {
+    int g = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;
+    const u8* W;
+    int rows, ty, row;
+    float* out;
+    if (g < r0) { W = W0; rows = r0; ty = t0; row = g; out = o0; }
+    else if (g < r0 + r1) { W = W1; rows = r1; ty = t1; row = g - r0; out = o1; }
+    else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
+    else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
+    else return;
+    switch (ty) {
+    case T_Q4_0: half_rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: half_rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: half_rows_acc<T_Q8_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: half_rows_acc<T_Q4_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: half_rows_acc<T_Q6_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    default: break;  // f32 / f16: the host never picks this kernel for them
+    }
+}
+#define MVXH(R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
+        const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
+        const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
+        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
+        mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
+    }
+MVXH(1) MVXH(2)
+
 #define MVXR(R)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \

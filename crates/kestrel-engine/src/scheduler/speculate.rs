@@ -102,16 +102,16 @@ impl Scheduler<'_> {
                     }
                 })
                 .collect();
-            let mut logits = Vec::new();
+            let mut logits = crate::model::Logits::default();
             match draft.forward(&steps, &mut logits) {
-                Ok(()) if logits.len() == steps.len() * self.vocab => {}
+                Ok(()) if logits.rows().len() == steps.len() * self.vocab => {}
                 _ => {
                     drop(steps);
                     return self.drop_drafts(plan);
                 }
             };
             drop(steps);
-            for ((&i, &(_, to)), l) in active.iter().zip(&spans).zip(logits.chunks(self.vocab)) {
+            for ((&i, &(_, to)), l) in active.iter().zip(&spans).zip(logits.rows().chunks(self.vocab)) {
                 let seq = &mut self.running[plan[i].seq];
                 seq.spec.draft_computed = to;
                 let Some(sampler) = seq.spec.draft_sampler.as_mut() else {
@@ -164,7 +164,7 @@ impl Scheduler<'_> {
                 }
             })
             .collect();
-        let result = draft.forward(&steps, &mut Vec::new());
+        let result = draft.forward(&steps, &mut crate::model::Logits::default());
         drop(steps);
         for p in prefills {
             match &result {
