@@ -355,8 +355,9 @@ impl<'t> Scheduler<'t> {
             Err(e) => return fail_all(outcomes, format!("model error: {e}")),
         }
 
+        let picks = self.sample_in_parallel(plan, logits, rows);
         let mut k = 0;
-        for p in plan {
+        for (i, p) in plan.iter().enumerate() {
             let logits = &logits[k * self.vocab..(k + rows(p)) * self.vocab];
             k += rows(p);
             if !p.prefill {
@@ -385,11 +386,73 @@ impl<'t> Scheduler<'t> {
             let seq = &mut self.running[p.seq];
             if p.want_logits && p.drafts == 0 {
                 self.counters.generated_tokens += 1;
-                if let Some(reason) = seq.on_logits(logits, &self.eog) {
+                let finished = match picks.get(i).copied().flatten() {
+                    Some(id) => seq.emit(id, logits, &self.eog),
+                    None => seq.on_logits(logits, &self.eog),
+                };
+                if let Some(reason) = finished {
                     outcomes[p.seq] = Some(Outcome::Finished(reason));
                 }
             }
         }
+    }
+
+    /// With many sequences sampling in one step, each one's token drawn on its own thread (by
+    /// plan index; `None`: left to the step loop, which samples in order). A 248k vocabulary
+    /// is 1 MB of logits per sequence, read from memory the GPU just wrote: 32 of them one
+    /// after another took longer than the GPU's whole step. Each sequence keeps its own
+    /// sampler (and random state), so the picks are the same as in order.
+    fn sample_in_parallel(
+        &mut self,
+        plan: &[Planned],
+        logits: &[f32],
+        rows: impl Fn(&Planned) -> usize,
+    ) -> Vec<Option<u32>> {
+        const MIN_ROWS: usize = 4;
+        let mut picks = vec![None; plan.len()];
+        let vocab = self.vocab;
+        let sampled = plan.iter().filter(|p| p.want_logits && p.drafts == 0).count();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(sampled / 2);
+        if sampled < MIN_ROWS || threads < 2 {
+            return picks;
+        }
+        // (plan index, the sequence's sampler and history, its logits row): disjoint borrows
+        let mut by_seq: Vec<Option<&mut Sequence<'t>>> = self.running.iter_mut().map(Some).collect();
+        let mut work = Vec::with_capacity(sampled);
+        let mut k = 0;
+        for (i, p) in plan.iter().enumerate() {
+            if p.want_logits && p.drafts == 0 {
+                if let (Some(seq), Some(row)) = (
+                    by_seq.get_mut(p.seq).and_then(Option::take),
+                    logits.get(k * vocab..(k + 1) * vocab),
+                ) {
+                    work.push((i, &mut seq.sampler, &seq.tokens[..], row));
+                }
+            }
+            k += rows(p);
+        }
+        let chunk = work.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = work
+                .chunks_mut(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter_mut()
+                            .map(|(i, sampler, history, row)| (*i, sampler.sample(row, history)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for h in handles {
+                // a thread that panicked leaves its sequences to the step loop
+                for (i, id) in h.join().unwrap_or_default() {
+                    picks[i] = Some(id);
+                }
+            }
+        });
+        picks
     }
 
     /// Removes cancelled requests (queued or running). A running one keeps what it computed

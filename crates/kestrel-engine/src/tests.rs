@@ -500,6 +500,50 @@ fn batching_decodes_several_sequences_per_step_and_matches_solo_runs() {
 }
 
 #[test]
+fn sampling_many_sequences_at_once_draws_what_each_would_alone() {
+    // 8 sequences decode together, so their tokens are drawn on several threads; each keeps
+    // its own seeded sampler, so every one draws what it draws alone. Temperature 8 flattens
+    // the mock's logits (the planted token 10, the rest 0-1.2): the draws are really random.
+    let sampled = |i: u32, p: &[u32]| GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 8.0,
+            repeat_penalty: 1.1,
+            repeat_last_n: 16,
+            seed: Some(1000 + i as u64),
+            ..SamplingParams::greedy()
+        },
+        ..req(p.to_vec(), 10)
+    };
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(200 + i, 9 + 3 * i as usize)).collect();
+    let solo: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut h = Harness::new(cfg(16, 512, 512, 8), 64);
+            let mut c = h.submit(sampled(i as u32, p));
+            h.run();
+            c.tokens()
+        })
+        .collect();
+    let mut h = Harness::new(cfg(16, 512, 512, 8), 64);
+    let mut cs: Vec<Client> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| h.submit(sampled(i as u32, p)))
+        .collect();
+    h.run();
+    for (c, s) in cs.iter_mut().zip(&solo) {
+        assert_eq!(&c.tokens(), s);
+    }
+    assert_eq!(h.s.stats().max_step_decodes, 8);
+    // not the planted token every time: the temperature made them random draws
+    let planted = solo.iter().flatten().count();
+    let distinct: std::collections::HashSet<_> = solo.iter().flatten().collect();
+    assert!(distinct.len() > planted / 4, "{} distinct of {planted}", distinct.len());
+    h.finish();
+}
+
+#[test]
 fn eog_stops_unless_ignored() {
     // The model wants eog (id 0) as the 4th generated token.
     let p = prompt(100, 10);
