@@ -58,8 +58,8 @@ impl kestrel_engine::LogitsMemory for PinnedLogits {
             return Ok(());
         }
         self.mem = None; // free the old one first
-        // SAFETY: the memory is read only after a download wrote it (stale floats otherwise,
-        // which the contract allows); flags 0: cached (the host reads it), not write-combined.
+                         // SAFETY: the memory is read only after a download wrote it (stale floats otherwise,
+                         // which the contract allows); flags 0: cached (the host reads it), not write-combined.
         let mut slice = unsafe { self.ctx.alloc_pinned_with_flags::<f32>(n.max(1), 0) }
             .map_err(|e| format!("page-locked memory for {n} logits: {e}"))?;
         let ptr = slice

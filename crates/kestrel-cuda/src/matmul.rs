@@ -142,7 +142,11 @@ impl CudaModel {
         // (kernel, rows per warp)
         let (name, r) = if nt == 1 && all_int8 && short && even(2) {
             // short rows: each half-warp takes rows; a matrix's rows pair up (or quadruple)
-            let h = if even(4) { half_rows_per_warp(total_rows, true) } else { 1 };
+            let h = if even(4) {
+                half_rows_per_warp(total_rows, true)
+            } else {
+                1
+            };
             (format!("mvx_1_h{h}"), 2 * h)
         } else if nt == 1 && all_int8 && even(2) {
             match rows_per_warp(total_rows, true) {

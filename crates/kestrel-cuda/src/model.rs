@@ -843,7 +843,9 @@ impl kestrel_engine::StepModel for CudaModel {
         CudaModel::forward_into(self, &s, out).map_err(|e| e.to_string())
     }
     fn logits_memory(&self) -> Option<Box<dyn kestrel_engine::LogitsMemory>> {
-        Some(Box::new(crate::device::PinnedLogits::new(self.gpu.ctx.clone())))
+        Some(Box::new(crate::device::PinnedLogits::new(
+            self.gpu.ctx.clone(),
+        )))
     }
     fn state_slots(&self) -> usize {
         self.state.n_slots

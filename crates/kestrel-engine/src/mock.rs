@@ -134,7 +134,11 @@ impl StepModel for MockModel {
         self.block_size
     }
 
-    fn forward(&mut self, seqs: &[SeqStep<'_>], out: &mut crate::model::Logits) -> Result<(), String> {
+    fn forward(
+        &mut self,
+        seqs: &[SeqStep<'_>],
+        out: &mut crate::model::Logits,
+    ) -> Result<(), String> {
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }

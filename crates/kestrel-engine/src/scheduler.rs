@@ -411,7 +411,10 @@ impl<'t> Scheduler<'t> {
         const MIN_ROWS: usize = 4;
         let mut picks = vec![None; plan.len()];
         let vocab = self.vocab;
-        let sampled = plan.iter().filter(|p| p.want_logits && p.drafts == 0).count();
+        let sampled = plan
+            .iter()
+            .filter(|p| p.want_logits && p.drafts == 0)
+            .count();
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(sampled / 2);
@@ -419,7 +422,8 @@ impl<'t> Scheduler<'t> {
             return picks;
         }
         // (plan index, the sequence's sampler and history, its logits row): disjoint borrows
-        let mut by_seq: Vec<Option<&mut Sequence<'t>>> = self.running.iter_mut().map(Some).collect();
+        let mut by_seq: Vec<Option<&mut Sequence<'t>>> =
+            self.running.iter_mut().map(Some).collect();
         let mut work = Vec::with_capacity(sampled);
         let mut k = 0;
         for (i, p) in plan.iter().enumerate() {

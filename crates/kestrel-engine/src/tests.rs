@@ -514,7 +514,9 @@ fn sampling_many_sequences_at_once_draws_what_each_would_alone() {
         },
         ..req(p.to_vec(), 10)
     };
-    let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(200 + i, 9 + 3 * i as usize)).collect();
+    let prompts: Vec<Vec<u32>> = (0..8)
+        .map(|i| prompt(200 + i, 9 + 3 * i as usize))
+        .collect();
     let solo: Vec<Vec<u32>> = prompts
         .iter()
         .enumerate()
@@ -539,7 +541,11 @@ fn sampling_many_sequences_at_once_draws_what_each_would_alone() {
     // not the planted token every time: the temperature made them random draws
     let planted = solo.iter().flatten().count();
     let distinct: std::collections::HashSet<_> = solo.iter().flatten().collect();
-    assert!(distinct.len() > planted / 4, "{} distinct of {planted}", distinct.len());
+    assert!(
+        distinct.len() > planted / 4,
+        "{} distinct of {planted}",
+        distinct.len()
+    );
     h.finish();
 }
 

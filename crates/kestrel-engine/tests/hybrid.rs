@@ -55,7 +55,11 @@ impl StepModel for Recording {
     fn block_size(&self) -> usize {
         StepModel::block_size(&self.inner)
     }
-    fn forward(&mut self, seqs: &[SeqStep<'_>], out: &mut kestrel_engine::Logits) -> Result<(), String> {
+    fn forward(
+        &mut self,
+        seqs: &[SeqStep<'_>],
+        out: &mut kestrel_engine::Logits,
+    ) -> Result<(), String> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         if let Some((at, go)) = &self.hold_at {
             while n == *at && !go.load(Ordering::SeqCst) {

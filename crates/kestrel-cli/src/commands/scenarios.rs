@@ -224,7 +224,8 @@ pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     let reps = args.reps.max(1);
     let mut first = true;
     for &c in &levels {
-        let (mut aggs, mut walls, mut fwd, mut eng) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut aggs, mut walls, mut fwd, mut eng) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for rep in 0..reps + usize::from(first) {
             let r = concurrent_round(&engine, c, rep, vocab)?;
             if first {
@@ -243,8 +244,10 @@ pub fn concurrent(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
             "{c:>4} {agg:>14.1} tok/s {:>10.1} tok/s {wall:>10.2} {fwd:>11.2} ms {eng:>11.2} ms",
             agg / c as f64
         );
-        rows.push(json!({"concurrency": c, "aggregate_decode_tok_s": agg, "wall_s": wall,
-            "forward_ms_per_step": fwd, "engine_ms_per_step": eng}));
+        rows.push(
+            json!({"concurrency": c, "aggregate_decode_tok_s": agg, "wall_s": wall,
+            "forward_ms_per_step": fwd, "engine_ms_per_step": eng}),
+        );
     }
     if args.json {
         println!(

@@ -359,7 +359,10 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         rows.div_ceil(4 / w) as u32,
                     ));
                 }
-                variants.push((format!("mv_{}_1_2_r2", kind.name()), rows.div_ceil(8) as u32));
+                variants.push((
+                    format!("mv_{}_1_2_r2", kind.name()),
+                    rows.div_ceil(8) as u32,
+                ));
             }
             let (r, c) = (rows as i32, cols as i32);
             for (vi, (name, grid)) in variants.iter().enumerate() {

@@ -64,7 +64,9 @@ pub fn perf_download(gpu: &Gpu) -> Result<Vec<(String, f64, f64)>> {
         res.push((format!("{mb:.1} MB logits, {way}"), best, mb / best));
     }
     if pageable.iter().any(|&x| x != 0.5) {
-        return Err(CudaError::Other("the logits download came back wrong".into()));
+        return Err(CudaError::Other(
+            "the logits download came back wrong".into(),
+        ));
     }
     Ok(res)
 }

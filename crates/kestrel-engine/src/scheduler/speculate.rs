@@ -111,7 +111,11 @@ impl Scheduler<'_> {
                 }
             };
             drop(steps);
-            for ((&i, &(_, to)), l) in active.iter().zip(&spans).zip(logits.rows().chunks(self.vocab)) {
+            for ((&i, &(_, to)), l) in active
+                .iter()
+                .zip(&spans)
+                .zip(logits.rows().chunks(self.vocab))
+            {
                 let seq = &mut self.running[plan[i].seq];
                 seq.spec.draft_computed = to;
                 let Some(sampler) = seq.spec.draft_sampler.as_mut() else {

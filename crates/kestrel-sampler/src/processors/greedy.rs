@@ -108,7 +108,9 @@ mod tests {
             x
         };
         for n in [1usize, 15, 16, 17, 1023, 1024, 1025, 5000, 151_936] {
-            let mut v: Vec<f32> = (0..n).map(|_| (next() % 2000) as f32 / 100.0 - 10.0).collect();
+            let mut v: Vec<f32> = (0..n)
+                .map(|_| (next() % 2000) as f32 / 100.0 - 10.0)
+                .collect();
             assert_eq!(argmax_logits(&v), plain(&v), "n {n}");
             // a tie of the maximum in two chunks, NaNs and -inf sprinkled in
             let top = 25.0;
@@ -118,10 +120,18 @@ mod tests {
             for _ in 0..n / 50 {
                 let i = (next() as usize) % n;
                 if i != a && i != b {
-                    v[i] = if next() % 2 == 0 { f32::NAN } else { f32::NEG_INFINITY };
+                    v[i] = if next() % 2 == 0 {
+                        f32::NAN
+                    } else {
+                        f32::NEG_INFINITY
+                    };
                 }
             }
-            assert_eq!(argmax_logits(&v), Some(a.min(b) as u32), "n {n}: the first of the tie");
+            assert_eq!(
+                argmax_logits(&v),
+                Some(a.min(b) as u32),
+                "n {n}: the first of the tie"
+            );
             assert_eq!(argmax_logits(&v), plain(&v), "n {n}");
         }
     }

@@ -88,7 +88,10 @@ impl ToolSpec {
         if self.param_type(key).is_some() {
             return Some(key);
         }
-        let mut found = self.params.iter().filter(|(k, _)| k.eq_ignore_ascii_case(key));
+        let mut found = self
+            .params
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(key));
         match (found.next(), found.next()) {
             (Some((k, _)), None) => Some(k.as_str()),
             _ => None,

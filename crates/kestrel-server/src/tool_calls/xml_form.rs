@@ -269,10 +269,25 @@ mod tests {
             }}
         }})]);
         // `PATH` could be `path` or `Path`: kept as written, and the `>` slip is not taken
-        let calls = parse_functions("<function=f><parameter=PATH>x</parameter></function>", &t, true).unwrap();
+        let calls = parse_functions(
+            "<function=f><parameter=PATH>x</parameter></function>",
+            &t,
+            true,
+        )
+        .unwrap();
         assert_eq!(calls[0].arguments, r#"{"PATH":"x"}"#);
-        assert!(parse_functions("<function=f><parameter>PATH>x</parameter></function>", &t, true).is_none());
-        let calls = parse_functions("<function=f><parameter=N>3</parameter></function>", &t, true).unwrap();
+        assert!(parse_functions(
+            "<function=f><parameter>PATH>x</parameter></function>",
+            &t,
+            true
+        )
+        .is_none());
+        let calls = parse_functions(
+            "<function=f><parameter=N>3</parameter></function>",
+            &t,
+            true,
+        )
+        .unwrap();
         assert_eq!(calls[0].arguments, r#"{"n":3}"#);
     }
 
