@@ -67,7 +67,7 @@ fn detect_and_request(turned_off: bool) -> AmxState {
     }
     let leaf7 = __cpuid_count(7, 0);
     let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
-    if !tile || !int8 || !crate::repack::avx512_available() {
+    if !tile || !int8 || !crate::cpu::avx512_available() {
         return AmxState::NotInCpu;
     }
     // XCR0 via XGETBV, valid once CPUID.1:ECX.OSXSAVE (bit 27) says the OS enabled it.

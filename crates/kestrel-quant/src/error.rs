@@ -24,7 +24,7 @@ pub enum QuantError {
         got: usize,
     },
     #[error("kernel backend {0:?} is not available on this CPU")]
-    BackendUnavailable(crate::dot::Backend),
+    BackendUnavailable(crate::cpu::Backend),
     #[error("{ty} is not supported by {op}")]
     Unsupported { ty: GgmlType, op: &'static str },
 }

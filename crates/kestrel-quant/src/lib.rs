@@ -12,12 +12,15 @@
 //!   against several activation rows, decoding each weight block once (batched prefill).
 //! - [`repack`]: weights regrouped at load for the AVX-512 kernels; prefill's K-quant matmuls
 //!   take their integer sums from [`amx`] tiles where the CPU and OS allow it.
+//! - [`cpu`]: what this CPU runs (the dot backend, the vendor, AVX-512), asked by the others;
+//!   [`kernels_summary`] puts the choices of all of them into one line.
 //!
 //! All lengths are checked up front and reported as [`QuantError`]; rows are read with
 //! unaligned loads, so any `&[u8]` from a mapped GGUF works.
 
 pub mod amx;
 pub mod blocks;
+pub mod cpu;
 mod dequant;
 pub mod dot;
 mod error;
@@ -28,28 +31,38 @@ pub mod repack;
 pub use blocks::row_bytes;
 pub use dequant::dequantize_row;
 pub use dot::{
-    has_vec_dot, kernels_summary, matmul_few, matvec, try_vec_dot, vec_dot, vec_dot_multi,
-    vec_dot_multi_with, vec_dot_rows, vec_dot_rows_each, vec_dot_rows_each_with, vec_dot_rows_with,
-    vec_dot_type, Backend,
+    has_vec_dot, matmul_few, matvec, try_vec_dot, vec_dot, vec_dot_multi, vec_dot_multi_with,
+    vec_dot_rows, vec_dot_rows_each, vec_dot_rows_each_with, vec_dot_rows_with, vec_dot_type,
+    Backend,
 };
 pub use error::QuantError;
 pub use kestrel_gguf::GgmlType;
 pub use quantize::{quantize_activation_row, quantize_row};
 
-/// Whether CPUID names AMD as the vendor: some prefetch settings are tuned per vendor, as
-/// measured (the weight stream's in [`repack::weight_prefetch_ahead`], the K/V cache's in
-/// decode attention).
-pub fn cpu_is_amd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // CPUID leaf 0 exists on every x86-64 CPU.
-        let r = std::arch::x86_64::__cpuid(0);
-        let mut vendor = [0u8; 12];
-        vendor[0..4].copy_from_slice(&r.ebx.to_le_bytes());
-        vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
-        vendor[8..12].copy_from_slice(&r.ecx.to_le_bytes());
-        &vendor == b"AuthenticAMD"
+pub use cpu::{avx512_available, cpu_is_amd};
+
+/// The CPU kernels this process runs, in words (for `kestrel bench` and logs): the dot
+/// backend, and AMX where the prefill matmuls use it.
+pub fn kernels_summary() -> String {
+    let base = match cpu::Backend::detect() {
+        cpu::Backend::Generic => "portable (scalar)".to_string(),
+        cpu::Backend::Avx2 => "AVX2".to_string(),
+        cpu::Backend::Avx512Vnni => {
+            let ahead = crate::repack::weight_prefetch_ahead();
+            let prefetch = if ahead == 0 {
+                "no weight prefetch".to_string()
+            } else {
+                format!("decode prefetches weights {ahead} B ahead")
+            };
+            format!("AVX-512 VNNI (Q4_K, Q6_K, Q8_0, Q5_0 repacked; {prefetch})")
+        }
+    };
+    match crate::amx::state() {
+        crate::amx::AmxState::On => format!(
+            "{base}; AMX int8 for Q4_K and Q6_K matmuls of {}+ tokens",
+            crate::repack::AMX_MIN_TOKENS
+        ),
+        crate::amx::AmxState::NotInCpu => base,
+        other => format!("{base}; AMX {other}"),
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }

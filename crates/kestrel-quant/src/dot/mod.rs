@@ -18,7 +18,6 @@ mod x86;
 use crate::blocks::check_row;
 use crate::QuantError;
 use kestrel_gguf::GgmlType;
-use std::sync::OnceLock;
 
 /// The type activations must be quantized to before [`vec_dot`] with a weight of type `w`;
 /// the same pairing as llama.cpp's CPU backend, except F16/BF16 which take F32 activations
@@ -55,88 +54,7 @@ pub fn has_vec_dot(w: GgmlType) -> bool {
     )
 }
 
-/// A kernel family. Ordered from slowest to fastest.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Backend {
-    /// Scalar reference, any CPU.
-    Generic,
-    /// x86 AVX2 + FMA + F16C.
-    Avx2,
-    /// x86 AVX-512 F/BW/VL + VNNI (plus the AVX2 set).
-    Avx512Vnni,
-}
-
-impl Backend {
-    /// The fastest backend this CPU runs, detected once. `KESTREL_QUANT_BACKEND=generic|avx2`
-    /// caps it (for debugging and A/B measurements); it can never pick an unsupported one.
-    pub fn detect() -> Backend {
-        static BEST: OnceLock<Backend> = OnceLock::new();
-        *BEST.get_or_init(|| {
-            let best = Backend::available()
-                .into_iter()
-                .max()
-                .unwrap_or(Backend::Generic);
-            match std::env::var("KESTREL_QUANT_BACKEND").as_deref() {
-                Ok("generic") => Backend::Generic,
-                Ok("avx2") => best.min(Backend::Avx2),
-                _ => best,
-            }
-        })
-    }
-
-    /// Every backend this CPU can run (always includes `Generic`).
-    pub fn available() -> Vec<Backend> {
-        let mut out = vec![Backend::Generic];
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        {
-            let avx2 = is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c");
-            if avx2 {
-                out.push(Backend::Avx2);
-                if is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vl")
-                    && is_x86_feature_detected!("avx512vnni")
-                {
-                    out.push(Backend::Avx512Vnni);
-                }
-            }
-        }
-        out
-    }
-
-    fn is_available(self) -> bool {
-        static AVAIL: OnceLock<Vec<Backend>> = OnceLock::new();
-        AVAIL.get_or_init(Backend::available).contains(&self)
-    }
-}
-
-/// The CPU kernels this process runs, in words (for `kestrel bench` and logs): the dot
-/// backend, and AMX where the prefill matmuls use it.
-pub fn kernels_summary() -> String {
-    let base = match Backend::detect() {
-        Backend::Generic => "portable (scalar)".to_string(),
-        Backend::Avx2 => "AVX2".to_string(),
-        Backend::Avx512Vnni => {
-            let ahead = crate::repack::weight_prefetch_ahead();
-            let prefetch = if ahead == 0 {
-                "no weight prefetch".to_string()
-            } else {
-                format!("decode prefetches weights {ahead} B ahead")
-            };
-            format!("AVX-512 VNNI (Q4_K, Q6_K, Q8_0, Q5_0 repacked; {prefetch})")
-        }
-    };
-    match crate::amx::state() {
-        crate::amx::AmxState::On => format!(
-            "{base}; AMX int8 for Q4_K and Q6_K matmuls of {}+ tokens",
-            crate::repack::AMX_MIN_TOKENS
-        ),
-        crate::amx::AmxState::NotInCpu => base,
-        other => format!("{base}; AMX {other}"),
-    }
-}
+pub use crate::cpu::Backend;
 
 /// Dot product of one weight row (`n` elements of `w`) with one activation row (`n` elements of
 /// `vec_dot_type(w)`), on the detected backend.

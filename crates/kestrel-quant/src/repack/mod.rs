@@ -323,15 +323,7 @@ fn with_b_tiles<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
     })
 }
 
-/// Whether the SIMD kernels run here (repacking pays only where they do).
-pub fn avx512_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::dot::Backend::detect() == crate::dot::Backend::Avx512Vnni
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
+pub use crate::cpu::avx512_available;
 
 /// How many bytes ahead of its reads a decode kernel (one to four tokens) prefetches the weight
 /// stream into L2, every line: `KESTREL_WEIGHT_PREFETCH=BYTES` (0 turns it off). The hardware

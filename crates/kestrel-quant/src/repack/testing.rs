@@ -66,7 +66,7 @@ pub(crate) fn assert_same_results(
     t: usize,
     what: &str,
 ) {
-    let avx512 = crate::dot::Backend::detect() == crate::dot::Backend::Avx512Vnni;
+    let avx512 = crate::cpu::Backend::detect() == crate::cpu::Backend::Avx512Vnni;
     for c in 0..t {
         for r in 0..super::R {
             let (a, b, m) = (

@@ -1,0 +1,90 @@
+//! What this CPU runs: the dot backend detected once, the vendor (some prefetch settings are
+//! tuned per vendor), and whether the AVX-512 kernels (and so the repacked layouts) apply. Every
+//! other module asks here; this one asks nothing of them.
+
+use std::sync::OnceLock;
+
+/// A kernel family. Ordered from slowest to fastest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Backend {
+    /// Scalar reference, any CPU.
+    Generic,
+    /// x86 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86 AVX-512 F/BW/VL + VNNI (plus the AVX2 set).
+    Avx512Vnni,
+}
+
+impl Backend {
+    /// The fastest backend this CPU runs, detected once. `KESTREL_QUANT_BACKEND=generic|avx2`
+    /// caps it (for debugging and A/B measurements); it can never pick an unsupported one.
+    pub fn detect() -> Backend {
+        static BEST: OnceLock<Backend> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            let best = Backend::available()
+                .into_iter()
+                .max()
+                .unwrap_or(Backend::Generic);
+            match std::env::var("KESTREL_QUANT_BACKEND").as_deref() {
+                Ok("generic") => Backend::Generic,
+                Ok("avx2") => best.min(Backend::Avx2),
+                _ => best,
+            }
+        })
+    }
+
+    /// Every backend this CPU can run (always includes `Generic`).
+    pub fn available() -> Vec<Backend> {
+        let mut out = vec![Backend::Generic];
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            if avx2 {
+                out.push(Backend::Avx2);
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
+                    out.push(Backend::Avx512Vnni);
+                }
+            }
+        }
+        out
+    }
+
+    pub(crate) fn is_available(self) -> bool {
+        static AVAIL: OnceLock<Vec<Backend>> = OnceLock::new();
+        AVAIL.get_or_init(Backend::available).contains(&self)
+    }
+}
+
+/// Whether CPUID names AMD as the vendor: some prefetch settings are tuned per vendor, as
+/// measured (the weight stream's in [`repack::weight_prefetch_ahead`], the K/V cache's in
+/// decode attention).
+pub fn cpu_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0 exists on every x86-64 CPU.
+        let r = std::arch::x86_64::__cpuid(0);
+        let mut vendor = [0u8; 12];
+        vendor[0..4].copy_from_slice(&r.ebx.to_le_bytes());
+        vendor[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        vendor[8..12].copy_from_slice(&r.ecx.to_le_bytes());
+        &vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the SIMD kernels run here (repacking pays only where they do).
+pub fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Backend::detect() == Backend::Avx512Vnni
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
