@@ -188,7 +188,7 @@ impl StepModel for MockModel {
                 }
             }
         }
-        out.set(&logits)?;
+        out.set_vec(logits)?;
         self.log
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -31,6 +31,11 @@ pub trait LogitsMemory: Send {
     fn as_mut_slice(&mut self) -> &mut [f32];
     /// Makes room for `n` floats; what was there may be lost.
     fn reserve(&mut self, n: usize) -> Result<(), String>;
+    /// Takes `v` as the memory itself, if this kind of memory can (a `Vec` can: no copy);
+    /// else gives it back.
+    fn adopt(&mut self, v: Vec<f32>) -> Result<(), Vec<f32>> {
+        Err(v)
+    }
 }
 
 impl LogitsMemory for Vec<f32> {
@@ -44,6 +49,10 @@ impl LogitsMemory for Vec<f32> {
         if self.len() < n {
             self.resize(n, 0.0);
         }
+        Ok(())
+    }
+    fn adopt(&mut self, v: Vec<f32>) -> Result<(), Vec<f32>> {
+        *self = v;
         Ok(())
     }
 }
@@ -81,6 +90,18 @@ impl Logits {
     pub fn set(&mut self, v: &[f32]) -> Result<(), String> {
         self.fill(v.len())?.copy_from_slice(v);
         Ok(())
+    }
+    /// Takes the owned `v` as the step's logits: moved in where the memory is a `Vec` (the CPU
+    /// model's step returns one), copied otherwise.
+    pub fn set_vec(&mut self, v: Vec<f32>) -> Result<(), String> {
+        let n = v.len();
+        match self.mem.adopt(v) {
+            Ok(()) => {
+                self.len = n;
+                Ok(())
+            }
+            Err(v) => self.set(&v),
+        }
     }
 }
 
@@ -120,5 +141,44 @@ pub trait StepModel: Send {
     /// model given no state slots.
     fn unsupported(&self) -> Option<String> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Memory that cannot adopt a Vec (as a GPU's page-locked buffer).
+    struct Fixed(Vec<f32>);
+    impl LogitsMemory for Fixed {
+        fn as_slice(&self) -> &[f32] {
+            &self.0
+        }
+        fn as_mut_slice(&mut self) -> &mut [f32] {
+            &mut self.0
+        }
+        fn reserve(&mut self, n: usize) -> Result<(), String> {
+            if self.0.len() < n {
+                self.0 = vec![0.0; n];
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn logits_are_moved_into_a_vec_and_copied_into_other_memory() {
+        let mut l = Logits::default();
+        let v = vec![1.0, 2.0, 3.0];
+        let at = v.as_ptr();
+        l.set_vec(v).unwrap();
+        assert_eq!(l.rows(), &[1.0, 2.0, 3.0]);
+        assert_eq!(l.rows().as_ptr(), at, "moved, not copied");
+        l.fill(2).unwrap().copy_from_slice(&[5.0, 6.0]);
+        assert_eq!(l.rows(), &[5.0, 6.0]);
+        let mut f = Logits::with_memory(Box::new(Fixed(Vec::new())));
+        f.set_vec(vec![7.0; 4]).unwrap();
+        assert_eq!(f.rows(), &[7.0; 4]);
+        f.set_vec(vec![8.0; 2]).unwrap();
+        assert_eq!(f.rows(), &[8.0; 2], "a shorter step over the same memory");
     }
 }

@@ -29,7 +29,7 @@ impl StepModel for PagedModel {
                 all_logits: s.all_logits,
             })
             .collect();
-        logits.set(&self.step(&steps).map_err(|e| e.to_string())?)
+        logits.set_vec(self.step(&steps).map_err(|e| e.to_string())?)
     }
 
     fn state_slots(&self) -> usize {
