@@ -228,47 +228,39 @@ impl Metrics {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
-        let spec = [
+        // the engine's counters since start (times in seconds)
+        let secs = |ns: u64| format!("{:.6}", ns as f64 * 1e-9);
+        let engine = [
             (
                 "kestrel_spec_proposed_tokens_total",
                 "Speculative decoding: tokens proposed (lookup or draft model).",
-                stats.spec_proposed,
+                stats.spec_proposed.to_string(),
             ),
             (
                 "kestrel_spec_accepted_tokens_total",
                 "Speculative decoding: proposed tokens kept after verification.",
-                stats.spec_accepted,
+                stats.spec_accepted.to_string(),
             ),
-        ];
-        for (name, help, v) in spec {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
-        }
-        let name = "kestrel_forward_steps_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Model forward passes (one per scheduler step).\n# TYPE {name} counter\n{name} {}",
-            stats.forward_steps
-        );
-        let times = [
+            (
+                "kestrel_forward_steps_total",
+                "Model forward passes (one per scheduler step).",
+                stats.forward_steps.to_string(),
+            ),
             (
                 "kestrel_forward_seconds_total",
                 "Time inside the model's forward passes (logits downloaded included).",
-                stats.forward_ns,
+                secs(stats.forward_ns),
             ),
             (
                 "kestrel_sample_seconds_total",
                 "Time the engine spent on the logits of each step: sampling, indexing, streaming.",
-                stats.sample_ns,
+                secs(stats.sample_ns),
             ),
         ];
-        for (name, help, ns) in times {
+        for (name, help, v) in engine {
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {:.6}",
-                ns as f64 * 1e-9
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
             );
         }
         out
