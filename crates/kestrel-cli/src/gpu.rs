@@ -394,6 +394,9 @@ pub fn check(
                 let shape = if ty.contains(' ') { "" } else { " 12288x4096" };
                 println!("perf mat-vec {ty:<5}{shape}, 1 token: {us:7.1} us, {gbs:6.0} GB/s of weights ({:.0}% of 4650)", 100.0 * gbs / 4650.0);
             }
+            for (what, us, gbs, tops) in kestrel_cuda::check::perf_mmq(&mut gpu, &mut rng)? {
+                println!("perf mat-mat {what}: {us:7.1} us, {gbs:6.0} GB/s of weights ({:.0}% of 4650), {tops:6.1} TOPS", 100.0 * gbs / 4650.0);
+            }
             for (way, ms, gbs) in kestrel_cuda::check::perf_download(&gpu)? {
                 println!("perf download {way}: {ms:.2} ms, {gbs:.1} GB/s");
             }

@@ -23,6 +23,7 @@ pub fn source() -> String {
     [
         include_str!("kernels/common.cuh"),
         include_str!("kernels/matvec.cu"),
+        include_str!("kernels/mmq.cu"),
         include_str!("kernels/elementwise.cu"),
         include_str!("kernels/attention.cu"),
         include_str!("kernels/deltanet.cu"),

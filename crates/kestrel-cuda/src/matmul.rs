@@ -1,11 +1,13 @@
 //! Matrix products of the CUDA backend: mat-vec kernels for steps of up to [`MATVEC_MAX`]
 //! tokens (int8 activations for the quantized types, one launch for up to [`MVX_MATS`] matrices
-//! sharing an input: attention's q/k/v, a DeltaNet layer's qkv/z/alpha/beta) and,
-//! above that, weights dequantized to f16 in row chunks and multiplied by cuBLAS.
+//! sharing an input: attention's q/k/v, a DeltaNet layer's qkv/z/alpha/beta); the int8
+//! tensor-core mat-mat (`kernels/mmq.cu`) for quantized weights up to [`MMQ_MAX`] tokens
+//! (batched decode); above that, weights dequantized to f16 in row chunks and multiplied by
+//! cuBLAS.
 
 use crate::error::{CudaError, Result};
 use crate::model::CudaModel;
-use crate::ops::{cfg, MATVEC_MAX};
+use crate::ops::{cfg, MATVEC_MAX, MMQ_MAX};
 use cudarc::driver::PushKernelArg;
 use kestrel_models::backend::{Buf, W};
 
@@ -97,6 +99,28 @@ pub fn matvec_kernel(
     (
         format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()),
         rows.div_ceil(4 / wpr) as u32,
+    )
+}
+
+/// The quantized mat-mat kernel for a step of `t` tokens over `rows` rows with epilogue `epi`
+/// (0 store, 1 add): token tiles of 16, 32 or 64 (the smallest that holds the step; longer
+/// steps take several tiles of 64), and its grid of 128-thread blocks of 16 rows.
+pub fn mmq_kernel(
+    kind: crate::weights::Kind,
+    rows: usize,
+    t: usize,
+    epi: u32,
+) -> (String, (u32, u32, u32)) {
+    let nj = if t <= 16 {
+        2
+    } else if t <= 32 {
+        4
+    } else {
+        8
+    };
+    (
+        format!("mmq_{}_{nj}_{epi}", kind.name()),
+        (rows.div_ceil(16) as u32, t.div_ceil(8 * nj) as u32, 1),
     )
 }
 
@@ -290,6 +314,9 @@ impl CudaModel {
             (m.kind, m.rows, m.cols, m.buf.ptr)
         };
         if rows > MATVEC_MAX {
+            if kind.int8_activations() && rows <= MMQ_MAX {
+                return self.mmq(w, x, op, add);
+            }
             return self.gemm(w, x, op, add);
         }
         let up_ptr = match up {
@@ -321,6 +348,37 @@ impl CudaModel {
                 .arg(&op)
                 .arg(&old)
                 .launch(cfg((grid, 1, 1), 128))?;
+        }
+        Ok(())
+    }
+
+    /// `out (+)= w · x` on the int8 mat-mat kernel (quantized `w`, at most [`MMQ_MAX`] tokens).
+    fn mmq(&mut self, w: W, x: Buf, out: u64, add: bool) -> Result<()> {
+        let t = self.rows(x);
+        let (kind, wrows, wcols, wp) = {
+            let m = self.matrix(w)?;
+            (m.kind, m.rows, m.cols, m.buf.ptr)
+        };
+        self.quantize(x)?;
+        let (name, grid) = mmq_kernel(kind, wrows, t, add as u32);
+        let f = self.gpu.func(&name)?;
+        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
+        let (r, c, ti) = (wrows as i32, wcols as i32, t as i32);
+        // SAFETY: as in flush; the 8-bit copy holds `t` rows of `wcols` (at most MMQ_MAX rows).
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&wp)
+                .arg(&r)
+                .arg(&c)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&c)
+                .arg(&ti)
+                .arg(&out)
+                .arg(&r)
+                .launch(cfg(grid, 128))?;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::ops::{Pending, MATVEC_MAX};
+use crate::ops::{Pending, MATVEC_MAX, MMQ_MAX};
 use crate::weights::DevMatrix;
 use cudarc::driver::sys;
 use kestrel_models::backend::{dense, hybrid, Buf};
@@ -265,6 +265,17 @@ const WF16_ELEMS: usize = 32 << 20;
 /// Splits of the context in decode attention (flash-decoding).
 pub const DECODE_SPLITS: usize = 32;
 
+/// Context splits of a step's attention: [`DECODE_SPLITS`] for steps of up to [`MATVEC_MAX`]
+/// tokens (few sequences: the context is what there is to spread), one above (every token
+/// and head already a block).
+pub fn decode_splits(t: usize) -> usize {
+    if t <= MATVEC_MAX {
+        DECODE_SPLITS
+    } else {
+        1
+    }
+}
+
 impl Scratch {
     /// Bytes of scratch for a model and a step size, for the memory plan.
     pub fn bytes_for(cfg: &ModelConfig, max_batch: usize, max_table: usize) -> u64 {
@@ -277,7 +288,7 @@ impl Scratch {
                 + 2 * cfg.ffn_dim
                 + cfg.vocab_size
                 + hybrid_floats(cfg)) as u64;
-        let q8 = MATVEC_MAX as u64 * widest * 3;
+        let q8 = MMQ_MAX as u64 * widest * 3;
         let act16 = t * widest * 2;
         let partial = Self::partial_floats(cfg, max_batch) as u64 * 4;
         4 * f32s
@@ -323,8 +334,8 @@ impl Scratch {
             alpha: f(t * nv)?,
             beta: f(t * nv)?,
             delta: f(t * vd)?,
-            xq: f(MATVEC_MAX * widest / 4 + 4)?,
-            xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
+            xq: f(MMQ_MAX * widest / 4 + 4)?,
+            xd: f(MMQ_MAX * widest.div_ceil(32) * 2 + 2)?,
             act16: gpu.alloc(t * widest * 2)?,
             wf16: gpu.alloc(WF16_ELEMS * 2)?,
             wf16_elems: WF16_ELEMS,
@@ -428,6 +439,8 @@ pub struct CudaModel {
     graphs: Graphs,
     /// Capture decode steps into CUDA graphs (default on; off for A/B checks).
     pub use_graphs: bool,
+    /// Every matrix is of a type the int8 kernels read (batched decode steps can be graphs).
+    int8_only: bool,
     pub weight_bytes: u64,
 }
 
@@ -499,6 +512,11 @@ impl CudaModel {
             None
         };
         weight_bytes += embed.bytes() as u64 + output.as_ref().map_or(0, |o| o.bytes() as u64);
+        let int8_only = layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .chain([output.as_ref().unwrap_or(&embed)])
+            .all(|m| m.kind.int8_activations());
         let output_norm = gpu.upload_f32(&recipes::output_norm(store, &cfg)?)?;
         let max_blocks_per_seq = shape.max_context.div_ceil(shape.block_size);
         let max_table = shape.max_batch.max(MATVEC_MAX) * max_blocks_per_seq;
@@ -533,6 +551,7 @@ impl CudaModel {
             max_blocks_per_seq,
             graphs: Graphs(HashMap::new()),
             use_graphs: true,
+            int8_only,
             weight_bytes,
         })
     }
@@ -698,11 +717,11 @@ impl CudaModel {
         self.step = StepState {
             t,
             n_out,
-            n_splits: if t <= MATVEC_MAX { DECODE_SPLITS } else { 1 },
+            n_splits: decode_splits(t),
             n_seqs,
             ..StepState::default()
         };
-        if t <= MATVEC_MAX && self.use_graphs {
+        if self.use_graphs && self.graphable(t, n_seqs) {
             self.replay(t, n_out, n_seqs)?;
         } else {
             self.run_recipe()?;
@@ -753,6 +772,13 @@ impl CudaModel {
         )
     }
 
+    /// Whether a step of `t` tokens over `n_seqs` sequences runs as a CUDA graph: every step of
+    /// up to [`MATVEC_MAX`] tokens, and batched decode (one token per sequence) up to
+    /// [`MMQ_MAX`] where every matrix takes the int8 kernels (no cuBLAS call in the step).
+    fn graphable(&self, t: usize, n_seqs: usize) -> bool {
+        t <= MATVEC_MAX || (t <= MMQ_MAX && t == n_seqs && self.int8_only)
+    }
+
     /// Launches the graph of this step shape, capturing it first if it is new.
     fn replay(&mut self, t: usize, n_out: usize, n_seqs: usize) -> Result<()> {
         let key = (t, n_out, n_seqs);
@@ -763,7 +789,7 @@ impl CudaModel {
             self.step = StepState {
                 t,
                 n_out,
-                n_splits: DECODE_SPLITS,
+                n_splits: decode_splits(t),
                 n_seqs,
                 ..StepState::default()
             };

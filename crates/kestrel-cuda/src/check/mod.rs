@@ -7,12 +7,14 @@
 use crate::device::Gpu;
 
 mod matvec;
+mod mmq;
 mod rows;
 use crate::error::{CudaError, Result};
 use crate::weights::Kind;
 use cudarc::driver::LaunchConfig;
 use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
+pub use mmq::{check_mmq, perf_mmq};
 pub use rows::{check_attention, check_epilogue, check_gemm_embed, check_norm};
 
 /// A small xorshift generator: inputs differ per case, and a case can be rerun from its seed.
@@ -150,6 +152,7 @@ pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
     let mut out = Vec::new();
     check_matvec(gpu, &mut rng, &mut out)?;
     check_mvx(gpu, &mut rng, &mut out)?;
+    check_mmq(gpu, &mut rng, &mut out)?;
     check_norm(gpu, &mut rng, &mut out)?;
     check_epilogue(gpu, &mut rng, &mut out)?;
     check_attention(gpu, &mut rng, &mut out)?;

@@ -1,0 +1,250 @@
+//! The int8 mat-mat cases (`kernels/mmq.cu`): every quantized type, token counts across the
+//! three tile widths and past one tile, both epilogues, a row count that leaves the last
+//! 16-row block partial; and its speed lines.
+
+use super::ggml;
+use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
+use crate::device::{DevBuf, Gpu};
+use crate::error::{CudaError, Result};
+use crate::matmul::mmq_kernel;
+use crate::weights::{to_device_layout, Kind};
+use cudarc::driver::PushKernelArg;
+
+const QUANTIZED: [Kind; 5] = [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0];
+
+/// `t` rows of `x` (`cols` wide) into 8-bit blocks on the device: (quants, scales).
+fn quantize(gpu: &mut Gpu, x: &DevBuf, t: usize, cols: usize) -> Result<(DevBuf, DevBuf)> {
+    let (dq, dd) = (gpu.alloc(t * cols)?, gpu.alloc(t * cols / 32 * 8)?);
+    let f = gpu.func("quantize_q")?;
+    let n = cols as i32;
+    // SAFETY: `x` holds t rows of cols floats; dq / dd are sized for them.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&x.ptr)
+            .arg(&dq.ptr)
+            .arg(&dd.ptr)
+            .arg(&n)
+            .launch(cfg((t as u32, cols.div_ceil(256) as u32, 1), 256))?;
+    }
+    Ok((dq, dd))
+}
+
+/// Launches `name` on `grid`: out (+)= W . x over `t` tokens.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    gpu: &mut Gpu,
+    name: &str,
+    grid: (u32, u32, u32),
+    w: u64,
+    rows: usize,
+    cols: usize,
+    q: &(DevBuf, DevBuf),
+    t: usize,
+    out: u64,
+) -> Result<()> {
+    let f = gpu.func(name)?;
+    let (r, c, ti) = (rows as i32, cols as i32, t as i32);
+    // SAFETY: w holds rows x cols of the kernel's type in the device layout; q holds t rows of
+    // 8-bit blocks; out holds t rows of `rows` floats.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&w)
+            .arg(&r)
+            .arg(&c)
+            .arg(&q.0.ptr)
+            .arg(&q.1.ptr)
+            .arg(&c)
+            .arg(&ti)
+            .arg(&out)
+            .arg(&r)
+            .launch(cfg(grid, 128))?;
+    }
+    Ok(())
+}
+
+/// The mat-mat against f64 dot products of the dequantized weights with the f32 activations
+/// (the 8-bit activations cost about 0.5%, as in the mat-vec cases: tolerance 1e-2). Outputs
+/// start as NaN for the store epilogue (a row or token left unwritten fails) and as random
+/// values for the add.
+pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
+    let token_counts = [9usize, 16, 17, 32, 33, 64, 100];
+    let most = 100;
+    for (rows, cols) in [(1536usize, 4096usize), (1533, 1024)] {
+        for kind in QUANTIZED {
+            let (file, w) = random_matrix(kind, rows, cols, rng)?;
+            let dw = gpu.upload(&to_device_layout(kind, &file))?;
+            let x = rng.vec(most * cols, 1.0);
+            let dx = gpu.upload_f32(&x)?;
+            let q = quantize(gpu, &dx, most, cols)?;
+            // f64 dots for the most tokens; fewer tokens are its first rows
+            let mut want = vec![0f64; most * rows];
+            for t in 0..most {
+                let xt = &x[t * cols..(t + 1) * cols];
+                for r in 0..rows {
+                    want[t * rows + r] = w[r * cols..(r + 1) * cols]
+                        .iter()
+                        .zip(xt)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum();
+                }
+            }
+            for t in token_counts {
+                for epi in 0..2u32 {
+                    let base = if epi == 0 {
+                        vec![f32::NAN; t * rows]
+                    } else {
+                        rng.vec(t * rows, 1.0)
+                    };
+                    let dout = gpu.upload_f32(&base)?;
+                    let (name, grid) = mmq_kernel(kind, rows, t, epi);
+                    launch(gpu, &name, grid, dw.ptr, rows, cols, &q, t, dout.ptr)?;
+                    let got = gpu.read_f32(dout.ptr, t * rows)?;
+                    let expect: Vec<f32> = (0..t * rows)
+                        .map(|i| {
+                            let add = if epi == 1 { base[i] as f64 } else { 0.0 };
+                            (add + want[i]) as f32
+                        })
+                        .collect();
+                    out.push(CaseResult {
+                        op: format!(
+                            "mat-mat {name} [{rows}x{cols}] tokens {t} epilogue {}",
+                            ["store", "add"][epi as usize]
+                        ),
+                        err: rel_err(&got, &expect),
+                        tol: 1e-2,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The mat-mat's speed on the 8B's decode shapes at 16, 32 and 64 tokens (batched decode of
+/// that many sequences) and 512 (a prefill chunk's worth, for the comparison), Q4_K and Q6_K,
+/// as 50 launches replayed from one CUDA graph with 8 copies of the weights rotating (the 50 MB
+/// L2 never holds them); beside it the GEMM path it replaces (the whole matrix dequantized to
+/// f16, then cuBLAS) at 32 and 512 tokens, as stream launches. Each line: (label, us per
+/// launch, GB/s of weights, TOPS).
+pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f64)>> {
+    let mut res = Vec::new();
+    for kind in [Kind::Q4K, Kind::Q6K] {
+        for (rows, cols) in [(12288usize, 4096usize), (4096, 12288), (4096, 4096)] {
+            let rb = kestrel_quant::row_bytes(ggml(kind), cols)
+                .map_err(|e| CudaError::Other(e.to_string()))?;
+            let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+            let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;
+            if kind == Kind::Q4K {
+                for t in [32usize, 512] {
+                    let us = gemm_path_us(gpu, kind, &copies, rows, cols, t, rng)?;
+                    let ops = 2.0 * (rows * cols * t) as f64;
+                    res.push((
+                        format!(
+                            "{} {rows}x{cols}, {t} tokens (dequantize + cuBLAS f16)",
+                            kind.name()
+                        ),
+                        us,
+                        dev.len() as f64 / us / 1e3,
+                        ops / us / 1e6,
+                    ));
+                }
+            }
+            for t in [16usize, 32, 64, 512] {
+                let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
+                let q = quantize(gpu, &dx, t, cols)?;
+                let dout = gpu.alloc(t * rows * 4)?;
+                let (name, grid) = mmq_kernel(kind, rows, t, 0);
+                let go = |gpu: &mut Gpu, i: usize| {
+                    launch(
+                        gpu,
+                        &name,
+                        grid,
+                        copies[i % copies.len()].ptr,
+                        rows,
+                        cols,
+                        &q,
+                        t,
+                        dout.ptr,
+                    )
+                };
+                for i in 0..8 {
+                    go(gpu, i)?;
+                }
+                let reps = 50;
+                let stream = gpu.stream.clone();
+                stream.begin_capture(
+                    cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                )?;
+                let r = (0..reps).try_for_each(|i| go(gpu, i));
+                let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+                r?;
+                let g = g?.ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
+                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let e0 = gpu.stream.record_event(timing)?;
+                g.launch()?;
+                let e1 = gpu.stream.record_event(timing)?;
+                e1.synchronize()?;
+                let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64;
+                let ops = 2.0 * (rows * cols * t) as f64;
+                res.push((
+                    format!("{} {rows}x{cols}, {t} tokens ({name})", kind.name()),
+                    us,
+                    dev.len() as f64 / us / 1e3,
+                    ops / us / 1e6,
+                ));
+            }
+        }
+    }
+    Ok(res)
+}
+
+/// The GEMM path's time for one matmul (us, mean of 10 after 2 warm-ups): the whole matrix
+/// dequantized to f16, then cuBLAS against `t` f16 activation rows.
+fn gemm_path_us(
+    gpu: &mut Gpu,
+    kind: Kind,
+    copies: &[DevBuf],
+    rows: usize,
+    cols: usize,
+    t: usize,
+    rng: &mut Rng,
+) -> Result<f64> {
+    let act: Vec<u8> = (0..t * cols)
+        .flat_map(|_| half::f16::from_f32(rng.f()).to_le_bytes())
+        .collect();
+    let act = gpu.upload(&act)?;
+    let (wf16, out) = (gpu.alloc(rows * cols * 2)?, gpu.alloc(rows * t * 4)?);
+    let deq = gpu.func("dequant_f16")?;
+    let (ty, r, c, r0) = (kind as i32, rows as i32, cols as i32, 0i32);
+    let total = (rows * cols) as u64;
+    let go = |gpu: &Gpu, i: usize| -> Result<()> {
+        let w = copies[i % copies.len()].ptr;
+        // SAFETY: w holds rows x cols of `kind`; wf16 rows x cols f16; act t x cols f16.
+        unsafe {
+            gpu.stream
+                .launch_builder(&deq)
+                .arg(&ty)
+                .arg(&w)
+                .arg(&r)
+                .arg(&c)
+                .arg(&r0)
+                .arg(&r)
+                .arg(&wf16.ptr)
+                .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
+        }
+        gpu.gemm_f16(rows, t, cols, wf16.ptr, act.ptr, out.ptr, rows, 0.0)
+    };
+    go(gpu, 0)?;
+    go(gpu, 1)?;
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let e0 = gpu.stream.record_event(timing)?;
+    let reps = 10;
+    for i in 0..reps {
+        go(gpu, i)?;
+    }
+    let e1 = gpu.stream.record_event(timing)?;
+    e1.synchronize()?;
+    Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)
+}

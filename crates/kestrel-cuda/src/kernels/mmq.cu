@@ -1,0 +1,221 @@
+// Quantized mat-mat for steps of more tokens than the mat-vecs take (batched decode of 9-64
+// sequences): out[t][row] (+)= W[row] . x[t], on the int8 tensor cores.
+//
+// The weights' pieces (32 weights: value = a * q + b, a per 16 weights for Q6_K, as unit_acc
+// decodes them) go from device memory straight into mma.sync fragments, against the same int8
+// activation blocks the mat-vecs read; each piece's int32 dot (Q6_K: each half's) is scaled
+// into f32 accumulators by the piece's scales and the activation block's. A block is four warps
+// over the same 16 rows: warp w takes units w, w + 4, ... of the rows (K split four ways keeps
+// four warps' loads in flight on long rows) against every token of the tile (8 NJ tokens); the
+// block then sums the four partials. Grid: (rows / 16, tokens / (8 NJ)), both rounded up; rows
+// and tokens past the end re-read the last one and are never stored.
+//
+// Fragments of mma.m16n8k32.s8 (gid = lane / 4, tid = lane % 4):
+//   A: a0 = A[gid][4tid..], a1 = A[gid + 8][4tid..], a2 = A[gid][16 + 4tid..], a3 = A[gid + 8][16 + 4tid..]
+//   B: b0 = B[4tid..][gid], b1 = B[16 + 4tid..][gid]
+//   C: c0 = C[gid][2tid], c1 = C[gid][2tid + 1], c2 = C[gid + 8][2tid], c3 = C[gid + 8][2tid + 1]
+// m16n8k16 takes (a0, a1) and b0 of the same layout. The sum over k does not care which k a
+// word stands for as long as A and B agree: where one scale covers the piece, lane tid takes
+// the piece's words 2tid and 2tid + 1 (one 8-byte load on each side), else words tid and
+// tid + 4 (the halves stay apart).
+
+// The int32 sums start from 1.5 * 2^23: their bits then read as that float plus the dot
+// (|dot| < 2^22: at most 32 * 127 * 127), so the conversion is one subtraction.
+#define MMQ_BIAS 0x4B400000
+#define MMQ_BIASF 12582912.f
+
+__device__ __forceinline__ void mma_k32(float* c, int a0, int a1, int a2, int a3, int b0, int b1) {
+    int r0, r1, r2, r3, z = MMQ_BIAS;
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(z));
+    c[0] = __int_as_float(r0) - MMQ_BIASF;
+    c[1] = __int_as_float(r1) - MMQ_BIASF;
+    c[2] = __int_as_float(r2) - MMQ_BIASF;
+    c[3] = __int_as_float(r3) - MMQ_BIASF;
+}
+
+__device__ __forceinline__ void mma_k16(float* c, int a0, int a1, int b0) {
+    int r0, r1, r2, r3, z = MMQ_BIAS;
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+        : "r"(a0), "r"(a1), "r"(b0), "r"(z));
+    c[0] = __int_as_float(r0) - MMQ_BIASF;
+    c[1] = __int_as_float(r1) - MMQ_BIASF;
+    c[2] = __int_as_float(r2) - MMQ_BIASF;
+    c[3] = __int_as_float(r3) - MMQ_BIASF;
+}
+
+// Whether a piece has one scale (its words pair up, see above) or two (Q6_K).
+template <int TY> struct Halves { enum { V = TY == T_Q6_K }; };
+
+// One lane's two words of a piece of one row (lo: the first of the pair / the first half's,
+// hi: the other), the piece's scales and its index P among the row's 32-weight pieces.
+struct PieceW {
+    int lo, hi;
+    float a0, a1, b;
+    int P;
+};
+
+// The pieces of unit u of row `row` (one for the 32-weight blocks, two for the K-quants), this
+// lane's words of each.
+template <int TY>
+__device__ __forceinline__ void unit_words(const u8* __restrict__ W, u64 nblk, int row, int bpr,
+                                           int u, int tid, PieceW* p) {
+    if (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
+        u64 blk = (u64)row * bpr + u;
+        const u8* a = W + blk * Blk<TY>::A;
+        float d = h2f(((const u16*)(W + nblk * Blk<TY>::A))[blk]);
+        p[0].a0 = p[0].a1 = d;
+        p[0].P = u;
+        if (TY == T_Q8_0) {
+            int2 v = ((const int2*)a)[tid];
+            p[0].lo = v.x;
+            p[0].hi = v.y;
+            p[0].b = 0.f;
+        } else if (TY == T_Q4_0) {
+            // byte i holds weights i (low nibble) and 16 + i (high): word tid gives both halves
+            int v = ((const int*)a)[tid];
+            p[0].lo = v & 0x0F0F0F0F;
+            p[0].hi = (v >> 4) & 0x0F0F0F0F;
+            p[0].b = -8.f * d;
+        } else {  // Q5_0: qh (4 bytes) then qs (16 bytes)
+            const u32* q = (const u32*)a;
+            u32 qh = q[0], qs = q[1 + tid];
+            p[0].lo = (int)(qs & 0x0F0F0F0Fu) | spread4(qh >> (4 * tid));
+            p[0].hi = (int)((qs >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (16 + 4 * tid));
+            p[0].b = -16.f * d;
+        }
+    } else if (TY == T_Q4_K) {
+        // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c + 1 (high) of chunk c
+        int b = u >> 2, c = u & 3;
+        const u8* blk = W + ((u64)row * bpr + b) * 144;
+        float d = h2f(*(const u16*)blk), dmin = h2f(*(const u16*)(blk + 2));
+        int2 v = ((const int2*)(blk + 16 + 32 * c))[tid];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int s, m;
+            get_scale_min_k4(2 * c + h, blk + 4, s, m);
+            p[h].lo = (v.x >> (4 * h)) & 0x0F0F0F0F;
+            p[h].hi = (v.y >> (4 * h)) & 0x0F0F0F0F;
+            p[h].a0 = p[h].a1 = d * (float)s;
+            p[h].b = -dmin * (float)m;
+            p[h].P = b * 8 + 2 * c + h;
+        }
+    } else if (TY == T_Q6_K) {
+        // unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
+        int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
+        u64 bi = (u64)row * bpr + b;
+        const u8* blk = W + bi * 208;
+        float d = h2f(((const u16*)(W + nblk * 208))[bi]);
+        const int* ql = (const int*)(blk + 64 * n + 32 * pp);
+        const int* qh = (const int*)(blk + 128 + 32 * n);
+        const i8* sc = (const i8*)(blk + 192 + 8 * n);
+        int l0 = ql[tid], l1 = ql[4 + tid], h0 = qh[tid], h1 = qh[4 + tid];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int q = pp + 2 * h;  // piece within the half
+            p[h].lo = __vsubss4(((l0 >> (4 * h)) & 0x0F0F0F0F) | (((h0 >> (2 * q)) & 0x03030303) << 4),
+                                0x20202020);
+            p[h].hi = __vsubss4(((l1 >> (4 * h)) & 0x0F0F0F0F) | (((h1 >> (2 * q)) & 0x03030303) << 4),
+                                0x20202020);
+            p[h].a0 = d * (float)sc[2 * q];
+            p[h].a1 = d * (float)sc[2 * q + 1];
+            p[h].b = 0.f;
+            p[h].P = b * 8 + 4 * n + q;
+        }
+    }
+}
+
+template <int TY, int NJ, int EPI>
+__device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
+                                    const float2* __restrict__ xd, int xld, int T,
+                                    float* __restrict__ out, int old) {
+    constexpr int PIECES = Blk<TY>::UNIT / 32;
+    __shared__ float red[4 * NJ * 4 * 32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NJ;
+    int ra = min(r0 + gid, rows - 1), rb = min(r0 + gid + 8, rows - 1);
+    int bpr = cols / Blk<TY>::QK;
+    u64 nblk = (u64)rows * bpr;
+    int units = cols / Blk<TY>::UNIT, xb = xld / 32;
+    float acc[NJ][4];
+#pragma unroll
+    for (int j = 0; j < NJ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+#pragma unroll 2
+    for (int u = warp; u < units; u += 4) {
+        PieceW pa[PIECES], pb[PIECES];
+        unit_words<TY>(W, nblk, ra, bpr, u, tid, pa);
+        unit_words<TY>(W, nblk, rb, bpr, u, tid, pb);
+#pragma unroll
+        for (int k = 0; k < PIECES; k++) {
+            const PieceW &A = pa[k], &B = pb[k];
+            int P = A.P;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                int tb = min(t0 + 8 * j + gid, T - 1), tc = t0 + 8 * j + 2 * tid;
+                const i8* xp = xq + (u64)tb * xld + 32 * P;
+                float2 d0 = xd[(u64)min(tc, T - 1) * xb + P], d1 = xd[(u64)min(tc + 1, T - 1) * xb + P];
+                float c[4];
+                if (Halves<TY>::V) {
+                    float ch[4];
+                    mma_k16(c, A.lo, B.lo, ((const int*)xp)[tid]);
+                    mma_k16(ch, A.hi, B.hi, ((const int*)xp)[4 + tid]);
+                    acc[j][0] += d0.x * (A.a0 * c[0] + A.a1 * ch[0]) + A.b * d0.y;
+                    acc[j][1] += d1.x * (A.a0 * c[1] + A.a1 * ch[1]) + A.b * d1.y;
+                    acc[j][2] += d0.x * (B.a0 * c[2] + B.a1 * ch[2]) + B.b * d0.y;
+                    acc[j][3] += d1.x * (B.a0 * c[3] + B.a1 * ch[3]) + B.b * d1.y;
+                } else {
+                    int b0, b1;
+                    if (TY == T_Q4_0 || TY == T_Q5_0) {
+                        b0 = ((const int*)xp)[tid];
+                        b1 = ((const int*)xp)[4 + tid];
+                    } else {
+                        int2 v = ((const int2*)xp)[tid];
+                        b0 = v.x;
+                        b1 = v.y;
+                    }
+                    mma_k32(c, A.lo, B.lo, A.hi, B.hi, b0, b1);
+                    acc[j][0] += d0.x * A.a0 * c[0] + A.b * d0.y;
+                    acc[j][1] += d1.x * A.a0 * c[1] + A.b * d1.y;
+                    acc[j][2] += d0.x * B.a0 * c[2] + B.b * d0.y;
+                    acc[j][3] += d1.x * B.a0 * c[3] + B.b * d1.y;
+                }
+            }
+        }
+    }
+    // the four warps' partials: entry e = (j * 4 + i) * 32 + lane of each warp's slice
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp * NJ * 128 + (j * 4 + i) * 32 + lane] = acc[j][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < NJ * 128; e += 128) {
+        float v = red[e] + red[NJ * 128 + e] + red[2 * NJ * 128 + e] + red[3 * NJ * 128 + e];
+        int l = e & 31, j = e >> 7, i = (e >> 5) & 3;
+        int row = r0 + (l >> 2) + (i >= 2 ? 8 : 0);
+        int t = t0 + 8 * j + 2 * (l & 3) + (i & 1);
+        if (row < rows && t < T) {
+            float* o = out + (u64)t * old + row;
+            if (EPI == 0) *o = v;
+            else *o += v;
+        }
+    }
+}
+
+// mmq_<type>_<NJ>_<epi>: tiles of 8 NJ tokens; epi 0 store, 1 add (the residual).
+#define MMQ1(NAME, TY, NJ, EPI)                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mmq_##NAME##_##NJ##_##EPI(                 \
+        const u8* W, int rows, int cols, const i8* xq, const float2* xd, int xld, int T,         \
+        float* out, int old) {                                                                   \
+        mmq<TY, NJ, EPI>(W, rows, cols, xq, xd, xld, T, out, old);                               \
+    }
+#define MMQ(NAME, TY) MMQ1(NAME, TY, 2, 0) MMQ1(NAME, TY, 2, 1) MMQ1(NAME, TY, 4, 0) \
+    MMQ1(NAME, TY, 4, 1) MMQ1(NAME, TY, 8, 0) MMQ1(NAME, TY, 8, 1)
+MMQ(q4_0, T_Q4_0)
+MMQ(q5_0, T_Q5_0)
+MMQ(q8_0, T_Q8_0)
+MMQ(q4_k, T_Q4_K)
+MMQ(q6_k, T_Q6_K)
