@@ -103,25 +103,34 @@ pub fn matvec_kernel(
 }
 
 /// The quantized mat-mat kernel for a step of `t` tokens over `rows` rows with epilogue `epi`
-/// (0 store, 1 add): token tiles of 16, 32 or 64 (the smallest that holds the step; longer
-/// steps take several tiles of 64), and its grid of 128-thread blocks of 16 rows.
+/// (0 store, 1 add): token tiles of 8, 16, 32 or 64 (the smallest that holds the step; longer
+/// steps take several tiles of 64), its grid of 128-thread blocks of 16 rows, and the padded
+/// token count of its activation layout (`t` rounded up to the tile).
 pub fn mmq_kernel(
     kind: crate::weights::Kind,
     rows: usize,
     t: usize,
     epi: u32,
-) -> (String, (u32, u32, u32)) {
-    let nj = if t <= 16 {
-        2
-    } else if t <= 32 {
-        4
-    } else {
-        8
-    };
+) -> (String, (u32, u32, u32), usize) {
+    let tile = mmq_tile(t);
     (
-        format!("mmq_{}_{nj}_{epi}", kind.name()),
-        (rows.div_ceil(16) as u32, t.div_ceil(8 * nj) as u32, 1),
+        format!("mmq_{}_{}_{epi}", kind.name(), tile / 8),
+        (rows.div_ceil(16) as u32, t.div_ceil(tile) as u32, 1),
+        t.next_multiple_of(tile),
     )
+}
+
+/// Tokens per tile of the mat-mat for a step of `t` tokens.
+fn mmq_tile(t: usize) -> usize {
+    if t <= 8 {
+        8
+    } else if t <= 16 {
+        16
+    } else if t <= 32 {
+        32
+    } else {
+        64
+    }
 }
 
 impl CudaModel {
@@ -359,12 +368,12 @@ impl CudaModel {
             let m = self.matrix(w)?;
             (m.kind, m.rows, m.cols, m.buf.ptr)
         };
-        self.quantize(x)?;
-        let (name, grid) = mmq_kernel(kind, wrows, t, add as u32);
+        let (name, grid, t8) = mmq_kernel(kind, wrows, t, add as u32);
+        self.quantize_t(x, t8)?;
         let f = self.gpu.func(&name)?;
-        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
-        let (r, c, ti) = (wrows as i32, wcols as i32, t as i32);
-        // SAFETY: as in flush; the 8-bit copy holds `t` rows of `wcols` (at most MMQ_MAX rows).
+        let (q, qd) = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
+        let (r, c, t8i, ti) = (wrows as i32, wcols as i32, t8 as i32, t as i32);
+        // SAFETY: as in flush; the mat-mat's 8-bit copy holds `t8` tokens of `wcols`.
         unsafe {
             self.gpu
                 .stream
@@ -374,12 +383,39 @@ impl CudaModel {
                 .arg(&c)
                 .arg(&q)
                 .arg(&qd)
-                .arg(&c)
+                .arg(&t8i)
                 .arg(&ti)
                 .arg(&out)
                 .arg(&r)
                 .launch(cfg(grid, 128))?;
         }
+        Ok(())
+    }
+
+    /// Makes the mat-mat's 8-bit copy of `x` (its own layout, `t8` tokens: `kernels/mmq.cu`)
+    /// current.
+    fn quantize_t(&mut self, x: Buf, t8: usize) -> Result<()> {
+        if self.step.q8t_of == Some(x) {
+            return Ok(());
+        }
+        let (ptr, n) = self.buf(x);
+        let f = self.gpu.func("quantize_q_t")?;
+        let (q, qd) = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
+        let (ni, ti, t8i) = (n as i32, self.rows(x) as i32, t8 as i32);
+        // SAFETY: as in flush; the copy is sized for MMQ_MAX tokens (t8 <= MMQ_MAX).
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&ptr)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ni)
+                .arg(&ti)
+                .arg(&t8i)
+                .launch(cfg((t8 as u32, n.div_ceil(256) as u32, 1), 256))?;
+        }
+        self.step.q8t_of = Some(x);
         Ok(())
     }
 

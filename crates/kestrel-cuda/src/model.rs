@@ -214,6 +214,9 @@ pub struct Scratch {
     pub delta: DevBuf,
     pub xq: DevBuf,
     pub xd: DevBuf,
+    /// The mat-mat's 8-bit copy (`kernels/mmq.cu`: piece-major, up to MMQ_MAX tokens).
+    pub xqt: DevBuf,
+    pub xdt: DevBuf,
     pub act16: DevBuf,
     pub wf16: DevBuf,
     pub wf16_elems: usize,
@@ -288,7 +291,7 @@ impl Scratch {
                 + 2 * cfg.ffn_dim
                 + cfg.vocab_size
                 + hybrid_floats(cfg)) as u64;
-        let q8 = MMQ_MAX as u64 * widest * 3;
+        let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3;
         let act16 = t * widest * 2;
         let partial = Self::partial_floats(cfg, max_batch) as u64 * 4;
         4 * f32s
@@ -334,8 +337,10 @@ impl Scratch {
             alpha: f(t * nv)?,
             beta: f(t * nv)?,
             delta: f(t * vd)?,
-            xq: f(MMQ_MAX * widest / 4 + 4)?,
-            xd: f(MMQ_MAX * widest.div_ceil(32) * 2 + 2)?,
+            xq: f(MATVEC_MAX * widest / 4 + 4)?,
+            xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
+            xqt: f(MMQ_MAX * widest / 4 + 4)?,
+            xdt: f(MMQ_MAX * widest.div_ceil(32) * 2 + 2)?,
             act16: gpu.alloc(t * widest * 2)?,
             wf16: gpu.alloc(WF16_ELEMS * 2)?,
             wf16_elems: WF16_ELEMS,
@@ -382,6 +387,8 @@ pub struct StepState {
     /// Sequences of the step (the DeltaNet kernels run one block row per sequence).
     pub n_seqs: usize,
     pub q8_of: Option<Buf>,
+    /// The buffer the mat-mat's 8-bit copy holds.
+    pub q8t_of: Option<Buf>,
     pub f16_of: Option<Buf>,
     pub pending: Pending,
     /// Mat-vecs deferred to run as one launch, and their shared input.

@@ -19,8 +19,8 @@ use kestrel_models::backend::{Buf, Ops, Param, W};
 /// Tokens up to which matmuls run as mat-vec kernels (and a step can be a CUDA graph).
 pub const MATVEC_MAX: usize = 8;
 
-/// Tokens up to which quantized matmuls take the int8 mat-mat kernel (`kernels/mmq.cu`) over
-/// the 8-bit activation blocks (above: f16 GEMM), and the norms write those blocks.
+/// Tokens up to which quantized matmuls take the int8 mat-mat kernel (`kernels/mmq.cu`, its own
+/// 8-bit activation layout) instead of the f16 GEMM; a multiple of its 64-token tile.
 pub const MMQ_MAX: usize = 64;
 
 /// The q/k/v epilogue ops recorded since the last other op (run as one kernel).
@@ -179,6 +179,9 @@ impl CudaModel {
         if self.step.q8_of == Some(b) {
             self.step.q8_of = None;
         }
+        if self.step.q8t_of == Some(b) {
+            self.step.q8t_of = None;
+        }
         if self.step.f16_of == Some(b) {
             self.step.f16_of = None;
         }
@@ -294,7 +297,7 @@ impl Ops for CudaModel {
         if rows == 0 {
             return Ok(());
         }
-        let quant = rows <= MMQ_MAX && n % 32 == 0;
+        let quant = rows <= MATVEC_MAX && n % 32 == 0;
         let (q, qd) = if quant {
             (self.scratch.xq.ptr, self.scratch.xd.ptr)
         } else {
@@ -425,7 +428,7 @@ impl Ops for CudaModel {
         let s = &self.scratch;
         let (pos, off, tables, part) = (s.pos.ptr, s.tbl_off.ptr, s.tables.ptr, s.partial.ptr);
         let (ns, scale) = (n_splits as i32, 1.0 / (c.head_dim as f32).sqrt());
-        let quant = t <= MMQ_MAX && on % 32 == 0;
+        let quant = t <= MATVEC_MAX && on % 32 == 0;
         let (xq, xd) = if quant { (s.xq.ptr, s.xd.ptr) } else { (0, 0) };
         // SAFETY: as in flush.
         unsafe {

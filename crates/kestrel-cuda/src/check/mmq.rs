@@ -12,12 +12,19 @@ use cudarc::driver::PushKernelArg;
 
 const QUANTIZED: [Kind; 5] = [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0];
 
-/// `t` rows of `x` (`cols` wide) into 8-bit blocks on the device: (quants, scales).
-fn quantize(gpu: &mut Gpu, x: &DevBuf, t: usize, cols: usize) -> Result<(DevBuf, DevBuf)> {
-    let (dq, dd) = (gpu.alloc(t * cols)?, gpu.alloc(t * cols / 32 * 8)?);
-    let f = gpu.func("quantize_q")?;
-    let n = cols as i32;
-    // SAFETY: `x` holds t rows of cols floats; dq / dd are sized for them.
+/// `t` rows of `x` (`cols` wide) into the mat-mat's 8-bit layout of `t8` tokens on the device:
+/// (quants, scales).
+fn quantize(
+    gpu: &mut Gpu,
+    x: &DevBuf,
+    t: usize,
+    t8: usize,
+    cols: usize,
+) -> Result<(DevBuf, DevBuf)> {
+    let (dq, dd) = (gpu.alloc(t8 * cols)?, gpu.alloc(t8 * cols / 32 * 8)?);
+    let f = gpu.func("quantize_q_t")?;
+    let (n, ti, t8i) = (cols as i32, t as i32, t8 as i32);
+    // SAFETY: `x` holds t rows of cols floats; dq / dd are sized for t8 of them.
     unsafe {
         gpu.stream
             .launch_builder(&f)
@@ -25,7 +32,9 @@ fn quantize(gpu: &mut Gpu, x: &DevBuf, t: usize, cols: usize) -> Result<(DevBuf,
             .arg(&dq.ptr)
             .arg(&dd.ptr)
             .arg(&n)
-            .launch(cfg((t as u32, cols.div_ceil(256) as u32, 1), 256))?;
+            .arg(&ti)
+            .arg(&t8i)
+            .launch(cfg((t8 as u32, cols.div_ceil(256) as u32, 1), 256))?;
     }
     Ok((dq, dd))
 }
@@ -40,11 +49,11 @@ fn launch(
     rows: usize,
     cols: usize,
     q: &(DevBuf, DevBuf),
-    t: usize,
+    (t, t8): (usize, usize),
     out: u64,
 ) -> Result<()> {
     let f = gpu.func(name)?;
-    let (r, c, ti) = (rows as i32, cols as i32, t as i32);
+    let (r, c, ti, t8i) = (rows as i32, cols as i32, t as i32, t8 as i32);
     // SAFETY: w holds rows x cols of the kernel's type in the device layout; q holds t rows of
     // 8-bit blocks; out holds t rows of `rows` floats.
     unsafe {
@@ -55,7 +64,7 @@ fn launch(
             .arg(&c)
             .arg(&q.0.ptr)
             .arg(&q.1.ptr)
-            .arg(&c)
+            .arg(&t8i)
             .arg(&ti)
             .arg(&out)
             .arg(&r)
@@ -69,7 +78,7 @@ fn launch(
 /// start as NaN for the store epilogue (a row or token left unwritten fails) and as random
 /// values for the add.
 pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
-    let token_counts = [9usize, 16, 17, 32, 33, 64, 100];
+    let token_counts = [5usize, 8, 9, 16, 17, 32, 33, 64, 100];
     let most = 100;
     for (rows, cols) in [(1536usize, 4096usize), (1533, 1024)] {
         for kind in QUANTIZED {
@@ -77,7 +86,6 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
             let dw = gpu.upload(&to_device_layout(kind, &file))?;
             let x = rng.vec(most * cols, 1.0);
             let dx = gpu.upload_f32(&x)?;
-            let q = quantize(gpu, &dx, most, cols)?;
             // f64 dots for the most tokens; fewer tokens are its first rows
             let mut want = vec![0f64; most * rows];
             for t in 0..most {
@@ -98,8 +106,9 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                         rng.vec(t * rows, 1.0)
                     };
                     let dout = gpu.upload_f32(&base)?;
-                    let (name, grid) = mmq_kernel(kind, rows, t, epi);
-                    launch(gpu, &name, grid, dw.ptr, rows, cols, &q, t, dout.ptr)?;
+                    let (name, grid, t8) = mmq_kernel(kind, rows, t, epi);
+                    let q = quantize(gpu, &dx, t, t8, cols)?;
+                    launch(gpu, &name, grid, dw.ptr, rows, cols, &q, (t, t8), dout.ptr)?;
                     let got = gpu.read_f32(dout.ptr, t * rows)?;
                     let expect: Vec<f32> = (0..t * rows)
                         .map(|i| {
@@ -151,11 +160,25 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                     ));
                 }
             }
-            for t in [16usize, 32, 64, 512] {
+            if kind == Kind::Q4K || kind == Kind::Q6K {
+                // the mat-vec of 8 tokens (decode of 8 sequences) beside the mat-mat's 8-token tile
+                let (name, grid) = crate::matmul::matvec_kernel(kind, rows, cols, 8, 0);
+                let us = matvec8_us(gpu, &name, grid, &copies, rows, cols, rng)?;
+                res.push((
+                    format!(
+                        "{} {rows}x{cols}, 8 tokens ({name}, the mat-vec)",
+                        kind.name()
+                    ),
+                    us,
+                    dev.len() as f64 / us / 1e3,
+                    2.0 * (rows * cols * 8) as f64 / us / 1e6,
+                ));
+            }
+            for t in [8usize, 16, 32, 64, 512] {
                 let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
-                let q = quantize(gpu, &dx, t, cols)?;
+                let (name, grid, t8) = mmq_kernel(kind, rows, t, 0);
+                let q = quantize(gpu, &dx, t, t8, cols)?;
                 let dout = gpu.alloc(t * rows * 4)?;
-                let (name, grid) = mmq_kernel(kind, rows, t, 0);
                 let go = |gpu: &mut Gpu, i: usize| {
                     launch(
                         gpu,
@@ -165,7 +188,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                         rows,
                         cols,
                         &q,
-                        t,
+                        (t, t8),
                         dout.ptr,
                     )
                 };
@@ -244,6 +267,75 @@ fn gemm_path_us(
     for i in 0..reps {
         go(gpu, i)?;
     }
+    let e1 = gpu.stream.record_event(timing)?;
+    e1.synchronize()?;
+    Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)
+}
+
+/// The 8-token mat-vec's time (us, 50 graph replays, weights rotating as in [`perf_mmq`]).
+fn matvec8_us(
+    gpu: &mut Gpu,
+    name: &str,
+    grid: u32,
+    copies: &[DevBuf],
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> Result<f64> {
+    let t = 8;
+    let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
+    let (dq, dd, dout) = (
+        gpu.alloc(t * cols)?,
+        gpu.alloc(t * cols / 32 * 8)?,
+        gpu.alloc(t * rows * 4)?,
+    );
+    let qf = gpu.func("quantize_q")?;
+    let f = gpu.func(name)?;
+    let (r, c) = (rows as i32, cols as i32);
+    // SAFETY: dx holds t rows of cols; dq / dd are sized for them.
+    unsafe {
+        gpu.stream
+            .launch_builder(&qf)
+            .arg(&dx.ptr)
+            .arg(&dq.ptr)
+            .arg(&dd.ptr)
+            .arg(&c)
+            .launch(cfg((t as u32, cols.div_ceil(256) as u32, 1), 256))?;
+    }
+    let go = |gpu: &Gpu, i: usize| -> Result<()> {
+        let w = copies[i % copies.len()].ptr;
+        // SAFETY: the mat-vec's arguments as in check_matvec.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&w)
+                .arg(&w)
+                .arg(&r)
+                .arg(&c)
+                .arg(&dq.ptr)
+                .arg(&dd.ptr)
+                .arg(&c)
+                .arg(&dx.ptr)
+                .arg(&dout.ptr)
+                .arg(&r)
+                .launch(cfg((grid, 1, 1), 128))?;
+        }
+        Ok(())
+    };
+    for i in 0..8 {
+        go(gpu, i)?;
+    }
+    let reps = 50;
+    let stream = gpu.stream.clone();
+    stream
+        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let r = (0..reps).try_for_each(|i| go(gpu, i));
+    let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    r?;
+    let g = g?.ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let e0 = gpu.stream.record_event(timing)?;
+    g.launch()?;
     let e1 = gpu.stream.record_event(timing)?;
     e1.synchronize()?;
     Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)

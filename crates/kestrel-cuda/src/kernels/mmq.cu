@@ -7,8 +7,14 @@
 // into f32 accumulators by the piece's scales and the activation block's. A block is four warps
 // over the same 16 rows: warp w takes units w, w + 4, ... of the rows (K split four ways keeps
 // four warps' loads in flight on long rows) against every token of the tile (8 NJ tokens); the
-// block then sums the four partials. Grid: (rows / 16, tokens / (8 NJ)), both rounded up; rows
-// and tokens past the end re-read the last one and are never stored.
+// block then sums the four partials. Grid: (rows / 16, T8 / (8 NJ)), rows rounded up; rows past
+// the end re-read the last one, and they and tokens past T are never stored.
+//
+// The activations come in a layout of their own (quantize_q_t below), piece-major: int8
+// [P][T8][32] and (d, d * sum) [P][T8], T8 the step's tokens rounded up to the tile width (zeros
+// past T). A fragment's 8 tokens are then 256 contiguous bytes and their scales 64, where the
+// token-major layout of the mat-vecs put each token on its own cache line (8 L1 wavefronts per
+// load instead of 2).
 //
 // Fragments of mma.m16n8k32.s8 (gid = lane / 4, tid = lane % 4):
 //   A: a0 = A[gid][4tid..], a1 = A[gid + 8][4tid..], a2 = A[gid][16 + 4tid..], a3 = A[gid + 8][16 + 4tid..]
@@ -46,6 +52,41 @@ __device__ __forceinline__ void mma_k16(float* c, int a0, int a1, int b0) {
     c[1] = __int_as_float(r1) - MMQ_BIASF;
     c[2] = __int_as_float(r2) - MMQ_BIASF;
     c[3] = __int_as_float(r3) - MMQ_BIASF;
+}
+
+// x [T, n] into the mat-mat's activation layout (see the top): grid (T8, parts), 256 threads,
+// each warp one 32-value piece of one token; tokens T..T8 get zeros.
+extern "C" __global__ void __launch_bounds__(256) quantize_q_t(const float* x, i8* q, float2* qd, int n,
+                                                                int T, int T8) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x;
+    for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
+        int P = base / 32;
+        float v = t < T ? x[(u64)t * n + base + lane] : 0.f;
+        quant32(v, q + ((u64)P * T8 + t) * 32, qd + (u64)P * T8 + t);
+    }
+}
+
+// Byte i (< 12) of the 12 scale bytes s0..s2 of a Q4_K block.
+__device__ __forceinline__ int kbyte(u32 s0, u32 s1, u32 s2, int i) {
+    u32 w = i < 4 ? s0 : (i < 8 ? s1 : s2);
+    return (int)((w >> (8 * (i & 3))) & 0xFF);
+}
+
+// get_scale_min_k4 on the scale bytes held in registers.
+__device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int& d, int& m) {
+    if (j < 4) {
+        d = kbyte(s0, s1, s2, j) & 63;
+        m = kbyte(s0, s1, s2, j + 4) & 63;
+    } else {
+        int a = kbyte(s0, s1, s2, j + 4);
+        d = (a & 0xF) | ((kbyte(s0, s1, s2, j - 4) >> 6) << 4);
+        m = (a >> 4) | ((kbyte(s0, s1, s2, j) >> 6) << 4);
+    }
+}
+
+// Signed byte i (< 8) of v.
+__device__ __forceinline__ float sbyte(uint2 v, int i) {
+    return (float)(i8)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFF);
 }
 
 // Whether a piece has one scale (its words pair up, see above) or two (Q6_K).
@@ -90,14 +131,16 @@ __device__ __forceinline__ void unit_words(const u8* __restrict__ W, u64 nblk, i
         }
     } else if (TY == T_Q4_K) {
         // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c + 1 (high) of chunk c
+        // the block's header (d, dmin, the 12 scale bytes) in one 16-byte load
         int b = u >> 2, c = u & 3;
         const u8* blk = W + ((u64)row * bpr + b) * 144;
-        float d = h2f(*(const u16*)blk), dmin = h2f(*(const u16*)(blk + 2));
+        uint4 hd = *(const uint4*)blk;
+        float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
         int2 v = ((const int2*)(blk + 16 + 32 * c))[tid];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int s, m;
-            get_scale_min_k4(2 * c + h, blk + 4, s, m);
+            scale_min_k4(2 * c + h, hd.y, hd.z, hd.w, s, m);
             p[h].lo = (v.x >> (4 * h)) & 0x0F0F0F0F;
             p[h].hi = (v.y >> (4 * h)) & 0x0F0F0F0F;
             p[h].a0 = p[h].a1 = d * (float)s;
@@ -112,7 +155,8 @@ __device__ __forceinline__ void unit_words(const u8* __restrict__ W, u64 nblk, i
         float d = h2f(((const u16*)(W + nblk * 208))[bi]);
         const int* ql = (const int*)(blk + 64 * n + 32 * pp);
         const int* qh = (const int*)(blk + 128 + 32 * n);
-        const i8* sc = (const i8*)(blk + 192 + 8 * n);
+        // the half's 8 scales in one load: sc(i) = scale 8n + i
+        uint2 sv = *(const uint2*)(blk + 192 + 8 * n);
         int l0 = ql[tid], l1 = ql[4 + tid], h0 = qh[tid], h1 = qh[4 + tid];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -121,8 +165,8 @@ __device__ __forceinline__ void unit_words(const u8* __restrict__ W, u64 nblk, i
                                 0x20202020);
             p[h].hi = __vsubss4(((l1 >> (4 * h)) & 0x0F0F0F0F) | (((h1 >> (2 * q)) & 0x03030303) << 4),
                                 0x20202020);
-            p[h].a0 = d * (float)sc[2 * q];
-            p[h].a1 = d * (float)sc[2 * q + 1];
+            p[h].a0 = d * sbyte(sv, 2 * q);
+            p[h].a1 = d * sbyte(sv, 2 * q + 1);
             p[h].b = 0.f;
             p[h].P = b * 8 + 4 * n + q;
         }
@@ -131,7 +175,7 @@ __device__ __forceinline__ void unit_words(const u8* __restrict__ W, u64 nblk, i
 
 template <int TY, int NJ, int EPI>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
-                                    const float2* __restrict__ xd, int xld, int T,
+                                    const float2* __restrict__ xd, int T8, int T,
                                     float* __restrict__ out, int old) {
     constexpr int PIECES = Blk<TY>::UNIT / 32;
     __shared__ float red[4 * NJ * 4 * 32];
@@ -140,7 +184,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
     int ra = min(r0 + gid, rows - 1), rb = min(r0 + gid + 8, rows - 1);
     int bpr = cols / Blk<TY>::QK;
     u64 nblk = (u64)rows * bpr;
-    int units = cols / Blk<TY>::UNIT, xb = xld / 32;
+    int units = cols / Blk<TY>::UNIT;
     float acc[NJ][4];
 #pragma unroll
     for (int j = 0; j < NJ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -155,9 +199,10 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
             int P = A.P;
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
-                int tb = min(t0 + 8 * j + gid, T - 1), tc = t0 + 8 * j + 2 * tid;
-                const i8* xp = xq + (u64)tb * xld + 32 * P;
-                float2 d0 = xd[(u64)min(tc, T - 1) * xb + P], d1 = xd[(u64)min(tc + 1, T - 1) * xb + P];
+                // this lane's B token t0 + 8j + gid; its C tokens t0 + 8j + 2tid and the next
+                const i8* xp = xq + ((u64)P * T8 + t0 + 8 * j + gid) * 32;
+                float4 dd = *(const float4*)(xd + (u64)P * T8 + t0 + 8 * j + 2 * tid);
+                float2 d0 = make_float2(dd.x, dd.y), d1 = make_float2(dd.z, dd.w);
                 float c[4];
                 if (Halves<TY>::V) {
                     float ch[4];
@@ -205,14 +250,15 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
     }
 }
 
-// mmq_<type>_<NJ>_<epi>: tiles of 8 NJ tokens; epi 0 store, 1 add (the residual).
+// mmq_<type>_<NJ>_<epi>: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1 add (the
+// residual).
 #define MMQ1(NAME, TY, NJ, EPI)                                                                  \
     extern "C" __global__ void __launch_bounds__(128) mmq_##NAME##_##NJ##_##EPI(                 \
-        const u8* W, int rows, int cols, const i8* xq, const float2* xd, int xld, int T,         \
+        const u8* W, int rows, int cols, const i8* xq, const float2* xd, int T8, int T,          \
         float* out, int old) {                                                                   \
-        mmq<TY, NJ, EPI>(W, rows, cols, xq, xd, xld, T, out, old);                               \
+        mmq<TY, NJ, EPI>(W, rows, cols, xq, xd, T8, T, out, old);                                \
     }
-#define MMQ(NAME, TY) MMQ1(NAME, TY, 2, 0) MMQ1(NAME, TY, 2, 1) MMQ1(NAME, TY, 4, 0) \
+#define MMQ(NAME, TY) MMQ1(NAME, TY, 1, 0) MMQ1(NAME, TY, 1, 1) MMQ1(NAME, TY, 2, 0) MMQ1(NAME, TY, 2, 1) MMQ1(NAME, TY, 4, 0) \
     MMQ1(NAME, TY, 4, 1) MMQ1(NAME, TY, 8, 0) MMQ1(NAME, TY, 8, 1)
 MMQ(q4_0, T_Q4_0)
 MMQ(q5_0, T_Q5_0)
