@@ -63,7 +63,7 @@ impl SpecArgs {
 
     /// Where the model runs with these settings: speculation runs on the CPU backend for now
     /// (an explicit `--device cuda` is refused, `auto` stays on the CPU, saying so unless
-    /// `quiet`). On the GPU the verification pass goes through the multi-token GEMM path, whose
+    /// `quiet`). On the GPU the verification pass goes through the multi-token mat-mat, whose
     /// rounding differs from the one-token mat-vec enough that greedy output would not be
     /// plain greedy's token for token (seen on random-weight files, whose logits are flat).
     pub fn device(&self, device: Device, quiet: bool) -> Result<Device> {

@@ -1,9 +1,9 @@
 //! Matrix products of the CUDA backend: mat-vec kernels for steps of up to [`MATVEC_MAX`]
 //! tokens (int8 activations for the quantized types, one launch for up to [`MVX_MATS`] matrices
 //! sharing an input: attention's q/k/v, a DeltaNet layer's qkv/z/alpha/beta); the int8
-//! tensor-core mat-mat (`kernels/mmq.cu`) for quantized weights up to [`MMQ_MAX`] tokens
-//! (batched decode); above that, weights dequantized to f16 in row chunks and multiplied by
-//! cuBLAS.
+//! tensor-core mat-mat (`kernels/mmq.cu`) for quantized weights from [`MMQ_MIN`] to
+//! [`MMQ_MAX`] tokens (batched decode); above that, weights dequantized to f16 in row chunks
+//! and multiplied by cuBLAS.
 
 use crate::error::{CudaError, Result};
 use crate::model::CudaModel;
@@ -118,6 +118,16 @@ pub fn mmq_kernel(
         (rows.div_ceil(16) as u32, t.div_ceil(tile) as u32, 1),
         t.next_multiple_of(tile),
     )
+}
+
+/// Fewest tokens for which a quantized matmul takes the mat-mat: from 5 tokens the mat-vecs run
+/// their 8-token form, which the mat-mat's 8-token tile beats (`gpu-check --perf`, H200: Q4_K
+/// 12288x4096 22 against 67 us, 4096x12288 44 against 67; Q6_K 53 against 77, 76 against 73).
+pub const MMQ_MIN: usize = 5;
+
+/// Whether a matmul of `t` tokens over a `kind` matrix takes the int8 mat-mat.
+pub fn takes_mmq(kind: crate::weights::Kind, t: usize) -> bool {
+    kind.int8_activations() && (MMQ_MIN..=MMQ_MAX).contains(&t)
 }
 
 /// Tokens per tile of the mat-mat for a step of `t` tokens.
@@ -293,7 +303,9 @@ impl CudaModel {
             return Ok(());
         }
         match up {
-            Some(u) if self.matrix(u)?.kind != kind || rows > MATVEC_MAX => {
+            Some(u)
+                if self.matrix(u)?.kind != kind || rows > MATVEC_MAX || takes_mmq(kind, rows) =>
+            {
                 // two products (gate into out, up into the spare buffer), then SwiGLU
                 let spare = self.scratch.up.ptr;
                 self.mm_into(w, None, x, op, false)?;
@@ -322,10 +334,10 @@ impl CudaModel {
             let m = self.matrix(w)?;
             (m.kind, m.rows, m.cols, m.buf.ptr)
         };
+        if takes_mmq(kind, rows) {
+            return self.mmq(w, x, op, add);
+        }
         if rows > MATVEC_MAX {
-            if kind.int8_activations() && rows <= MMQ_MAX {
-                return self.mmq(w, x, op, add);
-            }
             return self.gemm(w, x, op, add);
         }
         let up_ptr = match up {

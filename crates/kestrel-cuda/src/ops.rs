@@ -354,6 +354,7 @@ impl Ops for CudaModel {
         let m = self.matrix(w)?;
         let fusable = self.rows(x) <= MATVEC_MAX
             && self.rows(x) > 0
+            && !crate::matmul::takes_mmq(m.kind, self.rows(x))
             && m.cols == cols
             && m.rows == self.buf(out).1
             && matches!(
