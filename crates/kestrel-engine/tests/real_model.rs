@@ -162,3 +162,57 @@ fn shared_1024_token_prefix_is_reused() {
     );
     engine.check_idle_accounting().expect("pool accounting");
 }
+
+/// A draft's subset of the output matrix (`forward_rows`) gives the full forward's logits at
+/// those ids (the full path dots 8-bit activations, the subset f32 ones: within 1e-2 of the
+/// logits' spread), and a bad id is an error, not a panic.
+#[test]
+fn logits_of_a_vocabulary_subset_are_those_columns_of_the_full_logits() {
+    use kestrel_engine::{Logits, SeqStep, StepModel};
+    let Some(path) = model_path() else { return };
+    let file = kestrel_gguf::GgufFile::open(&path).expect("open");
+    let opts = LoadOptions {
+        threads: 2,
+        ..LoadOptions::default()
+    };
+    let model = Model::from_gguf(&file, opts, &mut |_, _| {}).expect("model");
+    let mut paged = PagedModel::new(model, 8, 16, KvType::F16);
+    let vocab = paged.vocab_size();
+    let tokens = [1u32, 422, 2378, 314, 260, 1148];
+    let blocks = [0u32];
+    let step = |want_all: bool| SeqStep {
+        tokens: &tokens,
+        start: 0,
+        blocks: &blocks,
+        want_logits: true,
+        all_logits: want_all,
+        slot: 0,
+    };
+    let mut full = Logits::default();
+    paged.forward(&[step(true)], &mut full).expect("full");
+    let ids: Vec<u32> = (0..vocab as u32).step_by(97).chain([2, 5, 9]).collect();
+    let mut part = Logits::default();
+    paged
+        .forward_rows(&[step(true)], &ids, &mut part)
+        .expect("subset");
+    assert_eq!(part.rows().len(), tokens.len() * ids.len());
+    for (t, (f, p)) in full
+        .rows()
+        .chunks(vocab)
+        .zip(part.rows().chunks(ids.len()))
+        .enumerate()
+    {
+        let (lo, hi) = f
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+        for (&id, &v) in ids.iter().zip(p) {
+            let want = f[id as usize];
+            assert!(
+                (v - want).abs() <= 1e-2 * (hi - lo),
+                "token {t}, id {id}: {v} against {want}"
+            );
+        }
+    }
+    let bad = [vocab as u32];
+    assert!(paged.forward_rows(&[step(false)], &bad, &mut part).is_err());
+}
