@@ -122,28 +122,6 @@ pub trait StepModel: Send {
     /// `logits` `vocab_size` logits for every seq with want_logits (for each of its tokens
     /// when `all_logits`), in order. The engine hands the same [`Logits`] to every step.
     fn forward(&mut self, seqs: &[SeqStep<'_>], logits: &mut Logits) -> Result<(), String>;
-    /// As [`StepModel::forward`], with the logits of the vocabulary ids `rows` only
-    /// (`rows.len()` per row, in that order): a draft model proposing from a subset of the
-    /// vocabulary. By default the full logits, then those columns picked; a model that can
-    /// skip the rest of its output matrix does.
-    fn forward_rows(
-        &mut self,
-        seqs: &[SeqStep<'_>],
-        rows: &[u32],
-        logits: &mut Logits,
-    ) -> Result<(), String> {
-        self.forward(seqs, logits)?;
-        let vocab = self.vocab_size();
-        if rows.iter().any(|&r| r as usize >= vocab) {
-            return Err(format!("a vocabulary row past {vocab}"));
-        }
-        let picked: Vec<f32> = logits
-            .rows()
-            .chunks(vocab.max(1))
-            .flat_map(|l| rows.iter().map(move |&r| l[r as usize]))
-            .collect();
-        logits.set_vec(picked)
-    }
     /// The memory the engine should keep this model's logits in (`None`: a `Vec`).
     fn logits_memory(&self) -> Option<Box<dyn LogitsMemory>> {
         None

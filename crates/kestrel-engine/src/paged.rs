@@ -18,17 +18,18 @@ impl StepModel for PagedModel {
     }
 
     fn forward(&mut self, seqs: &[SeqStep<'_>], logits: &mut Logits) -> Result<(), String> {
-        logits.set_vec(self.step(&paged_steps(seqs)).map_err(|e| e.to_string())?)
-    }
-
-    fn forward_rows(
-        &mut self,
-        seqs: &[SeqStep<'_>],
-        rows: &[u32],
-        logits: &mut Logits,
-    ) -> Result<(), String> {
-        let out = self.step_rows(&paged_steps(seqs), Some(rows));
-        logits.set_vec(out.map_err(|e| e.to_string())?)
+        let steps: Vec<PagedStep<'_>> = seqs
+            .iter()
+            .map(|s| PagedStep {
+                tokens: s.tokens,
+                start: s.start,
+                blocks: s.blocks,
+                slot: s.slot as usize,
+                want_logits: s.want_logits,
+                all_logits: s.all_logits,
+            })
+            .collect();
+        logits.set_vec(self.step(&steps).map_err(|e| e.to_string())?)
     }
 
     fn state_slots(&self) -> usize {
@@ -46,19 +47,6 @@ impl StepModel for PagedModel {
     fn unsupported(&self) -> Option<String> {
         PagedModel::unsupported(self)
     }
-}
-
-fn paged_steps<'a>(seqs: &[SeqStep<'a>]) -> Vec<PagedStep<'a>> {
-    seqs.iter()
-        .map(|s| PagedStep {
-            tokens: s.tokens,
-            start: s.start,
-            blocks: s.blocks,
-            slot: s.slot as usize,
-            want_logits: s.want_logits,
-            all_logits: s.all_logits,
-        })
-        .collect()
 }
 
 /// How the KV pool (and, for hybrid models, the recurrent-state slots) is sized.

@@ -33,10 +33,6 @@ pub(crate) struct SpecState {
     pub draft_sampler: Option<Sampler>,
     /// Draft mode: the distributions the pending proposals were drawn from, in order.
     pub drafts_q: Vec<Distribution>,
-    /// Draft mode: the vocabulary the draft proposes from (sorted ids: every token of the
-    /// sequence so far and the end-of-generation ids), and how many of its tokens it holds.
-    pub seen: Vec<u32>,
-    pub seen_upto: usize,
     /// Forward steps that produced generated tokens (after the first), and the proposals.
     pub decode_steps: usize,
     pub proposed: usize,
@@ -53,31 +49,10 @@ impl SpecState {
             draft_computed: computed,
             draft_sampler,
             drafts_q: Vec::new(),
-            seen: Vec::new(),
-            seen_upto: 0,
             decode_steps: 0,
             proposed: 0,
             accepted: 0,
         }
-    }
-
-    /// Adds the sequence's tokens since the last call (and, the first time, `always`) to
-    /// [`SpecState::seen`]. Called before a step's proposals are appended, so the tokens it
-    /// has not seen are all after `seen_upto`.
-    pub fn see(&mut self, tokens: &[u32], always: &[u32]) {
-        let from = if self.seen.is_empty() {
-            self.seen_upto = 0;
-            always
-        } else {
-            &[]
-        };
-        let upto = self.seen_upto.min(tokens.len());
-        for &t in from.iter().chain(&tokens[upto..]) {
-            if let Err(i) = self.seen.binary_search(&t) {
-                self.seen.insert(i, t);
-            }
-        }
-        self.seen_upto = tokens.len();
     }
 
     /// Books a verified step: `accepted` of `proposed` tokens kept. k grows by one after a
@@ -130,18 +105,6 @@ pub(crate) fn lookup(tokens: &[u32], k: usize) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_draft_vocabulary_holds_each_token_once_and_the_end_ids() {
-        let mut s = SpecState::new(8, 0, None);
-        s.see(&[5, 3, 5, 9], &[100, 3]);
-        assert_eq!(s.seen, vec![3, 5, 9, 100]);
-        // proposals appended and taken back, then the kept tokens: only those after the mark
-        s.see(&[5, 3, 5, 9, 7, 3], &[100, 3]);
-        assert_eq!(s.seen, vec![3, 5, 7, 9, 100]);
-        s.see(&[5, 3], &[100]);
-        assert_eq!(s.seen, vec![3, 5, 7, 9, 100]);
-    }
-
     use super::*;
 
     #[test]

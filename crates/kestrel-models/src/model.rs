@@ -259,30 +259,7 @@ impl Model {
         states: &mut StatePool,
         seqs: &[SeqStep],
     ) -> Result<Vec<f32>, ModelError> {
-        self.forward_batch_rows(pool, states, seqs, None)
-    }
-
-    /// [`Model::forward_batch`] with, where `vocab_rows` is given, the logits of those
-    /// vocabulary ids only (`vocab_rows.len()` per row asked for, in that order): a draft
-    /// model proposing from a subset of the vocabulary skips the rest of its output matrix.
-    pub fn forward_batch_rows(
-        &self,
-        pool: &mut KvPool,
-        states: &mut StatePool,
-        seqs: &[SeqStep],
-        vocab_rows: Option<&[u32]>,
-    ) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.config;
-        if let Some(&id) = vocab_rows
-            .unwrap_or(&[])
-            .iter()
-            .find(|&&t| t as usize >= cfg.vocab_size)
-        {
-            return Err(ModelError::BadToken {
-                id,
-                vocab: cfg.vocab_size,
-            });
-        }
         let vocab = cfg.vocab_size;
         let bs = pool.block_size();
         // Check every sequence's tokens and table before touching the pool.
@@ -374,23 +351,17 @@ impl Model {
                 for (i, layer) in self.layers.iter().enumerate() {
                     recipes::qwen35::forward_layer(&ctx, layer, i, pool, states, &mut x)?;
                 }
-                return self.logits(seqs, &x, vocab_rows);
+                return self.logits(seqs, &x);
             }
         };
         for (i, layer) in self.layers.iter().enumerate() {
             forward_layer(&ctx, layer, i, pool, &mut x)?;
         }
-        self.logits(seqs, &x, vocab_rows)
+        self.logits(seqs, &x)
     }
 
-    /// The final norm and the vocabulary projection, for the rows each sequence asked for (of
-    /// the vocabulary ids `vocab_rows` only, where given).
-    fn logits(
-        &self,
-        seqs: &[SeqStep],
-        x: &[f32],
-        vocab_rows: Option<&[u32]>,
-    ) -> Result<Vec<f32>, ModelError> {
+    /// The final norm and the vocabulary projection, for the rows each sequence asked for.
+    fn logits(&self, seqs: &[SeqStep], x: &[f32]) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.config;
         let (dim, vocab) = (cfg.dim, cfg.vocab_size);
         let mut picked = Vec::new();
@@ -413,9 +384,6 @@ impl Model {
         }
         ops::rms_norm(&mut picked, &self.output_norm, cfg.rms_eps);
         let n = picked.len() / dim;
-        if let Some(ids) = vocab_rows {
-            return self.logits_of(&picked, ids);
-        }
         let mut logits = vec![0f32; n * vocab];
         ops::matmul(
             &self.pool,
@@ -425,44 +393,6 @@ impl Model {
             &mut logits,
         )?;
         Ok(logits)
-    }
-}
-
-impl Model {
-    /// `out[r * ids.len() + j] = output[ids[j]] . h[r]` for the normed rows `h` (`[n, dim]`):
-    /// each vocabulary row decoded once (spread over the pool) and dotted with every row.
-    fn logits_of(&self, h: &[f32], ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let dim = self.config.dim;
-        let (n, m) = (h.len() / dim, ids.len());
-        let mut out = vec![0f32; n * m];
-        let chunk = m.div_ceil(4 * self.pool.n_threads()).max(1);
-        let outp = crate::pool::SharedMut::new(&mut out);
-        let failed = std::sync::atomic::AtomicBool::new(false);
-        self.pool.run(m.div_ceil(chunk), &|task| {
-            let mut w = vec![0f32; dim];
-            for j in task * chunk..((task + 1) * chunk).min(m) {
-                if self.output.row_f32(ids[j] as usize, &mut w).is_err() {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return;
-                }
-                for r in 0..n {
-                    let dot: f32 = w
-                        .iter()
-                        .zip(&h[r * dim..(r + 1) * dim])
-                        .map(|(a, b)| a * b)
-                        .sum();
-                    // SAFETY: column j of every row is written by the task that owns j only.
-                    unsafe { outp.slice(r * m + j, 1)[0] = dot };
-                }
-            }
-        });
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(ModelError::BadType {
-                name: self.output.name.clone(),
-                ty: self.output.ty.to_string(),
-            });
-        }
-        Ok(out)
     }
 }
 

@@ -86,16 +86,6 @@ impl PagedModel {
 
     /// One batched step; returns the last logits of every step that wants them, in order.
     pub fn step(&mut self, seqs: &[PagedStep<'_>]) -> Result<Vec<f32>, ModelError> {
-        self.step_rows(seqs, None)
-    }
-
-    /// [`PagedModel::step`] with the logits of the vocabulary ids `vocab_rows` only, where
-    /// given ([`Model::forward_batch_rows`]).
-    pub fn step_rows(
-        &mut self,
-        seqs: &[PagedStep<'_>],
-        vocab_rows: Option<&[u32]>,
-    ) -> Result<Vec<f32>, ModelError> {
         if let Some(why) = self.unsupported() {
             return Err(ModelError::Unsupported(why));
         }
@@ -113,9 +103,9 @@ impl PagedModel {
                 },
             })
             .collect();
-        let out =
-            self.model
-                .forward_batch_rows(&mut self.pool, &mut self.states, &steps, vocab_rows)?;
+        let out = self
+            .model
+            .forward_batch(&mut self.pool, &mut self.states, &steps)?;
         let n: u64 = seqs.iter().map(|s| s.tokens.len() as u64).sum();
         self.tokens_computed.fetch_add(n, Ordering::Relaxed);
         Ok(out)

@@ -22,10 +22,6 @@ use crate::config::SpecMode;
 use crate::model::SeqStep;
 use crate::speculative::lookup;
 
-/// The most of the vocabulary a draft proposes from by computing only those rows of its output
-/// matrix (above it, the whole matrix runs: row by row, the subset costs more per row).
-const DRAFT_VOCAB_SHARE: f64 = 0.125;
-
 impl Scheduler<'_> {
     /// Decides how many tokens each decoding sequence proposes this step and grows its planned
     /// step accordingly. Lookup proposals are appended to the sequence's tokens here; draft
@@ -68,31 +64,12 @@ impl Scheduler<'_> {
     /// (batched over the sequences), appending each drawn proposal and the distribution it was
     /// drawn from. The first run also catches the draft up on tokens it has not seen. A draft
     /// failure drops this step's proposals (plain decoding instead).
-    ///
-    /// The draft proposes from the tokens its sequences hold so far (and the end-of-generation
-    /// ids) where those are few ([`DRAFT_VOCAB_SHARE`]): it then computes those rows of its
-    /// output matrix only (a third of a 0.5B's bytes per token is that matrix), and every other
-    /// token has probability 0 in its proposals' distributions. The target still decides every
-    /// kept token; a token new to the conversation is the target's own choice, one step later.
     pub(super) fn draft(&mut self, plan: &mut [Planned]) {
         let Some(draft) = self.draft.as_mut() else {
             return;
         };
         let bs = self.cfg.block_size;
         let rounds = plan.iter().map(|p| p.drafts).max().unwrap_or(0);
-        let mut rows: Vec<u32> = Vec::new();
-        for p in plan.iter().filter(|p| p.drafts > 0) {
-            let seq = &mut self.running[p.seq];
-            seq.spec.see(&seq.tokens, &self.eog);
-            rows.extend_from_slice(&seq.spec.seen);
-        }
-        rows.sort_unstable();
-        rows.dedup();
-        if rows.len() as f64 > DRAFT_VOCAB_SHARE * self.vocab as f64 {
-            rows.clear();
-        }
-        // a draft row of logits, spread back over the vocabulary (-inf elsewhere)
-        let mut full = vec![f32::NEG_INFINITY; if rows.is_empty() { 0 } else { self.vocab }];
         for r in 0..rounds {
             let active: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].drafts > r).collect();
             let spans: Vec<(usize, usize)> = active
@@ -126,37 +103,23 @@ impl Scheduler<'_> {
                 })
                 .collect();
             let mut logits = crate::model::Logits::default();
-            let width = if rows.is_empty() {
-                self.vocab
-            } else {
-                rows.len()
-            };
-            let ran = if rows.is_empty() {
-                draft.forward(&steps, &mut logits)
-            } else {
-                draft.forward_rows(&steps, &rows, &mut logits)
-            };
-            match ran {
-                Ok(()) if logits.rows().len() == steps.len() * width => {}
+            match draft.forward(&steps, &mut logits) {
+                Ok(()) if logits.rows().len() == steps.len() * self.vocab => {}
                 _ => {
                     drop(steps);
                     return self.drop_drafts(plan);
                 }
             };
             drop(steps);
-            for ((&i, &(_, to)), l) in active.iter().zip(&spans).zip(logits.rows().chunks(width)) {
+            for ((&i, &(_, to)), l) in active
+                .iter()
+                .zip(&spans)
+                .zip(logits.rows().chunks(self.vocab))
+            {
                 let seq = &mut self.running[plan[i].seq];
                 seq.spec.draft_computed = to;
                 let Some(sampler) = seq.spec.draft_sampler.as_mut() else {
                     continue;
-                };
-                let l = if rows.is_empty() {
-                    l
-                } else {
-                    for (&r, &v) in rows.iter().zip(l) {
-                        full[r as usize] = v;
-                    }
-                    &full[..]
                 };
                 let q = sampler.distribution(l, &seq.tokens);
                 let token = sampler.draw(&q);
