@@ -528,10 +528,11 @@ pub fn check(
         let ok = close && (same == gen || near_tie) && eager == gpu_toks;
         failed += !ok as usize;
         println!(
-            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {}",
+            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {} ({} programmatic edges in the last graph)",
             if ok { "ok  " } else { "FAIL" },
             if same < gen { format!(" (first difference at {same}: CPU top-2 margin {:.3}{})", margins[same], if near_tie { ", a near-tie" } else { "" }) } else { String::new() },
-            eager == gpu_toks
+            eager == gpu_toks,
+            gm.programmatic_edges
         );
     }
     anyhow::ensure!(failed == 0, "{failed} GPU check(s) failed");

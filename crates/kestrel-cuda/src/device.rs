@@ -172,6 +172,15 @@ impl Gpu {
         Ok(f)
     }
 
+    /// The kernels loaded so far, as function handles (addresses): what a captured graph's
+    /// kernel nodes run when they are ours ([`crate::graph`]).
+    pub(crate) fn kernel_funcs(&self) -> std::collections::HashSet<usize> {
+        self.funcs
+            .values()
+            .map(|f| f.cu_function() as usize)
+            .collect()
+    }
+
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
         // SAFETY: every buffer is written before it is read (uploads, kernels).
         let slice = unsafe { self.stream.alloc::<u8>(bytes.max(16))? };

@@ -12,13 +12,15 @@
 //!   `hybrid_ops`: its `HybridOps` (gated attention, the DeltaNet layer; the recurrent state's
 //!   slots live in device memory, in [`model`]).
 //! - [`model`]: weights + paged KV pool + scratch on the device, the forward pass, CUDA graphs
-//!   for decode, and the engine's `StepModel`.
+//!   for decode, and the engine's `StepModel`; `graph`: a captured step with programmatic
+//!   (early-launch) edges between its kernels.
 //! - [`plan`]: the GPU memory plan. [`check`]: every op against the CPU, and whole models.
 
 pub mod check;
 pub mod compile;
 pub mod device;
 pub mod error;
+mod graph;
 mod hybrid_ops;
 mod matmul;
 pub mod model;

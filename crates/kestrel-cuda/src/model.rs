@@ -428,7 +428,7 @@ pub fn out_rows(seqs: &[SeqIn]) -> usize {
 }
 
 /// A captured decode step: (tokens, rows of logits, sequences) -> graph.
-struct Graphs(HashMap<(usize, usize, usize), cudarc::driver::CudaGraph>);
+struct Graphs(HashMap<(usize, usize, usize), crate::graph::StepGraph>);
 // SAFETY: graphs are launched only by the model's owner, with the context bound (Gpu::bind).
 unsafe impl Send for Graphs {}
 
@@ -446,6 +446,8 @@ pub struct CudaModel {
     graphs: Graphs,
     /// Capture decode steps into CUDA graphs (default on; off for A/B checks).
     pub use_graphs: bool,
+    /// Programmatic edges in the last captured graph (0: plain edges; see [`crate::graph`]).
+    pub programmatic_edges: usize,
     /// Every matrix is of a type the int8 kernels read (batched decode steps can be graphs).
     int8_only: bool,
     pub weight_bytes: u64,
@@ -558,6 +560,7 @@ impl CudaModel {
             max_blocks_per_seq,
             graphs: Graphs(HashMap::new()),
             use_graphs: true,
+            programmatic_edges: 0,
             int8_only,
             weight_bytes,
         })
@@ -803,17 +806,18 @@ impl CudaModel {
             let stream = self.gpu.stream.clone();
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
             let r = self.run_recipe();
-            let g = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            let programmatic = crate::graph::programmatic_launch(&self.gpu);
+            let g = crate::graph::end_capture(&self.gpu, &self.gpu.kernel_funcs(), programmatic);
             r.map_err(|e| CudaError::Other(format!("capturing the decode step: {e}")))?;
-            let g = g
-                .map_err(|e| CudaError::Other(format!("instantiating the decode graph: {e}")))?
-                .ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
+            let g =
+                g.map_err(|e| CudaError::Other(format!("instantiating the decode graph: {e}")))?;
+            self.programmatic_edges = g.programmatic_edges;
             self.graphs.0.insert(key, g);
             // the eager run above already computed this step
             return Ok(());
         }
         if let Some(g) = self.graphs.0.get(&key) {
-            g.launch()?;
+            g.launch(&self.gpu)?;
         }
         Ok(())
     }

@@ -13,7 +13,7 @@
 // partial[(t * n_heads + h) * n_splits + s] = {m, l, acc[hd]} (stride hd + 2 floats)
 extern "C" __global__ void __launch_bounds__(128) attn_split(
     const float* Q, int n_heads, int n_kv, int hd, const u16* kc, const u16* vc, int block_size,
-    const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale, float* partial) {
+    const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale, float* partial) { GRID_DEP();
     int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int kvh = h / (n_heads / n_kv);
@@ -78,7 +78,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_split(
 // when q is not null, quantizes the row for the output projection; block (t, p) takes the
 // 32-wide chunks p*8 + warp, p*8 + warp + 8*parts, ... of token t.
 extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* partial, int n_heads, int hd,
-                                                               int n_splits, float* out, i8* q, float2* qd) {
+                                                               int n_splits, float* out, i8* q, float2* qd) { GRID_DEP();
     int t = blockIdx.x, qdim = n_heads * hd;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int c = blockIdx.y * 8 + warp; c < (qdim + 31) / 32; c += gridDim.y * 8) {
@@ -206,7 +206,7 @@ __device__ __forceinline__ void attn_split_g(const float* Q, int n_heads, int n_
 #define ATTG(EPL)                                                                                   \
     extern "C" __global__ void __launch_bounds__(128) attn_split_g##EPL(                            \
         const float* Q, int n_heads, int n_kv, int hd, const u16* kc, const u16* vc, int block_size, \
-        const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale, float* partial) { \
+        const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale, float* partial) { GRID_DEP(); \
         attn_split_g<EPL>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits, scale, partial); \
     }
 ATTG(2) ATTG(8) ATTG(16) ATTG(32)

@@ -18,6 +18,17 @@ typedef unsigned long long u64;
 #define T_Q4_K 5
 #define T_Q6_K 6
 
+// Programmatic dependent launch (decode graphs on sm_90+, device.rs turns their edges into
+// programmatic ones): a kernel may be started while the one before it drains. Every kernel
+// calls this first: it waits until the previous kernel has finished and its writes are
+// visible (so a chain stays ordered through every link), then lets the next one be scheduled.
+// Both are no-ops in a plain launch.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_DEP() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GRID_DEP() do {} while (0)
+#endif
+
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

@@ -7,7 +7,7 @@
 // A step's sequences come as three int arrays: first token row, token count, slot.
 
 // qg [T, H, 2, hd] -> q [T, H, hd], gate [T, H, hd].
-extern "C" __global__ void split_gate(const float* qg, float* q, float* gate, int hd, u64 total) {
+extern "C" __global__ void split_gate(const float* qg, float* q, float* gate, int hd, u64 total) { GRID_DEP();
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i >= total) return;
     u64 head = i / hd, e = i % hd;
@@ -16,7 +16,7 @@ extern "C" __global__ void split_gate(const float* qg, float* q, float* gate, in
 }
 
 // x *= sigmoid(g), elementwise.
-extern "C" __global__ void mul_sigmoid(float* x, const float* g, u64 total) {
+extern "C" __global__ void mul_sigmoid(float* x, const float* g, u64 total) { GRID_DEP();
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i < total) x[i] *= 1.f / (1.f + __expf(-g[i]));
 }
@@ -28,7 +28,7 @@ extern "C" __global__ void mul_sigmoid(float* x, const float* g, u64 total) {
 // grid (n_seqs, ceil(ch / 256)), 256 threads: one channel per thread, tokens in order.
 extern "C" __global__ void conv_silu_seq(const float* x, float* out, const float* taps, int ch, int K,
                                          float* states, u64 slot_floats, u64 layer_off,
-                                         const int* seq_t0, const int* seq_len, const int* seq_slot) {
+                                         const int* seq_t0, const int* seq_len, const int* seq_slot) { GRID_DEP();
     int s = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     int t0 = seq_t0[s], n = seq_len[s];
@@ -145,7 +145,7 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
     extern "C" __global__ void __launch_bounds__(RULE_COLS) delta_rule_##DK(                              \
         const float* conv, int ch, int key_dim, const float* alpha, const float* beta, const float* A,    \
         const float* dt_bias, int nv, int nk, int dv, int tiled, float* out, float* states,               \
-        u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_len, const int* seq_slot) {    \
+        u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_len, const int* seq_slot) { GRID_DEP();    \
         delta_rule<DK>(conv, ch, key_dim, alpha, beta, A, dt_bias, nv, nk, dv, tiled, out, states,        \
                        slot_floats, layer_off, seq_t0, seq_len, seq_slot);                                \
     }
@@ -156,7 +156,7 @@ RULE_KERNEL(128)
 
 // Per (token, value head), in place: x = x / rms(x) * w * silu(z). grid (T, nv), blockDim = dv
 // rounded up to 32.
-extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, int dv, float eps) {
+extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, int dv, float eps) { GRID_DEP();
     u64 at = ((u64)blockIdx.x * gridDim.y + blockIdx.y) * dv;
     int i = threadIdx.x;
     float v = i < dv ? x[at + i] : 0.f;

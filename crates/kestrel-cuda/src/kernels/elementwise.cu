@@ -8,7 +8,7 @@
 // itself (a few KB from L2), so a decode step's norm is many blocks, not one. `out` may be `x`
 // only with one part.
 extern "C" __global__ void __launch_bounds__(256) rms_norm_q(const float* x, const float* w, float* out,
-                                                             i8* q, float2* qd, int n, float eps) {
+                                                             i8* q, float2* qd, int n, float eps) { GRID_DEP();
     const float* xr = x + (u64)blockIdx.x * n;
     // four independent loads in flight per thread (a loop of one load at a time waits one L2
     // round trip per element: 8 us for a 4096-wide row)
@@ -35,7 +35,7 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_q(const float* x, con
 }
 
 // int8 blocks of rows of n (a multiple of 32), grid (rows, parts) as rms_norm_q.
-extern "C" __global__ void __launch_bounds__(256) quantize_q(const float* x, i8* q, float2* qd, int n) {
+extern "C" __global__ void __launch_bounds__(256) quantize_q(const float* x, i8* q, float2* qd, int n) { GRID_DEP();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
         quant32(x[(u64)blockIdx.x * n + base + lane], q + (u64)blockIdx.x * n + base,
@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q(const float* x, i8*
     }
 }
 
-extern "C" __global__ void to_f16(const float* x, u16* out, u64 n) {
+extern "C" __global__ void to_f16(const float* x, u16* out, u64 n) { GRID_DEP();
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i < n) out[i] = f2h(x[i]);
 }
@@ -56,7 +56,7 @@ extern "C" __global__ void qkv_epilogue(float* Q, float* K, float* V, int n_head
                                         int hd, const float* bq, const float* bk, const float* bv,
                                         const float* qn, const float* kn, float eps, const int* pos,
                                         int rope_dim, float theta_scale, int neox, u16* kc, u16* vc,
-                                        const int* kv_row) {
+                                        const int* kv_row) { GRID_DEP();
     __shared__ float s[256];
     int t = blockIdx.y, h = blockIdx.x, i = threadIdx.x;
     int kind = h < n_heads ? 0 : (h < n_heads + n_kv ? 1 : 2);
@@ -147,13 +147,13 @@ __device__ float deq(int ty, const u8* W, int rows, int cols, u64 r, int c) {
 }
 
 // out[t] = row ids[t] of the table (vocab, dim); one block per token.
-extern "C" __global__ void embed_rows(int ty, const u8* W, int rows, int cols, const u32* ids, float* out) {
+extern "C" __global__ void embed_rows(int ty, const u8* W, int rows, int cols, const u32* ids, float* out) { GRID_DEP();
     u32 r = ids[blockIdx.x];
     for (int c = threadIdx.x; c < cols; c += blockDim.x) out[(u64)blockIdx.x * cols + c] = deq(ty, W, rows, cols, r, c);
 }
 
 // Rows r0 .. r0 + n_rows of W as f16, for a cuBLAS GEMM.
-extern "C" __global__ void dequant_f16(int ty, const u8* W, int rows, int cols, int r0, int n_rows, u16* out) {
+extern "C" __global__ void dequant_f16(int ty, const u8* W, int rows, int cols, int r0, int n_rows, u16* out) { GRID_DEP();
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i >= (u64)n_rows * cols) return;
     u64 r = i / cols;
@@ -162,19 +162,19 @@ extern "C" __global__ void dequant_f16(int ty, const u8* W, int rows, int cols, 
 }
 
 // out[k] = x[idx[k]] for the rows whose logits are wanted; one block per picked row.
-extern "C" __global__ void pick_rows(const float* x, const int* idx, int n, float* out) {
+extern "C" __global__ void pick_rows(const float* x, const int* idx, int n, float* out) { GRID_DEP();
     const float* src = x + (u64)idx[blockIdx.x] * n;
     for (int c = threadIdx.x; c < n; c += blockDim.x) out[(u64)blockIdx.x * n + c] = src[c];
 }
 
 // x[t] += b (a bias that was not fused into the q/k/v epilogue).
-extern "C" __global__ void add_bias(float* x, const float* b, int n, u64 total) {
+extern "C" __global__ void add_bias(float* x, const float* b, int n, u64 total) { GRID_DEP();
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i < total) x[i] += b[i % n];
 }
 
 // gate = silu(gate) * up, elementwise.
-extern "C" __global__ void swiglu(float* gate, const float* up, u64 total) {
+extern "C" __global__ void swiglu(float* gate, const float* up, u64 total) { GRID_DEP();
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i < total) gate[i] = silu(gate[i]) * up[i];
 }

@@ -231,6 +231,20 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
     }
 }
 
+// Before it waits on the previous kernel (GRID_DEP), a one-token mat-vec starts pulling the
+// first 512 bytes of each of its n rows from row0 into L2: weights never depend on an earlier
+// kernel, and the DRAM latency of the first loads then overlaps the previous kernel's tail.
+template <int TY>
+__device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, int row0, int n) {
+    int lane = threadIdx.x & 31;
+    u64 rb = (u64)(cols / Blk<TY>::QK) * Blk<TY>::A;
+    int lines = (int)min((rb + 127) / 128, (u64)4);
+    for (int i = lane; i < n * lines; i += 32) {
+        u64 r = (u64)min(row0 + i / lines, rows - 1);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r * rb + (u64)(i % lines) * 128));
+    }
+}
+
 // One token, short rows: a K-quant row of 1024 columns is 16 units, so a warp per row leaves
 // half its lanes idle (every mat-vec of a 1024-wide model, the 248k-row output included). Here
 // each half-warp takes rows instead: lane l of half h takes units l, l + 16, ... of rows
@@ -280,7 +294,11 @@ __device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
-        half_rows_acc<TY, EPI, R>(W, W2, rows, cols, (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R, xq, xd, out); \
+        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
+        prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
+        if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
+        GRID_DEP();                                                                              \
+        half_rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                         \
     }
 #define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
     MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
@@ -294,7 +312,11 @@ MVH(q6_k, T_Q6_K)
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
-        rows_acc<TY, EPI, R>(W, W2, rows, cols, (blockIdx.x * 4 + (threadIdx.x >> 5)) * R, xq, xd, out); \
+        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
+        prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
+        if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
+        GRID_DEP();                                                                              \
+        rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                              \
     }
 #define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
     MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
@@ -354,13 +376,13 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
 #define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
+        const float* xf, float* out, int old) { GRID_DEP();                                                  \
         mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, out, old);                        \
     }
 #define MVF1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
+        const float* xf, float* out, int old) { GRID_DEP();                                                  \
         mv_f<TY, NT, EPI, WPR>(W, W2, rows, cols, xf, xld, out, old);                            \
     }
 #define MVQ(NAME, TY, NT, EPI) MVQ1(NAME, TY, NT, EPI, 1) MVQ1(NAME, TY, NT, EPI, 2) MVQ1(NAME, TY, NT, EPI, 4)
@@ -478,7 +500,7 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
         mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
     }
 MVXH(1) MVXH(2)
@@ -487,7 +509,7 @@ MVXH(1) MVXH(2)
     extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
         mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
 MVXR(2) MVXR(4)
@@ -496,7 +518,7 @@ MVXR(2) MVXR(4)
     extern "C" __global__ void __launch_bounds__(128) mvx_##NT(                                  \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
         mvx<NT>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
 MVX(1) MVX(2) MVX(4) MVX(8)

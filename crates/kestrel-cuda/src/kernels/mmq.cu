@@ -57,7 +57,7 @@ __device__ __forceinline__ void mma_k16(float* c, int a0, int a1, int b0) {
 // x [T, n] into the mat-mat's activation layout (see the top): grid (T8, parts), 256 threads,
 // each warp one 32-value piece of one token; tokens T..T8 get zeros.
 extern "C" __global__ void __launch_bounds__(256) quantize_q_t(const float* x, i8* q, float2* qd, int n,
-                                                                int T, int T8) {
+                                                                int T, int T8) { GRID_DEP();
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x;
     for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
         int P = base / 32;
@@ -255,7 +255,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
 #define MMQ1(NAME, TY, NJ, EPI)                                                                  \
     extern "C" __global__ void __launch_bounds__(128) mmq_##NAME##_##NJ##_##EPI(                 \
         const u8* W, int rows, int cols, const i8* xq, const float2* xd, int T8, int T,          \
-        float* out, int old) {                                                                   \
+        float* out, int old) { GRID_DEP();                                                                   \
         mmq<TY, NJ, EPI>(W, rows, cols, xq, xd, T8, T, out, old);                                \
     }
 #define MMQ(NAME, TY) MMQ1(NAME, TY, 1, 0) MMQ1(NAME, TY, 1, 1) MMQ1(NAME, TY, 2, 0) MMQ1(NAME, TY, 2, 1) MMQ1(NAME, TY, 4, 0) \
