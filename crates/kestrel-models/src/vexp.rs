@@ -73,13 +73,80 @@ pub unsafe fn expf16(x: __m512) -> __m512 {
     _mm512_mask_blend_ps(d, res, alt)
 }
 
-/// Whether the 16-lane form runs here.
+/// `ggml_v_expf` on 8 lanes, bit for bit [`expf_lane`] (so [`expf16`] too): `scalef` is a
+/// multiply by `2^n` built from its exponent bits, exact while `2^n` and the result stay normal
+/// (`-126 <= n <= 127`); a vector with a lane outside that range goes lane by lane.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn expf8(x: __m256) -> __m256 {
+    let r = _mm256_set1_ps(SHIFT);
+    let z = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(
+        n,
+        _mm256_set1_ps(LN2_LO),
+        _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x),
+    );
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(C5), b, _mm256_set1_ps(C4)),
+            u,
+            _mm256_fmadd_ps(_mm256_set1_ps(C3), b, _mm256_set1_ps(C2)),
+        ),
+        u,
+        _mm256_fmadd_ps(_mm256_set1_ps(C1), b, _mm256_set1_ps(1.0)),
+    );
+    // j is within [0.7, 1.5], so j * 2^n is normal for -125 <= n <= 127; NaN fails both tests.
+    let low = _mm256_cmp_ps::<_CMP_GE_OQ>(n, _mm256_set1_ps(-125.0));
+    let high = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_set1_ps(127.0));
+    if _mm256_movemask_ps(_mm256_and_ps(low, high)) != 0xff {
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), x);
+        for v in lanes.iter_mut() {
+            *v = expf_lane(*v);
+        }
+        return _mm256_loadu_ps(lanes.as_ptr());
+    }
+    let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_mul_ps(j, _mm256_castsi256_ps(bits))
+}
+
+/// Whether the 16-lane form runs here (and [`kestrel_quant::cpu::isa_cap`] allows it).
 pub fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
         static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma"))
+        *HAS.get_or_init(|| {
+            kestrel_quant::cpu::isa_cap() >= kestrel_quant::Backend::Avx512Vnni
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the 8-lane forms run here: AVX2, FMA and F16C (and the cap allows them).
+pub fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            kestrel_quant::cpu::isa_cap() >= kestrel_quant::Backend::Avx2
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -94,6 +161,9 @@ pub fn swiglu_row(gate: &mut [f32], up: &[f32]) {
     if has_avx512() {
         // SAFETY: AVX-512 F and FMA are available.
         unsafe { swiglu_avx512(&mut gate[..body], &up[..body]) };
+    } else if has_avx2() {
+        // SAFETY: AVX2 and FMA are available.
+        unsafe { swiglu_avx2(&mut gate[..body], &up[..body]) };
     } else {
         swiglu_lanes(&mut gate[..body], &up[..body]);
     }
@@ -120,6 +190,20 @@ unsafe fn swiglu_avx512(gate: &mut [f32], up: &[f32]) {
         _mm512_storeu_ps(
             g.as_mut_ptr(),
             _mm512_mul_ps(silu, _mm512_loadu_ps(u.as_ptr())),
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.chunks_exact_mut(8).zip(up.chunks_exact(8)) {
+        let x = _mm256_loadu_ps(g.as_ptr());
+        let e = expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let silu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+        _mm256_storeu_ps(
+            g.as_mut_ptr(),
+            _mm256_mul_ps(silu, _mm256_loadu_ps(u.as_ptr())),
         );
     }
 }
@@ -153,6 +237,19 @@ mod tests {
                     "exp({x}) = {e}, want {want}"
                 );
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            for c in xs.chunks_exact(8) {
+                let mut got = [0f32; 8];
+                // SAFETY: checked above.
+                unsafe { _mm256_storeu_ps(got.as_mut_ptr(), expf8(_mm256_loadu_ps(c.as_ptr()))) };
+                for (g, &x) in got.iter().zip(c) {
+                    assert_eq!(g.to_bits(), expf_lane(x).to_bits(), "x = {x} (8 lanes)");
+                }
+            }
+        } else {
+            eprintln!("skipped the 8-lane exp: this CPU lacks AVX2/FMA/F16C");
         }
         #[cfg(target_arch = "x86_64")]
         if has_avx512() {

@@ -16,8 +16,7 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// The fastest backend this CPU runs, detected once. `KESTREL_QUANT_BACKEND=generic|avx2`
-    /// caps it (for debugging and A/B measurements); it can never pick an unsupported one.
+    /// The fastest backend this CPU runs within [`isa_cap`], detected once.
     pub fn detect() -> Backend {
         static BEST: OnceLock<Backend> = OnceLock::new();
         *BEST.get_or_init(|| {
@@ -25,11 +24,7 @@ impl Backend {
                 .into_iter()
                 .max()
                 .unwrap_or(Backend::Generic);
-            match std::env::var("KESTREL_QUANT_BACKEND").as_deref() {
-                Ok("generic") => Backend::Generic,
-                Ok("avx2") => best.min(Backend::Avx2),
-                _ => best,
-            }
+            best.min(isa_cap())
         })
     }
 
@@ -59,6 +54,18 @@ impl Backend {
         static AVAIL: OnceLock<Vec<Backend>> = OnceLock::new();
         AVAIL.get_or_init(Backend::available).contains(&self)
     }
+}
+
+/// The widest kernel family this process may use, for every SIMD choice (quantized dots,
+/// attention, exp): `KESTREL_QUANT_BACKEND=generic|avx2` caps it, so one machine runs and
+/// measures the narrower paths; unset, nothing is capped. It never enables an unsupported one.
+pub fn isa_cap() -> Backend {
+    static CAP: OnceLock<Backend> = OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var("KESTREL_QUANT_BACKEND").as_deref() {
+        Ok("generic") => Backend::Generic,
+        Ok("avx2") => Backend::Avx2,
+        _ => Backend::Avx512Vnni,
+    })
 }
 
 /// Whether CPUID names AMD as the vendor: some prefetch settings are tuned per vendor, as

@@ -81,6 +81,12 @@ pub(super) fn ggml_partial(qg: &[f32], rows: &Rows, span: &Span, scale: f32) -> 
         unsafe { attend_ggml_avx512(qg, rows, span, scale, &mut p) };
         return p;
     }
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: AVX2, FMA and F16C are available.
+        unsafe { attend_ggml_avx2(qg, rows, span, scale, &mut p) };
+        return p;
+    }
     attend_ggml_body(qg, rows, span, scale, &mut p);
     p
 }
@@ -330,6 +336,96 @@ unsafe fn reduce_add_16_rows(x: &[std::arch::x86_64::__m512; 16]) -> std::arch::
     );
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_permutexvar_ps(order, r)
+}
+
+/// The AVX2 form of [`attend_ggml_body`], bit for bit: per position, each head's score is the
+/// same 4 x 16-lane FMA dot (each 16-lane accumulator as two 8-lane halves) reduced in GCC's
+/// order, then the same online-softmax step with libm's `expf`, the f16 accumulator rescaled
+/// and fused-multiply-added 8 lanes at a time. head_dim a multiple of 64 up to 256 (others take
+/// the body).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // register arrays indexed in lockstep
+pub(super) unsafe fn attend_ggml_avx2(
+    qg: &[f32],
+    rows: &Rows,
+    span: &Span,
+    scale: f32,
+    out: &mut Partial,
+) {
+    use std::arch::x86_64::*;
+    let d = rows.head_dim;
+    if !d.is_multiple_of(64) || d > 256 {
+        attend_ggml_body(qg, rows, span, scale, out);
+        return;
+    }
+    let n_q = qg.len() / d;
+    let nv = d / 8;
+    let round = |x: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
+    let mut q16 = vec![0f32; qg.len()];
+    for (o, x) in q16.chunks_exact_mut(8).zip(qg.chunks_exact(8)) {
+        _mm256_storeu_ps(o.as_mut_ptr(), round(_mm256_loadu_ps(x.as_ptr())));
+    }
+    let mut max = vec![f32::NEG_INFINITY; n_q];
+    let mut sum = vec![0f32; n_q];
+    let mut acc = vec![0f32; n_q * d];
+    let mut k = [_mm256_setzero_ps(); 32];
+    let mut v = [_mm256_setzero_ps(); 32];
+    span.for_each_row(|row| {
+        let kp = rows.k(row).as_ptr() as *const __m128i;
+        let vp = rows.v(row).as_ptr() as *const __m128i;
+        for j in 0..nv {
+            k[j] = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(j)));
+            v[j] = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(j)));
+        }
+        for h in 0..n_q {
+            let qh = q16.as_ptr().add(h * d);
+            // Accumulator jj's lanes 8 hf .. 8 hf + 8 over each 64-element step.
+            let mut a = [[_mm256_setzero_ps(); 2]; 4];
+            for st in 0..d / 64 {
+                for jj in 0..4 {
+                    for hf in 0..2 {
+                        let j = 8 * st + 2 * jj + hf;
+                        let q = _mm256_loadu_ps(qh.add(8 * j));
+                        a[jj][hf] = _mm256_fmadd_ps(k[j], q, a[jj][hf]);
+                    }
+                }
+            }
+            let half = |hf: usize| {
+                _mm256_add_ps(
+                    _mm256_add_ps(a[0][hf], a[2][hf]),
+                    _mm256_add_ps(a[1][hf], a[3][hf]),
+                )
+            };
+            let t3 = _mm256_add_ps(half(1), half(0));
+            let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+            let t = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+            let dot = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+            let s = dot * scale + 0.0;
+            let ap = acc.as_mut_ptr().add(h * d);
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > max[h] {
+                ms = (max[h] - s).exp();
+                max[h] = s;
+                let m = _mm256_set1_ps(ms);
+                for j in 0..nv {
+                    let x = _mm256_loadu_ps(ap.add(8 * j));
+                    _mm256_storeu_ps(ap.add(8 * j), round(_mm256_mul_ps(x, m)));
+                }
+            } else {
+                vs = (s - max[h]).exp();
+            }
+            let w = _mm256_set1_ps(vs);
+            for j in 0..nv {
+                let x = _mm256_loadu_ps(ap.add(8 * j));
+                _mm256_storeu_ps(ap.add(8 * j), round(_mm256_fmadd_ps(v[j], w, x)));
+            }
+            sum[h] = sum[h].mul_add(ms, vs);
+        }
+    });
+    out.max = max;
+    out.sum = sum;
+    out.acc = acc;
 }
 
 /// `ggml_vec_dot_f16` as compiled for AVX-512 (F32 lanes): the result before rounding to f32.

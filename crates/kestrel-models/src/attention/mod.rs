@@ -262,14 +262,10 @@ fn attend_group_f16(qg: &[f32], rows: &Rows, span: &Span, scale: f32, out: &mut 
     attend_group_f16_scalar(qg, rows, span, scale, out);
 }
 
+/// Whether the AVX2 + FMA + F16C kernels run here (within the process's ISA cap).
 #[cfg(target_arch = "x86_64")]
 fn has_f16c() -> bool {
-    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    })
+    crate::vexp::has_avx2()
 }
 
 /// Query rows from which llama.cpp's CPU flash attention switches to its tiled kernel.

@@ -119,7 +119,7 @@ fn ggml_order_kernels_match_the_oracle_and_their_portable_forms() {
     // The block-at-a-time SIMD form equals the portable body bit for bit: head_dim 64 and
     // 128, groups of 3 and 7, whole spans and the upper half of a split one (first > 0,
     // not on a block boundary).
-    for (d, group, first) in [(64, 3, 0), (64, 3, 300), (128, 7, 0), (128, 7, 259)] {
+    for (d, group, first) in [(64, 3, 0), (64, 3, 300), (128, 7, 0), (128, 7, 259), (256, 2, 17)] {
         let kv_dim = n_kv * d;
         let k: Vec<f16> = (0..n_blocks * bs * kv_dim)
             .map(|_| f16::from_f32(rnd() * 2.0))
@@ -147,6 +147,19 @@ fn ggml_order_kernels_match_the_oracle_and_their_portable_forms() {
         assert_eq!(portable.acc, simd.acc, "d {d} group {group} first {first}");
         assert_eq!(portable.sum, simd.sum);
         assert_eq!(portable.max, simd.max);
+        #[cfg(target_arch = "x86_64")]
+        if has_f16c() {
+            let mut avx2 = Partial {
+                max: vec![0.0; group],
+                sum: vec![0.0; group],
+                acc: vec![0.0; group * d],
+            };
+            // SAFETY: AVX2, FMA and F16C are available.
+            unsafe { attend_ggml_avx2(&q, &rows, &span, scale, &mut avx2) };
+            assert_eq!(portable.acc, avx2.acc, "AVX2: d {d} group {group} first {first}");
+            assert_eq!(portable.sum, avx2.sum);
+            assert_eq!(portable.max, avx2.max);
+        }
     }
 
     // A tile of 70 queries at positions 500..570 (two tiles of 64 + 6 in the engine).
@@ -185,6 +198,20 @@ fn ggml_order_kernels_match_the_oracle_and_their_portable_forms() {
         });
     }
     assert_eq!(out_simd, out_body);
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        let mut out_avx2 = vec![0f32; nq * q_dim];
+        let ptr = SharedMut::new(&mut out_avx2);
+        // SAFETY: AVX2, FMA and F16C are available; each query's slice is distinct.
+        unsafe {
+            super::tile::attend_tile_avx2(&tile, &rows, scale, &|i| {
+                ptr.slice(i * q_dim + group * d, group * d)
+            })
+        };
+        assert_eq!(out_avx2, out_body, "the AVX2 tile kernel equals the body");
+    } else {
+        eprintln!("skipped the AVX2 tile kernel: this CPU lacks AVX2/FMA/F16C");
+    }
     for (i, &pos) in positions.iter().enumerate() {
         let span = Span {
             blocks: &blocks,

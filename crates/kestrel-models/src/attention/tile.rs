@@ -47,7 +47,147 @@ pub(super) fn attend_tile_ggml<'a>(
         unsafe { attend_tile_avx512(tile, rows, scale, &dst) };
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if has_f16c() {
+        // SAFETY: AVX2, FMA and F16C are available.
+        unsafe { attend_tile_avx2(tile, rows, scale, &dst) };
+        return;
+    }
     attend_tile_body(tile, rows, scale, &dst);
+}
+
+/// The AVX2 form of [`attend_tile_body`]: two (query, head) rows at a time share each K and V
+/// vector load, half a KV tile (32 positions, 4 x 8 lanes) of scores per pass and 32 output
+/// dims of weighted sums per pass (16 accumulators fit the 16 registers); every lane's FMA
+/// chain runs in the body's order, so the result is bit-identical to it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)] // register arrays indexed in lockstep
+pub(super) unsafe fn attend_tile_avx2<'a>(
+    tile: &QueryTile,
+    rows: &Rows,
+    scale: f32,
+    dst: &dyn Fn(usize) -> &'a mut [f32],
+) {
+    use std::arch::x86_64::*;
+    const KT: usize = GGML_TILE_KV;
+    const RB: usize = 2;
+    let d = rows.head_dim;
+    if !d.is_multiple_of(32) {
+        attend_tile_body(tile, rows, scale, dst);
+        return;
+    }
+    let nq = tile.tokens.len();
+    let g = tile.group;
+    let last_pos = tile.tokens.iter().map(|t| t.pos).max().unwrap_or(0);
+    let blocks = tile.tokens[0].blocks;
+    let bs = tile.block_size;
+    let mut m = vec![f32::NEG_INFINITY; nq * g];
+    let mut sum = vec![0f32; nq * g];
+    let mut acc = vec![0f32; nq * g * d];
+    let mut kt = vec![0f32; d * KT];
+    let mut v32 = vec![0f32; KT * d];
+    let mut s = vec![0f32; RB * KT];
+    let mut active: Vec<usize> = Vec::with_capacity(nq * g);
+    for base in (0..=last_pos).step_by(KT) {
+        let n_here = KT.min(last_pos + 1 - base);
+        kt.fill(0.0);
+        v32.fill(0.0);
+        for k in 0..n_here {
+            let pos = base + k;
+            let row = blocks[pos / bs] as usize * bs + pos % bs;
+            let kp = rows.k(row).as_ptr() as *const __m128i;
+            for j in 0..d / 8 {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(j)));
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), x);
+                for (l, &v) in lanes.iter().enumerate() {
+                    kt[(8 * j + l) * KT + k] = v;
+                }
+            }
+            let vp = rows.v(row).as_ptr() as *const __m128i;
+            for j in 0..d / 8 {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(j)));
+                _mm256_storeu_ps(v32.as_mut_ptr().add(k * d + 8 * j), x);
+            }
+        }
+        active.clear();
+        for (qi, tok) in tile.tokens.iter().enumerate() {
+            if base <= tok.pos {
+                active.extend((0..g).map(|h| qi * g + h));
+            }
+        }
+        for grp in active.chunks(RB) {
+            let n = grp.len();
+            let qp: [*const f32; RB] = std::array::from_fn(|r| {
+                let i = grp[r.min(n - 1)];
+                let (qi, h) = (i / g, i % g);
+                tile.q.as_ptr().add(tile.q_off + qi * tile.q_dim + h * d)
+            });
+            // Scores: one FMA chain per (row, position) over the head dimension.
+            for half in 0..2 {
+                let at = 32 * half;
+                let mut sc = [[_mm256_setzero_ps(); 4]; RB];
+                for dd in 0..d {
+                    let kv: [__m256; 4] = std::array::from_fn(|j| {
+                        _mm256_loadu_ps(kt.as_ptr().add(dd * KT + at + 8 * j))
+                    });
+                    for r in 0..RB {
+                        let qb = _mm256_set1_ps(*qp[r].add(dd));
+                        for j in 0..4 {
+                            sc[r][j] = _mm256_fmadd_ps(kv[j], qb, sc[r][j]);
+                        }
+                    }
+                }
+                for r in 0..n {
+                    for j in 0..4 {
+                        _mm256_storeu_ps(s.as_mut_ptr().add(r * KT + at + 8 * j), sc[r][j]);
+                    }
+                }
+            }
+            for (r, &i) in grp.iter().enumerate() {
+                let limit = (tile.tokens[i / g].pos + 1 - base).min(n_here);
+                let a = &mut acc[i * d..(i + 1) * d];
+                softmax_tile_row(
+                    &mut s[r * KT..(r + 1) * KT],
+                    limit,
+                    scale,
+                    &mut m[i],
+                    &mut sum[i],
+                    a,
+                );
+            }
+            // Weighted sums: one FMA chain per (row, dim) over the tile's positions.
+            for dv in (0..d).step_by(32) {
+                let mut av = [[_mm256_setzero_ps(); 4]; RB];
+                for r in 0..n {
+                    for j in 0..4 {
+                        av[r][j] = _mm256_loadu_ps(acc.as_ptr().add(grp[r] * d + dv + 8 * j));
+                    }
+                }
+                for k in 0..KT {
+                    let vk: [__m256; 4] = std::array::from_fn(|j| {
+                        _mm256_loadu_ps(v32.as_ptr().add(k * d + dv + 8 * j))
+                    });
+                    for r in 0..RB {
+                        let p = _mm256_set1_ps(s[r.min(n - 1) * KT + k]);
+                        for j in 0..4 {
+                            av[r][j] = _mm256_fmadd_ps(vk[j], p, av[r][j]);
+                        }
+                    }
+                }
+                for r in 0..n {
+                    for j in 0..4 {
+                        _mm256_storeu_ps(acc.as_mut_ptr().add(grp[r] * d + dv + 8 * j), av[r][j]);
+                    }
+                }
+            }
+        }
+    }
+    for qi in 0..nq {
+        let (at, n) = (qi * g, g);
+        write_normalized(dst(qi), &acc[at * d..(at + n) * d], &sum[at..at + n], d);
+    }
 }
 
 /// The AVX-512 form of [`attend_tile_body`]: four (query, head) rows at a time share each
@@ -294,6 +434,18 @@ fn exp16_minus(x: &mut [f32], m: f32) {
         unsafe {
             let v = _mm512_sub_ps(_mm512_loadu_ps(x.as_ptr()), _mm512_set1_ps(m));
             _mm512_storeu_ps(x.as_mut_ptr(), crate::vexp::expf16(v));
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::vexp::has_avx2() {
+        use std::arch::x86_64::*;
+        // SAFETY: AVX2 and FMA are available; `x` holds 16 floats.
+        unsafe {
+            for h in x.chunks_exact_mut(8) {
+                let v = _mm256_sub_ps(_mm256_loadu_ps(h.as_ptr()), _mm256_set1_ps(m));
+                _mm256_storeu_ps(h.as_mut_ptr(), crate::vexp::expf8(v));
+            }
         }
         return;
     }

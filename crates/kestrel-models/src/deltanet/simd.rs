@@ -20,7 +20,7 @@ macro_rules! multiversion {
                     // SAFETY: the CPU has AVX-512F and FMA (checked).
                     return unsafe { v512($($arg),*) };
                 }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                if crate::vexp::has_avx2() {
                     // SAFETY: the CPU has AVX2 and FMA (checked).
                     return unsafe { v256($($arg),*) };
                 }
