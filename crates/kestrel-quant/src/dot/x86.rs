@@ -20,11 +20,20 @@ pub(crate) use std::arch::x86_64::*;
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 pub(crate) unsafe fn fp16(p: *const u8) -> f32 {
-    // Broadcast, not `cvtsi32_si128`: LLVM lowers that to a `vpinsrw` merging into whatever
-    // register it likes (often a loop's accumulator), a false dependency that chained every
-    // block of the Q*_0 kernels behind the previous block's FMA (13 cycles a block).
-    let h = (p as *const i16).read_unaligned();
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16(h)))
+    // In asm: from intrinsics (`set1`, `cvtsi32_si128`, `loadu_si16` alike) LLVM emits a
+    // `vpinsrw` that merges into whatever register it likes, often a loop's accumulator: a
+    // false dependency that chained every block behind the previous block's FMA (13-17 cycles
+    // a block in the Q*_0 kernels). `vmovd` from a general register writes the whole register.
+    let h = (p as *const u16).read_unaligned() as u32;
+    let x: __m128;
+    std::arch::asm!(
+        "vmovd {x}, {h:e}",
+        "vcvtph2ps {x}, {x}",
+        h = in(reg) h,
+        x = out(xmm_reg) x,
+        options(pure, nomem, nostack, preserves_flags),
+    );
+    _mm_cvtss_f32(x)
 }
 
 #[inline]
@@ -115,26 +124,89 @@ macro_rules! x86_kernels {
             out
         }
 
+        /// The f16 at `p + k * stride` for `k` in 0..8, widened in one conversion.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn fp16x8(p: *const u8, stride: usize) -> __m256 {
+            let h = |k: usize| (p.add(k * stride) as *const i16).read_unaligned();
+            _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+        }
+
+        /// Per activation row, `dx * dy` of the blocks `i..i + n` (n <= 8): the f16 scales at
+        /// byte `xo` of `xs`-byte weight blocks and byte 0 of `ys`-byte activation blocks,
+        /// converted eight at a time (the products equal the scalar `fp16(x) * fp16(y)`).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn scale_products<const N: usize>(
+            x: *const u8,
+            xs: usize,
+            xo: usize,
+            y: &[*const u8; N],
+            ys: usize,
+            i: usize,
+            n: usize,
+        ) -> [[f32; 8]; N] {
+            let mut d = [[0f32; 8]; N];
+            if n == 8 {
+                let dx = fp16x8(x.add(i * xs + xo), xs);
+                for c in 0..N {
+                    let dy = fp16x8(y[c].add(i * ys), ys);
+                    _mm256_storeu_ps(d[c].as_mut_ptr(), _mm256_mul_ps(dx, dy));
+                }
+            } else {
+                for k in 0..n {
+                    let dx = fp16(x.add((i + k) * xs + xo));
+                    for c in 0..N {
+                        d[c][k] = dx * fp16(y[c].add((i + k) * ys));
+                    }
+                }
+            }
+            d
+        }
+
         /// Signed i8 weights `qx` (|q| <= 127 or activations without -128) against Q8 blocks
-        /// with the f16 scale at `y[c] + off` and 32 quants after it: sign trick, so the
-        /// unsigned operand is |qx|.
+        /// with 32 quants at `y[c] + at + 2`, scaled by `d[c]`: sign trick, so the unsigned
+        /// operand is |qx|.
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn signed_blocks<const N: usize>(
             acc: &mut [__m256; N],
-            dx: f32,
+            d: [f32; N],
             qx: __m256i,
             y: &[*const u8; N],
             at: usize,
         ) {
             let ax = _mm256_sign_epi8(qx, qx);
             for c in 0..N {
-                let yb = y[c].add(at);
-                let d = _mm256_set1_ps(dx * fp16(yb));
-                let qy = _mm256_loadu_si256(yb.add(2) as *const __m256i);
+                let qy = _mm256_loadu_si256(y[c].add(at + 2) as *const __m256i);
                 let s = $dot(ax, _mm256_sign_epi8(qy, qx));
-                acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d[c]), _mm256_cvtepi32_ps(s), acc[c]);
             }
+        }
+
+        /// A 32-element weight type of `xs`-byte blocks (f16 scale first) against Q8_0 rows:
+        /// `unpack(block)` gives the signed quants, then [`signed_blocks`].
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn signed_q8_0<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            xs: usize,
+            y: [*const u8; N],
+            unpack: impl Fn(*const u8) -> __m256i,
+        ) -> [f32; N] {
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut i = 0;
+            while i < nb {
+                let n = (nb - i).min(8);
+                let d = scale_products(x, xs, 0, &y, 34, i, n);
+                for k in 0..n {
+                    let qx = unpack(x.add((i + k) * xs));
+                    signed_blocks(&mut acc, std::array::from_fn(|c| d[c][k]), qx, &y, (i + k) * 34);
+                }
+                i += n;
+            }
+            finish(acc, [0.0; N])
         }
 
         /// Q4_0 (18 B: d, 16 nibble bytes) x Q8_0 (34 B: d, 32 x i8).
@@ -144,14 +216,8 @@ macro_rules! x86_kernels {
             x: *const u8,
             y: [*const u8; N],
         ) -> [f32; N] {
-            let mut acc = [_mm256_setzero_ps(); N];
             let off = _mm256_set1_epi8(8);
-            for i in 0..nb {
-                let xb = x.add(i * 18);
-                let qx = _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), off);
-                signed_blocks(&mut acc, fp16(xb), qx, &y, i * 34);
-            }
-            finish(acc, [0.0; N])
+            signed_q8_0(nb, x, 18, y, |xb| _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), off))
         }
 
         /// Q5_0 (22 B: d, qh u32, 16 nibble bytes) x Q8_0: q - 16 is the nibble with 0xf0 OR-ed
@@ -162,15 +228,11 @@ macro_rules! x86_kernels {
             x: *const u8,
             y: [*const u8; N],
         ) -> [f32; N] {
-            let mut acc = [_mm256_setzero_ps(); N];
             let hi = _mm256_set1_epi8(0xf0u8 as i8);
-            for i in 0..nb {
-                let xb = x.add(i * 22);
+            signed_q8_0(nb, x, 22, y, |xb| {
                 let bxhi = _mm256_andnot_si256(bytes_from_bits_32(xb.add(2)), hi);
-                let qx = _mm256_or_si256(bytes_from_nibbles_32(xb.add(6)), bxhi);
-                signed_blocks(&mut acc, fp16(xb), qx, &y, i * 34);
-            }
-            finish(acc, [0.0; N])
+                _mm256_or_si256(bytes_from_nibbles_32(xb.add(6)), bxhi)
+            })
         }
 
         /// Q8_0 x Q8_0 (weights from llama.cpp's quantizer never hold -128).
@@ -180,13 +242,7 @@ macro_rules! x86_kernels {
             x: *const u8,
             y: [*const u8; N],
         ) -> [f32; N] {
-            let mut acc = [_mm256_setzero_ps(); N];
-            for i in 0..nb {
-                let xb = x.add(i * 34);
-                let qx = _mm256_loadu_si256(xb.add(2) as *const __m256i);
-                signed_blocks(&mut acc, fp16(xb), qx, &y, i * 34);
-            }
-            finish(acc, [0.0; N])
+            signed_q8_0(nb, x, 34, y, |xb| _mm256_loadu_si256(xb.add(2) as *const __m256i))
         }
 
         /// Q4_1 (20 B: d, m, 16 nibble bytes) x Q8_1 (36 B: d, s = d * sum q, 32 x i8):
@@ -199,18 +255,39 @@ macro_rules! x86_kernels {
         ) -> [f32; N] {
             let mut acc = [_mm256_setzero_ps(); N];
             let mut summs = [0f32; N];
-            for i in 0..nb {
-                let xb = x.add(i * 20);
-                let (dx, mx) = (fp16(xb), fp16(xb.add(2)));
-                let qx = bytes_from_nibbles_32(xb.add(4));
-                for c in 0..N {
-                    let yb = y[c].add(i * 36);
-                    summs[c] = mx.mul_add(fp16(yb.add(2)), summs[c]);
-                    let d = _mm256_set1_ps(dx * fp16(yb));
-                    let qy = _mm256_loadu_si256(yb.add(4) as *const __m256i);
-                    let s = $dot(qx, qy);
-                    acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[c]);
+            let mut i = 0;
+            while i < nb {
+                let n = (nb - i).min(8);
+                let d = scale_products(x, 20, 0, &y, 36, i, n);
+                let mut mx = [0f32; 8];
+                let mut sy = [[0f32; 8]; N];
+                if n == 8 {
+                    _mm256_storeu_ps(mx.as_mut_ptr(), fp16x8(x.add(i * 20 + 2), 20));
+                    for c in 0..N {
+                        _mm256_storeu_ps(sy[c].as_mut_ptr(), fp16x8(y[c].add(i * 36 + 2), 36));
+                    }
+                } else {
+                    for k in 0..n {
+                        mx[k] = fp16(x.add((i + k) * 20 + 2));
+                        for c in 0..N {
+                            sy[c][k] = fp16(y[c].add((i + k) * 36 + 2));
+                        }
+                    }
                 }
+                for k in 0..n {
+                    let qx = bytes_from_nibbles_32(x.add((i + k) * 20 + 4));
+                    for c in 0..N {
+                        summs[c] = mx[k].mul_add(sy[c][k], summs[c]);
+                        let qy = _mm256_loadu_si256(y[c].add((i + k) * 36 + 4) as *const __m256i);
+                        let s = $dot(qx, qy);
+                        acc[c] = _mm256_fmadd_ps(
+                            _mm256_set1_ps(d[c][k]),
+                            _mm256_cvtepi32_ps(s),
+                            acc[c],
+                        );
+                    }
+                }
+                i += n;
             }
             finish(acc, summs)
         }
