@@ -187,17 +187,31 @@ pub fn vec_dot_rows_each_with(
         }
         return Ok(());
     }
-    let mut dots = vec![0f32; acts.len()];
-    for (r, row) in w_rows.iter().enumerate() {
-        vec_dot_multi_with(backend, w, n, row, acts, &mut dots)?;
-        for (c, &d) in dots.iter().enumerate() {
-            let mut v = [0f32; RUN];
-            v[0] = d;
-            put(c, r, &v, 1);
+    // The activation rows in chunks of at most ACT_CHUNK_BYTES (a multiple of the kernels'
+    // groups of four), each passed over by every weight row while it stays in L2, rather than
+    // all of them streamed from L3 once per weight row (a 512-token prompt through an
+    // 8960-column ffn_down: 5 MB of activations per 7 KB row). A token's dot does not depend
+    // on the grouping, so the bits are the same.
+    let act_bytes = acts.first().map_or(1, |a| a.len().max(1));
+    let chunk = (ACT_CHUNK_BYTES / act_bytes / 4 * 4).clamp(4, 64);
+    let mut dots = [0f32; 64];
+    for c0 in (0..acts.len()).step_by(chunk) {
+        let part = &acts[c0..(c0 + chunk).min(acts.len())];
+        for (r, row) in w_rows.iter().enumerate() {
+            vec_dot_multi_with(backend, w, n, row, part, &mut dots[..part.len()])?;
+            for (c, &d) in dots[..part.len()].iter().enumerate() {
+                let mut v = [0f32; RUN];
+                v[0] = d;
+                put(c0 + c, r, &v, 1);
+            }
         }
     }
     Ok(())
 }
+
+/// Bytes of activation rows the portable prefill path passes every weight row over at a time:
+/// with the rows of a call (about 1 MB at most, `matmul_rows_tiled`) they stay in a 2 MB L2.
+const ACT_CHUNK_BYTES: usize = 256 * 1024;
 
 /// From this many activation rows on, llama.cpp runs Q6_K (and the other non-repacked K-quants)
 /// through its tiled matmul, whose f32 order [`vec_dot_rows`] then follows; below, its `vec_dot`.
