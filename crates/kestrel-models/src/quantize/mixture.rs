@@ -154,7 +154,7 @@ pub fn target_type(
 /// way to a 32-element one, and to F16 when even that does not fit.
 fn fallback(ty: GgmlType, cols: u64) -> GgmlType {
     use GgmlType::*;
-    if cols % ty.block_len() == 0 {
+    if cols.is_multiple_of(ty.block_len()) {
         return ty;
     }
     let next = match ty {
@@ -164,7 +164,7 @@ fn fallback(ty: GgmlType, cols: u64) -> GgmlType {
         Q2_K | Q3_K => Q4_0,
         other => other,
     };
-    if cols % next.block_len() == 0 {
+    if cols.is_multiple_of(next.block_len()) {
         next
     } else {
         F16
