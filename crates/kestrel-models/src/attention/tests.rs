@@ -116,10 +116,16 @@ fn ggml_order_kernels_match_the_oracle_and_their_portable_forms() {
             .fold(0f32, f32::max);
         assert!(err < 5e-3, "one-query (single {single}): max error {err}");
     }
-    // The block-at-a-time SIMD form equals the portable body bit for bit: head_dim 64 and
-    // 128, groups of 3 and 7, whole spans and the upper half of a split one (first > 0,
+    // The block-at-a-time SIMD form equals the portable body bit for bit: head_dim 64,
+    // 128 and 256, groups of 3, 7 and 2, whole spans and the upper half of a split one (first > 0,
     // not on a block boundary).
-    for (d, group, first) in [(64, 3, 0), (64, 3, 300), (128, 7, 0), (128, 7, 259), (256, 2, 17)] {
+    for (d, group, first) in [
+        (64, 3, 0),
+        (64, 3, 300),
+        (128, 7, 0),
+        (128, 7, 259),
+        (256, 2, 17),
+    ] {
         let kv_dim = n_kv * d;
         let k: Vec<f16> = (0..n_blocks * bs * kv_dim)
             .map(|_| f16::from_f32(rnd() * 2.0))
@@ -156,7 +162,10 @@ fn ggml_order_kernels_match_the_oracle_and_their_portable_forms() {
             };
             // SAFETY: AVX2, FMA and F16C are available.
             unsafe { attend_ggml_avx2(&q, &rows, &span, scale, &mut avx2) };
-            assert_eq!(portable.acc, avx2.acc, "AVX2: d {d} group {group} first {first}");
+            assert_eq!(
+                portable.acc, avx2.acc,
+                "AVX2: d {d} group {group} first {first}"
+            );
             assert_eq!(portable.sum, avx2.sum);
             assert_eq!(portable.max, avx2.max);
         }

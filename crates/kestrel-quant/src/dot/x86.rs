@@ -129,7 +129,16 @@ macro_rules! x86_kernels {
         #[target_feature(enable = $feat)]
         unsafe fn fp16x8(p: *const u8, stride: usize) -> __m256 {
             let h = |k: usize| (p.add(k * stride) as *const i16).read_unaligned();
-            _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)))
+            _mm256_cvtph_ps(_mm_setr_epi16(
+                h(0),
+                h(1),
+                h(2),
+                h(3),
+                h(4),
+                h(5),
+                h(6),
+                h(7),
+            ))
         }
 
         /// Per activation row, `dx * dy` of the blocks `i..i + n` (n <= 8): the f16 scales at
@@ -202,7 +211,13 @@ macro_rules! x86_kernels {
                 let d = scale_products(x, xs, 0, &y, 34, i, n);
                 for k in 0..n {
                     let qx = unpack(x.add((i + k) * xs));
-                    signed_blocks(&mut acc, std::array::from_fn(|c| d[c][k]), qx, &y, (i + k) * 34);
+                    signed_blocks(
+                        &mut acc,
+                        std::array::from_fn(|c| d[c][k]),
+                        qx,
+                        &y,
+                        (i + k) * 34,
+                    );
                 }
                 i += n;
             }
@@ -217,7 +232,9 @@ macro_rules! x86_kernels {
             y: [*const u8; N],
         ) -> [f32; N] {
             let off = _mm256_set1_epi8(8);
-            signed_q8_0(nb, x, 18, y, |xb| _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), off))
+            signed_q8_0(nb, x, 18, y, |xb| {
+                _mm256_sub_epi8(bytes_from_nibbles_32(xb.add(2)), off)
+            })
         }
 
         /// Q5_0 (22 B: d, qh u32, 16 nibble bytes) x Q8_0: q - 16 is the nibble with 0xf0 OR-ed
@@ -242,7 +259,9 @@ macro_rules! x86_kernels {
             x: *const u8,
             y: [*const u8; N],
         ) -> [f32; N] {
-            signed_q8_0(nb, x, 34, y, |xb| _mm256_loadu_si256(xb.add(2) as *const __m256i))
+            signed_q8_0(nb, x, 34, y, |xb| {
+                _mm256_loadu_si256(xb.add(2) as *const __m256i)
+            })
         }
 
         /// Q4_1 (20 B: d, m, 16 nibble bytes) x Q8_1 (36 B: d, s = d * sum q, 32 x i8):
@@ -280,11 +299,8 @@ macro_rules! x86_kernels {
                         summs[c] = mx[k].mul_add(sy[c][k], summs[c]);
                         let qy = _mm256_loadu_si256(y[c].add((i + k) * 36 + 4) as *const __m256i);
                         let s = $dot(qx, qy);
-                        acc[c] = _mm256_fmadd_ps(
-                            _mm256_set1_ps(d[c][k]),
-                            _mm256_cvtepi32_ps(s),
-                            acc[c],
-                        );
+                        acc[c] =
+                            _mm256_fmadd_ps(_mm256_set1_ps(d[c][k]), _mm256_cvtepi32_ps(s), acc[c]);
                     }
                 }
                 i += n;
