@@ -2,6 +2,7 @@
 //! 64 queries of one kv head's group against the cache in blocks of `GGML_TILE_KV` positions.
 
 use super::*;
+use half::slice::HalfFloatSliceExt;
 
 /// Up to 64 consecutive queries of one sequence (one kv head's group of query heads).
 pub(super) struct QueryTile<'a> {
@@ -80,8 +81,6 @@ pub(super) unsafe fn attend_tile_avx2<'a>(
     let nq = tile.tokens.len();
     let g = tile.group;
     let last_pos = tile.tokens.iter().map(|t| t.pos).max().unwrap_or(0);
-    let blocks = tile.tokens[0].blocks;
-    let bs = tile.block_size;
     let mut m = vec![f32::NEG_INFINITY; nq * g];
     let mut sum = vec![0f32; nq * g];
     let mut acc = vec![0f32; nq * g * d];
@@ -91,32 +90,8 @@ pub(super) unsafe fn attend_tile_avx2<'a>(
     let mut active: Vec<usize> = Vec::with_capacity(nq * g);
     for base in (0..=last_pos).step_by(KT) {
         let n_here = KT.min(last_pos + 1 - base);
-        kt.fill(0.0);
-        v32.fill(0.0);
-        for k in 0..n_here {
-            let pos = base + k;
-            let row = blocks[pos / bs] as usize * bs + pos % bs;
-            let kp = rows.k(row).as_ptr() as *const __m128i;
-            for j in 0..d / 8 {
-                let x = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(j)));
-                let mut lanes = [0f32; 8];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), x);
-                for (l, &v) in lanes.iter().enumerate() {
-                    kt[(8 * j + l) * KT + k] = v;
-                }
-            }
-            let vp = rows.v(row).as_ptr() as *const __m128i;
-            for j in 0..d / 8 {
-                let x = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(j)));
-                _mm256_storeu_ps(v32.as_mut_ptr().add(k * d + 8 * j), x);
-            }
-        }
-        active.clear();
-        for (qi, tok) in tile.tokens.iter().enumerate() {
-            if base <= tok.pos {
-                active.extend((0..g).map(|h| qi * g + h));
-            }
-        }
+        fill_tile(tile, rows, base, n_here, &mut kt, &mut v32);
+        active_rows(tile, base, &mut active);
         for grp in active.chunks(RB) {
             let n = grp.len();
             let qp: [*const f32; RB] = std::array::from_fn(|r| {
@@ -184,10 +159,7 @@ pub(super) unsafe fn attend_tile_avx2<'a>(
             }
         }
     }
-    for qi in 0..nq {
-        let (at, n) = (qi * g, g);
-        write_normalized(dst(qi), &acc[at * d..(at + n) * d], &sum[at..at + n], d);
-    }
+    write_tile(tile, d, &acc, &sum, dst);
 }
 
 /// The AVX-512 form of [`attend_tile_body`]: four (query, head) rows at a time share each
@@ -213,8 +185,6 @@ unsafe fn attend_tile_avx512<'a>(
     let nq = tile.tokens.len();
     let g = tile.group;
     let last_pos = tile.tokens.iter().map(|t| t.pos).max().unwrap_or(0);
-    let blocks = tile.tokens[0].blocks;
-    let bs = tile.block_size;
     let mut m = vec![f32::NEG_INFINITY; nq * g];
     let mut sum = vec![0f32; nq * g];
     let mut acc = vec![0f32; nq * g * d];
@@ -224,32 +194,8 @@ unsafe fn attend_tile_avx512<'a>(
     let mut active: Vec<usize> = Vec::with_capacity(nq * g);
     for base in (0..=last_pos).step_by(KT) {
         let n_here = KT.min(last_pos + 1 - base);
-        kt.fill(0.0);
-        v32.fill(0.0);
-        for k in 0..n_here {
-            let pos = base + k;
-            let row = blocks[pos / bs] as usize * bs + pos % bs;
-            let kp = rows.k(row).as_ptr() as *const __m256i;
-            for j in 0..d / 16 {
-                let x = _mm512_cvtph_ps(_mm256_loadu_si256(kp.add(j)));
-                let mut lanes = [0f32; 16];
-                _mm512_storeu_ps(lanes.as_mut_ptr(), x);
-                for (l, &v) in lanes.iter().enumerate() {
-                    kt[(16 * j + l) * KT + k] = v;
-                }
-            }
-            let vp = rows.v(row).as_ptr() as *const __m256i;
-            for j in 0..d / 16 {
-                let x = _mm512_cvtph_ps(_mm256_loadu_si256(vp.add(j)));
-                _mm512_storeu_ps(v32.as_mut_ptr().add(k * d + 16 * j), x);
-            }
-        }
-        active.clear();
-        for (qi, tok) in tile.tokens.iter().enumerate() {
-            if base <= tok.pos {
-                active.extend((0..g).map(|h| qi * g + h));
-            }
-        }
+        fill_tile(tile, rows, base, n_here, &mut kt, &mut v32);
+        active_rows(tile, base, &mut active);
         for grp in active.chunks(RB) {
             let n = grp.len();
             // Scores: one FMA chain per (row, position) over the head dimension.
@@ -313,10 +259,7 @@ unsafe fn attend_tile_avx512<'a>(
             }
         }
     }
-    for qi in 0..nq {
-        let (at, n) = (qi * g, g);
-        write_normalized(dst(qi), &acc[at * d..(at + n) * d], &sum[at..at + n], d);
-    }
+    write_tile(tile, d, &acc, &sum, dst);
 }
 
 #[inline(always)]
@@ -331,8 +274,6 @@ pub(super) fn attend_tile_body<'a>(
     let nq = tile.tokens.len();
     let g = tile.group;
     let last_pos = tile.tokens.iter().map(|t| t.pos).max().unwrap_or(0);
-    let blocks = tile.tokens[0].blocks;
-    let bs = tile.block_size;
     let mut m = vec![f32::NEG_INFINITY; nq * g];
     let mut sum = vec![0f32; nq * g];
     let mut acc = vec![0f32; nq * g * d];
@@ -341,18 +282,7 @@ pub(super) fn attend_tile_body<'a>(
     let mut s = [0f32; KT];
     for base in (0..=last_pos).step_by(KT) {
         let n_here = KT.min(last_pos + 1 - base);
-        kt.fill(0.0);
-        v32.fill(0.0);
-        for k in 0..n_here {
-            let pos = base + k;
-            let row = blocks[pos / bs] as usize * bs + pos % bs;
-            for (dd, x) in rows.k(row).iter().enumerate() {
-                kt[dd * KT + k] = x.to_f32();
-            }
-            for (o, x) in v32[k * d..(k + 1) * d].iter_mut().zip(rows.v(row)) {
-                *o = x.to_f32();
-            }
-        }
+        fill_tile(tile, rows, base, n_here, &mut kt, &mut v32);
         for (qi, tok) in tile.tokens.iter().enumerate() {
             if base > tok.pos {
                 continue; // every position of this tile is masked for this query
@@ -380,9 +310,64 @@ pub(super) fn attend_tile_body<'a>(
             }
         }
     }
-    for qi in 0..nq {
-        let (at, n) = (qi * g, g);
-        write_normalized(dst(qi), &acc[at * d..(at + n) * d], &sum[at..at + n], d);
+    write_tile(tile, d, &acc, &sum, dst);
+}
+
+/// One KV tile (positions `base..base + n_here` of the tile's sequence) widened to f32 for
+/// the kernels: `kt` as [dim][position], `v32` as [position][dim], zero past `n_here`.
+fn fill_tile(
+    tile: &QueryTile,
+    rows: &Rows,
+    base: usize,
+    n_here: usize,
+    kt: &mut [f32],
+    v32: &mut [f32],
+) {
+    let d = rows.head_dim;
+    let (blocks, bs) = (tile.tokens[0].blocks, tile.block_size);
+    kt.fill(0.0);
+    v32.fill(0.0);
+    let mut k_row = [0f32; 256];
+    for k in 0..n_here {
+        let pos = base + k;
+        let row = blocks[pos / bs] as usize * bs + pos % bs;
+        if d <= k_row.len() {
+            rows.k(row).convert_to_f32_slice(&mut k_row[..d]);
+            for (dd, &x) in k_row[..d].iter().enumerate() {
+                kt[dd * GGML_TILE_KV + k] = x;
+            }
+        } else {
+            for (dd, x) in rows.k(row).iter().enumerate() {
+                kt[dd * GGML_TILE_KV + k] = x.to_f32();
+            }
+        }
+        rows.v(row).convert_to_f32_slice(&mut v32[k * d..(k + 1) * d]);
+    }
+}
+
+/// The (query, head) rows (`query * group + head`) that see some position from `base` on.
+fn active_rows(tile: &QueryTile, base: usize, active: &mut Vec<usize>) {
+    let g = tile.group;
+    active.clear();
+    for (qi, tok) in tile.tokens.iter().enumerate() {
+        if base <= tok.pos {
+            active.extend((0..g).map(|h| qi * g + h));
+        }
+    }
+}
+
+/// Every query's heads, `acc / sum`, into its destination.
+fn write_tile<'a>(
+    tile: &QueryTile,
+    d: usize,
+    acc: &[f32],
+    sum: &[f32],
+    dst: &dyn Fn(usize) -> &'a mut [f32],
+) {
+    let g = tile.group;
+    for qi in 0..tile.tokens.len() {
+        let at = qi * g;
+        write_normalized(dst(qi), &acc[at * d..(at + g) * d], &sum[at..at + g], d);
     }
 }
 
