@@ -341,7 +341,8 @@ fn fill_tile(
                 kt[dd * GGML_TILE_KV + k] = x.to_f32();
             }
         }
-        rows.v(row).convert_to_f32_slice(&mut v32[k * d..(k + 1) * d]);
+        rows.v(row)
+            .convert_to_f32_slice(&mut v32[k * d..(k + 1) * d]);
     }
 }
 
