@@ -15,7 +15,10 @@
 # 16384; SKIP_TINY=1 skips the tiny fixture checks; peer = llama.cpp (CUDA, -fa 1) on every file
 # the earlier stages (of this call or an earlier one on the same warm machine) wrote: llama-bench
 # pp512/pp4096/tg128, tg128 at depth 16384, llama-batched-bench with kestrel's concurrent
-# workload (128-token prompts, 64 new tokens, 1/8/32 sequences).
+# workload (128-token prompts, 64 new tokens, 1/8/32 sequences; PEER_QUICK=1: llama-bench's
+# pp512/pp4096/tg128 alone); prefill = pp512/pp4096 of every shape in PREFILL_SHAPES (default
+# qwen3-8b qwen35-0.8b qwen2.5-1.5b), and pp4096 again with KESTREL_CUDA_FLASH=0 (the split
+# attention kernel instead of the tensor-core prompt kernel).
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
 # `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
 # (target/gpu-models, git-ignored, so a later call on the warm machine reuses it). llama.cpp is
@@ -116,6 +119,13 @@ for s in $STAGES; do
     [ -n "${SCEN:-}" ] && concurrent $M $SH
     [ -n "${PROF:-}" ] && profile $M $SH
     ;;
+  prefill)  # prompt speed of every shape in PREFILL_SHAPES, the prompt attention kernel on and off
+    for SH in ${PREFILL_SHAPES:-qwen3-8b qwen35-0.8b qwen2.5-1.5b}; do
+      M=$(model $SH) || continue
+      $K bench -m $M -p 512,4096 -n 0 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/prefill-$SH.log
+      KESTREL_CUDA_FLASH=0 $K bench -m $M -p 4096 -n 0 -r 2 --device cuda 2>&1 | grep "| qwen" | sed 's/$/ (KESTREL_CUDA_FLASH=0)/' | tee -a $OUT/prefill-$SH.log
+    done
+    ;;
   peer)  # llama.cpp on the same files, flash attention on, all layers on the GPU
     while [ ! -s $PEER/status.txt ] && [ -d $PEER/trim ]; do sleep 5; done
     cat $PEER/status.txt 2>/dev/null | tee $OUT/peer-build.txt
@@ -124,6 +134,7 @@ for s in $STAGES; do
     for M in $MODELS/*-q4_k_m.gguf; do
       SH=$(basename $M -q4_k_m.gguf)
       $LB/llama-bench -m $M -ngl 99 -fa 1 -p 512,4096 -n 128 -r ${REPS:-3} 2>&1 | grep "^|" | tee $OUT/peer-$SH.log
+      [ -n "${PEER_QUICK:-}" ] && continue
       $LB/llama-bench -m $M -ngl 99 -fa 1 -p 0 -n 128 -d 16384 -r 1 2>&1 | grep "^| [a-z]" | tail -1 | tee -a $OUT/peer-$SH.log
       $LB/llama-batched-bench -m $M -ngl 99 -fa 1 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32 2>&1 | grep "^|" | tee -a $OUT/peer-$SH.log
     done
@@ -131,11 +142,11 @@ for s in $STAGES; do
   esac
 done
 echo "=== summary ($(date +%T))"
-grep -h "FAIL\|op harness\|reference prompt\|GPU vs CPU\|perf mat-vec" $OUT/*.log 2>/dev/null | head -40
-grep -h "| tg\|| pp" $OUT/bench-*.log 2>/dev/null
+grep -h "FAIL\|op harness\|reference prompt\|GPU vs CPU\|perf mat-vec\|perf prompt\|dequantize" $OUT/*.log 2>/dev/null | head -40
+grep -h "| tg\|| pp" $OUT/bench-*.log $OUT/prefill-*.log 2>/dev/null
 grep -h "tok/s" $OUT/concurrent-*.log 2>/dev/null
 grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null
 # everything in one file (the device tool brings back a bounded number of files)
-for f in $OUT/gpu.txt $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/peer*; do
+for f in $OUT/gpu.txt $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/peer*; do
   [ -f "$f" ] && { echo "=== $(basename $f)"; cat "$f"; }
 done > $OUT/summary.txt 2>/dev/null

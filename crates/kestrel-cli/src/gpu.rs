@@ -397,6 +397,10 @@ pub fn check(
             for (what, us, gbs, tops) in kestrel_cuda::check::perf_mmq(&mut gpu, &mut rng)? {
                 println!("perf mat-mat {what}: {us:7.1} us, {gbs:6.0} GB/s of weights ({:.0}% of 4650), {tops:6.1} TOPS", 100.0 * gbs / 4650.0);
             }
+            for (what, split, flash, tflops) in kestrel_cuda::check::perf_flash(&mut gpu, &mut rng)?
+            {
+                println!("perf prompt attention {what}: split kernel {split:8.1} us, tensor cores {flash:8.1} us ({tflops:.0} TFLOP/s)");
+            }
             for (way, ms, gbs) in kestrel_cuda::check::perf_download(&gpu)? {
                 println!("perf download {way}: {ms:.2} ms, {gbs:.1} GB/s");
             }

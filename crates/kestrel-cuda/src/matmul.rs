@@ -463,28 +463,11 @@ impl CudaModel {
         }
         self.to_f16(x)?;
         let chunk = (self.scratch.wf16_elems / wcols).clamp(1, wrows);
-        let deq = self.gpu.func("dequant_f16")?;
         let (wbuf, act) = (self.scratch.wf16.ptr, self.scratch.act16.ptr);
         let mut r0 = 0;
         while r0 < wrows {
             let n = chunk.min(wrows - r0);
-            let (ty, r, c, r0i, ni) =
-                (kind as i32, wrows as i32, wcols as i32, r0 as i32, n as i32);
-            let total = (n * wcols) as u64;
-            // SAFETY: as in flush.
-            unsafe {
-                self.gpu
-                    .stream
-                    .launch_builder(&deq)
-                    .arg(&ty)
-                    .arg(&wp)
-                    .arg(&r)
-                    .arg(&c)
-                    .arg(&r0i)
-                    .arg(&ni)
-                    .arg(&wbuf)
-                    .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
-            }
+            dequant_f16(&mut self.gpu, kind, wp, wrows, wcols, r0, n, wbuf)?;
             self.gpu.gemm_f16(
                 n,
                 rows,
@@ -499,4 +482,42 @@ impl CudaModel {
         }
         Ok(())
     }
+}
+
+/// Rows `r0 .. r0 + n` of a `rows x cols` matrix of `kind` at `w` (device layout) as f16 at
+/// `out`, enqueued: eight weights per thread where rows split into 8-wide runs (every quantized
+/// type), else one.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dequant_f16(
+    gpu: &mut crate::device::Gpu,
+    kind: crate::weights::Kind,
+    w: u64,
+    rows: usize,
+    cols: usize,
+    r0: usize,
+    n: usize,
+    out: u64,
+) -> Result<()> {
+    let wide = cols % 8 == 0;
+    let f = gpu.func(if wide {
+        "dequant_f16_x8"
+    } else {
+        "dequant_f16"
+    })?;
+    let total = (n * cols / if wide { 8 } else { 1 }) as u64;
+    let (ty, r, c, r0, n) = (kind as i32, rows as i32, cols as i32, r0 as i32, n as i32);
+    // SAFETY: w holds rows x cols of `kind`, out n x cols f16.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&ty)
+            .arg(&w)
+            .arg(&r)
+            .arg(&c)
+            .arg(&r0)
+            .arg(&n)
+            .arg(&out)
+            .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
+    }
+    Ok(())
 }

@@ -44,6 +44,22 @@ pub fn attn_kernel(head_dim: usize) -> String {
     }
 }
 
+/// The prompt attention kernel on the tensor cores (`kernels/flash.cu`, 64 queries of one
+/// sequence a block) for a head size, where there is one.
+pub fn flash_kernel(head_dim: usize) -> Option<String> {
+    matches!(head_dim, 64 | 128 | 256).then(|| format!("attn_prefill_h{head_dim}"))
+}
+
+/// Whether a step of `t` tokens over `n_seqs` sequences takes the prompt kernel: steps past the
+/// mat-vecs' size whose sequences bring 16+ tokens each on average (a block's 64 query rows
+/// are then mostly used; batched decode keeps the split kernel), unless `KESTREL_CUDA_FLASH=0`.
+pub fn takes_flash(t: usize, n_seqs: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    t > MATVEC_MAX
+        && t >= 16 * n_seqs
+        && *ON.get_or_init(|| std::env::var("KESTREL_CUDA_FLASH").map_or(true, |v| v != "0"))
+}
+
 pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: grid,
@@ -259,6 +275,58 @@ impl CudaModel {
         p.stage = p.stage.max(stage);
         Ok(())
     }
+
+    /// Prompt attention by `kernel` (`kernels/flash.cu`): Q at `qp` into `op` ([t, q_dim]),
+    /// one block per (64-query tile of a sequence, head).
+    fn flash_attention(
+        &mut self,
+        layer: usize,
+        kernel: &str,
+        qp: u64,
+        op: u64,
+        out: Buf,
+    ) -> Result<()> {
+        let c = &self.config;
+        let (nh, nkv) = (c.n_heads as i32, c.n_kv_heads as i32);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let kvl = c.kv_layer(layer);
+        let (kc, vc, bs) = (
+            self.kv.k_layer(kvl),
+            self.kv.v_layer(kvl),
+            self.kv.block_size as i32,
+        );
+        let s = &self.scratch;
+        let (pos, off, tables) = (s.pos.ptr, s.tbl_off.ptr, s.tables.ptr);
+        let (t0, len) = (s.seq_t0.ptr, s.seq_len.ptr);
+        let (t, n_seqs) = (self.step.t, self.step.n_seqs);
+        let ns = n_seqs as i32;
+        // every sequence's tiles fit in t / 64 + n_seqs; blocks past the last return
+        let tiles = (t / 64 + n_seqs) as u32;
+        let f = self.gpu.func(kernel)?;
+        // SAFETY: as in flush; seq_t0 / seq_len hold n_seqs entries of this step.
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&qp)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&kc)
+                .arg(&vc)
+                .arg(&bs)
+                .arg(&pos)
+                .arg(&off)
+                .arg(&tables)
+                .arg(&t0)
+                .arg(&len)
+                .arg(&ns)
+                .arg(&scale)
+                .arg(&op)
+                .launch(cfg((tiles, c.n_heads as u32, 1), 128))?;
+        }
+        self.wrote(out);
+        Ok(())
+    }
 }
 
 impl Ops for CudaModel {
@@ -416,6 +484,9 @@ impl Ops for CudaModel {
         let (qp, _) = self.buf(q);
         let (op, on) = self.buf(out);
         let t = self.step.t;
+        if let Some(name) = flash_kernel(c.head_dim).filter(|_| takes_flash(t, self.step.n_seqs)) {
+            return self.flash_attention(layer, &name, qp, op, out);
+        }
         let n_splits = self.step.n_splits;
         let split = self.gpu.func(&attn_kernel(c.head_dim))?;
         let combine = self.gpu.func("attn_combine")?;

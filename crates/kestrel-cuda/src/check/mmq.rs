@@ -239,24 +239,9 @@ fn gemm_path_us(
         .collect();
     let act = gpu.upload(&act)?;
     let (wf16, out) = (gpu.alloc(rows * cols * 2)?, gpu.alloc(rows * t * 4)?);
-    let deq = gpu.func("dequant_f16")?;
-    let (ty, r, c, r0) = (kind as i32, rows as i32, cols as i32, 0i32);
-    let total = (rows * cols) as u64;
-    let go = |gpu: &Gpu, i: usize| -> Result<()> {
+    let go = |gpu: &mut Gpu, i: usize| -> Result<()> {
         let w = copies[i % copies.len()].ptr;
-        // SAFETY: w holds rows x cols of `kind`; wf16 rows x cols f16; act t x cols f16.
-        unsafe {
-            gpu.stream
-                .launch_builder(&deq)
-                .arg(&ty)
-                .arg(&w)
-                .arg(&r)
-                .arg(&c)
-                .arg(&r0)
-                .arg(&r)
-                .arg(&wf16.ptr)
-                .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
-        }
+        crate::matmul::dequant_f16(gpu, kind, w, rows, cols, 0, rows, wf16.ptr)?;
         gpu.gemm_f16(rows, t, cols, wf16.ptr, act.ptr, out.ptr, rows, 0.0)
     };
     go(gpu, 0)?;

@@ -6,12 +6,14 @@
 
 use crate::device::Gpu;
 
+mod flash;
 mod matvec;
 mod mmq;
 mod rows;
 use crate::error::{CudaError, Result};
 use crate::weights::Kind;
 use cudarc::driver::LaunchConfig;
+pub use flash::{check_flash, perf_flash};
 use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
 pub use mmq::{check_mmq, perf_mmq};
@@ -156,6 +158,7 @@ pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
     check_norm(gpu, &mut rng, &mut out)?;
     check_epilogue(gpu, &mut rng, &mut out)?;
     check_attention(gpu, &mut rng, &mut out)?;
+    check_flash(gpu, &mut rng, &mut out)?;
     check_gemm_embed(gpu, &mut rng, &mut out)?;
     Ok(out)
 }

@@ -353,8 +353,8 @@ pub fn check_gemm_embed(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>)
             gpu.alloc(rows * cols * 2)?,
             gpu.alloc(t * rows * 4)?,
         );
-        let (tof, deq) = (gpu.func("to_f16")?, gpu.func("dequant_f16")?);
-        let (n_x, r0, nr) = ((t * cols) as u64, 0i32, rows as i32);
+        let tof = gpu.func("to_f16")?;
+        let n_x = (t * cols) as u64;
         // SAFETY: as in check_matvec.
         unsafe {
             gpu.stream
@@ -363,17 +363,8 @@ pub fn check_gemm_embed(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>)
                 .arg(&dx16.ptr)
                 .arg(&n_x)
                 .launch(cfg((n_x.div_ceil(256) as u32, 1, 1), 256))?;
-            gpu.stream
-                .launch_builder(&deq)
-                .arg(&ty)
-                .arg(&dw.ptr)
-                .arg(&r)
-                .arg(&c)
-                .arg(&r0)
-                .arg(&nr)
-                .arg(&dw16.ptr)
-                .launch(cfg(((rows * cols).div_ceil(256) as u32, 1, 1), 256))?;
         }
+        crate::matmul::dequant_f16(gpu, kind, dw.ptr, rows, cols, 0, rows, dw16.ptr)?;
         gpu.gemm_f16(rows, t, cols, dw16.ptr, dx16.ptr, dout.ptr, rows, 0.0)?;
         let got = gpu.read_f32(dout.ptr, t * rows)?;
         let mut want = vec![0f32; t * rows];

@@ -1,0 +1,289 @@
+//! The prompt attention kernel on the tensor cores (`kernels/flash.cu`): several sequences in
+//! one step (a prompt chunk resuming at a later position, a whole prompt, a lone decode token),
+//! each with its own shuffled block table, against a plain f64 softmax; and its time against
+//! the split kernel's on a prompt chunk of the real shapes.
+
+use super::{bytes_i32, cfg, rel_err, CaseResult, Rng};
+use crate::device::{DevBuf, Gpu};
+use crate::error::Result;
+use cudarc::driver::PushKernelArg;
+
+const BS: usize = 16;
+
+/// A step over a paged cache: per token its position and table offset, per sequence its
+/// first token and count, and every sequence's blocks in one table.
+struct Step {
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    pos: Vec<i32>,
+    tbl_off: Vec<i32>,
+    tables: Vec<i32>,
+    seq_t0: Vec<i32>,
+    seq_len: Vec<i32>,
+    rows: usize,
+}
+
+impl Step {
+    /// Sequences given as (context length after the step, tokens in the step); physical blocks
+    /// handed out in a shuffled order.
+    fn new(nh: usize, nkv: usize, hd: usize, seqs: &[(usize, usize)], rng: &mut Rng) -> Self {
+        let total_blocks: usize = seqs.iter().map(|&(len, _)| len.div_ceil(BS)).sum();
+        let mut phys: Vec<i32> = (0..total_blocks as i32).collect();
+        for i in (1..phys.len()).rev() {
+            phys.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        let mut s = Step {
+            nh,
+            nkv,
+            hd,
+            pos: vec![],
+            tbl_off: vec![],
+            tables: vec![],
+            seq_t0: vec![],
+            seq_len: vec![],
+            rows: total_blocks * BS,
+        };
+        for &(len, t) in seqs {
+            let off = s.tables.len() as i32;
+            let nb = len.div_ceil(BS);
+            s.tables
+                .extend_from_slice(&phys[off as usize..off as usize + nb]);
+            s.seq_t0.push(s.pos.len() as i32);
+            s.seq_len.push(t as i32);
+            for i in 0..t {
+                s.pos.push((len - t + i) as i32);
+                s.tbl_off.push(off);
+            }
+        }
+        s
+    }
+
+    fn t(&self) -> usize {
+        self.pos.len()
+    }
+
+    /// Softmax(q k^T / sqrt(hd)) v of every token and head, in f64.
+    fn reference(&self, q: &[f32], kc: &[half::f16], vc: &[half::f16]) -> Vec<f32> {
+        let (nh, hd, kvd) = (self.nh, self.hd, self.nkv * self.hd);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut want = vec![0f32; self.t() * nh * hd];
+        for ti in 0..self.t() {
+            let tbl = &self.tables[self.tbl_off[ti] as usize..];
+            let row = |p: usize| tbl[p / BS] as usize * BS + p % BS;
+            for h in 0..nh {
+                let kvh = h / (nh / self.nkv);
+                let n = self.pos[ti] as usize + 1;
+                let s: Vec<f64> = (0..n)
+                    .map(|p| {
+                        (0..hd)
+                            .map(|i| {
+                                q[(ti * nh + h) * hd + i] as f64
+                                    * kc[row(p) * kvd + kvh * hd + i].to_f64()
+                            })
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for i in 0..hd {
+                    want[(ti * nh + h) * hd + i] = ((0..n)
+                        .map(|p| e[p] * vc[row(p) * kvd + kvh * hd + i].to_f64())
+                        .sum::<f64>()
+                        / z) as f32;
+                }
+            }
+        }
+        want
+    }
+}
+
+/// The step's inputs on the device.
+struct DevStep {
+    q: DevBuf,
+    kc: DevBuf,
+    vc: DevBuf,
+    pos: DevBuf,
+    off: DevBuf,
+    tables: DevBuf,
+    t0: DevBuf,
+    len: DevBuf,
+    out: DevBuf,
+}
+
+fn upload(gpu: &Gpu, s: &Step, q: &[f32], kc: &[half::f16], vc: &[half::f16]) -> Result<DevStep> {
+    let h16 = |v: &[half::f16]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    Ok(DevStep {
+        q: gpu.upload_f32(q)?,
+        kc: gpu.upload(&h16(kc))?,
+        vc: gpu.upload(&h16(vc))?,
+        pos: gpu.upload(&bytes_i32(&s.pos))?,
+        off: gpu.upload(&bytes_i32(&s.tbl_off))?,
+        tables: gpu.upload(&bytes_i32(&s.tables))?,
+        t0: gpu.upload(&bytes_i32(&s.seq_t0))?,
+        len: gpu.upload(&bytes_i32(&s.seq_len))?,
+        out: gpu.alloc(s.t() * s.nh * s.hd * 4)?,
+    })
+}
+
+/// Enqueues the prompt kernel over the step, launched as `CudaModel` launches it.
+fn launch_flash(gpu: &mut Gpu, s: &Step, d: &DevStep) -> Result<()> {
+    let name = crate::ops::flash_kernel(s.hd).ok_or_else(|| {
+        crate::error::CudaError::Unsupported(format!("no prompt kernel for head size {}", s.hd))
+    })?;
+    let f = gpu.func(&name)?;
+    let (nh, nkv, bs, ns) = (s.nh as i32, s.nkv as i32, BS as i32, s.seq_len.len() as i32);
+    let scale = 1.0 / (s.hd as f32).sqrt();
+    let tiles = (s.t() / 64 + s.seq_len.len()) as u32;
+    // SAFETY: every buffer is sized for the step it describes.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&d.q.ptr)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&d.kc.ptr)
+            .arg(&d.vc.ptr)
+            .arg(&bs)
+            .arg(&d.pos.ptr)
+            .arg(&d.off.ptr)
+            .arg(&d.tables.ptr)
+            .arg(&d.t0.ptr)
+            .arg(&d.len.ptr)
+            .arg(&ns)
+            .arg(&scale)
+            .arg(&d.out.ptr)
+            .launch(cfg((tiles, s.nh as u32, 1), 128))?;
+    }
+    Ok(())
+}
+
+/// Enqueues the split kernel (one split) and its combine over the same step: what prompt
+/// steps ran before the prompt kernel.
+fn launch_split(gpu: &mut Gpu, s: &Step, d: &DevStep, part: &DevBuf) -> Result<()> {
+    let (split, combine) = (
+        gpu.func(&crate::ops::attn_kernel(s.hd))?,
+        gpu.func("attn_combine")?,
+    );
+    let (nh, nkv, hd, bs, ns) = (s.nh as i32, s.nkv as i32, s.hd as i32, BS as i32, 1i32);
+    let scale = 1.0 / (s.hd as f32).sqrt();
+    let (null, t) = (0u64, s.t() as u32);
+    // SAFETY: as in launch_flash; part holds t * nh * (hd + 2) floats.
+    unsafe {
+        gpu.stream
+            .launch_builder(&split)
+            .arg(&d.q.ptr)
+            .arg(&nh)
+            .arg(&nkv)
+            .arg(&hd)
+            .arg(&d.kc.ptr)
+            .arg(&d.vc.ptr)
+            .arg(&bs)
+            .arg(&d.pos.ptr)
+            .arg(&d.off.ptr)
+            .arg(&d.tables.ptr)
+            .arg(&ns)
+            .arg(&scale)
+            .arg(&part.ptr)
+            .launch(cfg((s.nh as u32, t, 1), 128))?;
+        gpu.stream
+            .launch_builder(&combine)
+            .arg(&part.ptr)
+            .arg(&nh)
+            .arg(&hd)
+            .arg(&ns)
+            .arg(&d.out.ptr)
+            .arg(&null)
+            .arg(&null)
+            .launch(cfg((t, (s.nh * s.hd).div_ceil(256) as u32, 1), 256))?;
+    }
+    Ok(())
+}
+
+fn random_cache(s: &Step, rng: &mut Rng) -> (Vec<half::f16>, Vec<half::f16>, Vec<f32>) {
+    let n = s.rows * s.nkv * s.hd;
+    let mut f16s = |n: usize| -> Vec<half::f16> {
+        rng.vec(n, 1.0)
+            .into_iter()
+            .map(half::f16::from_f32)
+            .collect()
+    };
+    let (kc, vc) = (f16s(n), f16s(n));
+    // q scaled so the softmax is peaked in places (scores up to ~±6), as trained models' are
+    let q = rng.vec(s.t() * s.nh * s.hd, 2.0);
+    (kc, vc, q)
+}
+
+/// The prompt kernel against the f64 reference on mixed steps of every head size it takes.
+pub fn check_flash(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
+    // (heads, kv heads, head size, sequences as (context after the step, tokens in the step))
+    let cases: [(usize, usize, usize, Vec<(usize, usize)>); 5] = [
+        (32, 8, 128, vec![(300, 300)]),
+        (32, 8, 128, vec![(1100, 130), (64, 64), (901, 1), (77, 77)]),
+        (14, 2, 64, vec![(515, 200), (9, 9), (200, 1)]),
+        (8, 2, 256, vec![(333, 333), (1000, 65)]),
+        (4, 4, 128, vec![(5000, 17)]),
+    ];
+    for (nh, nkv, hd, seqs) in cases {
+        let s = Step::new(nh, nkv, hd, &seqs, rng);
+        let (kc, vc, q) = random_cache(&s, rng);
+        let want = s.reference(&q, &kc, &vc);
+        let d = upload(gpu, &s, &q, &kc, &vc)?;
+        // poison the output: every stored row must be written
+        gpu.write(d.out.ptr, &vec![0xFFu8; s.t() * nh * hd * 4])?;
+        launch_flash(gpu, &s, &d)?;
+        let got = gpu.read_f32(d.out.ptr, s.t() * nh * hd)?;
+        out.push(CaseResult {
+            op: format!("prompt attention (tensor cores) {nh}/{nkv} heads of {hd}, sequences (context, tokens) {seqs:?}"),
+            err: rel_err(&got, &want),
+            tol: 5e-3,
+        });
+    }
+    Ok(())
+}
+
+/// (what, split kernel us, prompt kernel us, TFLOP/s of the prompt kernel): one prompt chunk
+/// of `t` tokens at the start of a sequence, mean of 5 after a warm-up.
+pub fn perf_flash(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f64)>> {
+    let mut res = Vec::new();
+    for (nh, nkv, hd, t, label) in [
+        (32usize, 8usize, 128usize, 2048usize, "Qwen3-8B heads"),
+        (8, 2, 256, 2048, "Qwen3.5-0.8B heads"),
+        (14, 2, 64, 2048, "Qwen2.5-0.5B heads"),
+    ] {
+        let s = Step::new(nh, nkv, hd, &[(t, t)], rng);
+        let (kc, vc, q) = random_cache(&s, rng);
+        let d = upload(gpu, &s, &q, &kc, &vc)?;
+        let part = gpu.alloc(t * nh * (hd + 2) * 4)?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let time = |gpu: &mut Gpu, flash: bool| -> Result<f64> {
+            let go = |gpu: &mut Gpu| {
+                if flash {
+                    launch_flash(gpu, &s, &d)
+                } else {
+                    launch_split(gpu, &s, &d, &part)
+                }
+            };
+            go(gpu)?;
+            let e0 = gpu.stream.record_event(timing)?;
+            for _ in 0..5 {
+                go(gpu)?;
+            }
+            let e1 = gpu.stream.record_event(timing)?;
+            e1.synchronize()?;
+            Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / 5.0)
+        };
+        let (split, flash) = (time(gpu, false)?, time(gpu, true)?);
+        // causal: t (t + 1) / 2 scores per head, 4 hd flops each (q k and p v)
+        let flops = (t * (t + 1) / 2 * nh * 4 * hd) as f64;
+        res.push((
+            format!("{label} ({nh}/{nkv} of {hd}), {t}-token prompt"),
+            split,
+            flash,
+            flops / flash / 1e6,
+        ));
+    }
+    Ok(res)
+}
