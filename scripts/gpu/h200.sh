@@ -17,8 +17,9 @@
 # pp512/pp4096/tg128, tg128 at depth 16384, llama-batched-bench with kestrel's concurrent
 # workload (128-token prompts, 64 new tokens, 1/8/32 sequences; PEER_QUICK=1: llama-bench's
 # pp512/pp4096/tg128 alone); prefill = pp512/pp4096 of every shape in PREFILL_SHAPES (default
-# qwen3-8b qwen35-0.8b qwen2.5-1.5b), and pp4096 again with KESTREL_CUDA_FLASH=0 (the split
-# attention kernel instead of the tensor-core prompt kernel).
+# qwen3-8b qwen35-0.8b qwen2.5-1.5b), with FLASH_AB=1 pp4096 again with KESTREL_CUDA_FLASH=0
+# (the split attention kernel instead of the tensor-core prompt kernel), with PROF=N the first
+# N kernels of a 2048-token prompt under ncu.
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
 # `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
 # (target/gpu-models, git-ignored, so a later call on the warm machine reuses it). llama.cpp is
@@ -60,9 +61,10 @@ model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
 concurrent() {  # concurrent MODEL SHAPE: aggregate decode of 1/8/32 sequences through the engine
   $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee $OUT/concurrent-$2.log
 }
-profile() {  # profile MODEL NAME: per-kernel times of eager decode steps (ncu, clocks left alone)
+profile() {  # profile MODEL NAME [BENCH ARGS]: per-kernel times (ncu, clocks left alone) of the
+  # first $PROF kernels of a bench, by default eager decode steps
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  $NCU --clock-control none --metrics gpu__time_duration.sum --csv -c ${PROF} $K bench -m $1 -p 0 -n 2 -r 1 --device cuda --no-graphs > /tmp/w/ncu.csv 2>/tmp/w/ncu.err
+  $NCU --clock-control none --metrics gpu__time_duration.sum --csv -c ${PROF} $K bench -m $1 ${3:--p 0 -n 2 --no-graphs} -r 1 --device cuda > /tmp/w/ncu.csv 2>/tmp/w/ncu.err
   python3 - /tmp/w/ncu.csv <<'PY' | tee $OUT/prof-$2.log
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
@@ -122,8 +124,9 @@ for s in $STAGES; do
   prefill)  # prompt speed of every shape in PREFILL_SHAPES, the prompt attention kernel on and off
     for SH in ${PREFILL_SHAPES:-qwen3-8b qwen35-0.8b qwen2.5-1.5b}; do
       M=$(model $SH) || continue
-      $K bench -m $M -p 512,4096 -n 0 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/prefill-$SH.log
-      KESTREL_CUDA_FLASH=0 $K bench -m $M -p 4096 -n 0 -r 2 --device cuda 2>&1 | grep "| qwen" | sed 's/$/ (KESTREL_CUDA_FLASH=0)/' | tee -a $OUT/prefill-$SH.log
+      $K bench -m $M -p 512,4096 -n ${PREFILL_GEN:-0} -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/prefill-$SH.log
+      [ -n "${FLASH_AB:-}" ] && KESTREL_CUDA_FLASH=0 $K bench -m $M -p 4096 -n 0 -r 2 --device cuda 2>&1 | grep "| qwen" | sed 's/$/ (KESTREL_CUDA_FLASH=0)/' | tee -a $OUT/prefill-$SH.log
+      [ -n "${PROF:-}" ] && profile $M $SH-prefill "-p 2048 -n 0 --check-tokens 0"
     done
     ;;
   peer)  # llama.cpp on the same files, flash attention on, all layers on the GPU

@@ -4,10 +4,18 @@
 
 use crate::error::{CudaError, Result};
 use crate::model::CudaModel;
-use crate::ops::cfg;
+use crate::ops::{cfg, MATVEC_MAX};
 use cudarc::driver::PushKernelArg;
 use kestrel_models::backend::{Buf, HybridOps, Param, W};
 use kestrel_models::deltanet::{DeltaNetConfig, HeadGrouping};
+
+/// Whether a step of `t` tokens runs the delta rule in its chunked form: prompt steps (more
+/// tokens than the mat-vecs take), unless `KESTREL_CUDA_CHUNKED=0` (A/B figures).
+fn chunked_rule(t: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    t > MATVEC_MAX
+        && *ON.get_or_init(|| std::env::var("KESTREL_CUDA_CHUNKED").map_or(true, |v| v != "0"))
+}
 
 impl CudaModel {
     fn hybrid_cfg(&self) -> Result<DeltaNetConfig> {
@@ -91,7 +99,20 @@ impl HybridOps for CudaModel {
         let (states, slot_floats) = (self.state.buf.ptr, self.state.slot_floats as u64);
         let off = self.state_offset(layer)?;
         let (t0, len, slot) = self.seq_args();
-        let f = self.gpu.func("conv_silu_seq")?;
+        let (n_seqs, blocks) = (self.step.n_seqs as u32, ch.div_ceil(256) as u32);
+        // prompt steps: one thread per channel and run of 16 tokens, then the window slides;
+        // decode steps: one thread per channel over its sequence's few tokens
+        let prompt = self.step.t > MATVEC_MAX;
+        let f = self.gpu.func(if prompt {
+            "conv_silu_par"
+        } else {
+            "conv_silu_seq"
+        })?;
+        let runs = if prompt {
+            self.step.t.div_ceil(16) as u32
+        } else {
+            1
+        };
         // SAFETY: as in split_gate; every sequence's slot was checked against n_slots.
         unsafe {
             self.gpu
@@ -108,10 +129,26 @@ impl HybridOps for CudaModel {
                 .arg(&t0)
                 .arg(&len)
                 .arg(&slot)
-                .launch(cfg(
-                    (self.step.n_seqs as u32, ch.div_ceil(256) as u32, 1),
-                    256,
-                ))?;
+                .launch(cfg((n_seqs, blocks, runs), 256))?;
+        }
+        if prompt {
+            let w = self.gpu.func("conv_window")?;
+            // SAFETY: as above; launched after the outputs, which read the old window.
+            unsafe {
+                self.gpu
+                    .stream
+                    .launch_builder(&w)
+                    .arg(&xp)
+                    .arg(&chi)
+                    .arg(&k)
+                    .arg(&states)
+                    .arg(&slot_floats)
+                    .arg(&off)
+                    .arg(&t0)
+                    .arg(&len)
+                    .arg(&slot)
+                    .launch(cfg((n_seqs, blocks, 1), 256))?;
+            }
         }
         self.wrote(out);
         Ok(())
@@ -144,8 +181,18 @@ impl HybridOps for CudaModel {
         let (states, slot_floats) = (self.state.buf.ptr, self.state.slot_floats as u64);
         let off = self.state_offset(layer)? + self.state.conv_floats as u64;
         let (t0, len, slot) = self.seq_args();
-        let rule = self.gpu.func(&format!("delta_rule_{}", h.head_k_dim))?;
-        // one warp per RULE_COLS (32) value columns of a head (kernels/deltanet.cu)
+        // prompt steps: the chunked form, a block of 256 threads per 32 value columns of a head;
+        // decode steps: the recurrence, one warp per 32 columns (kernels/deltanet.cu)
+        let chunked = chunked_rule(self.step.t);
+        let rule = self.gpu.func(&format!(
+            "{}_{}",
+            if chunked {
+                "delta_chunked"
+            } else {
+                "delta_rule"
+            },
+            h.head_k_dim
+        ))?;
         let col_blocks = h.head_v_dim.div_ceil(32) as u32;
         // SAFETY: as in conv_silu.
         unsafe {
@@ -172,7 +219,7 @@ impl HybridOps for CudaModel {
                 .arg(&slot)
                 .launch(cfg(
                     (self.step.n_seqs as u32, h.n_v_heads as u32, col_blocks),
-                    32,
+                    if chunked { 256 } else { 32 },
                 ))?;
         }
         self.wrote(out);

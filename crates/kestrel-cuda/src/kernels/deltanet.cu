@@ -61,6 +61,68 @@ extern "C" __global__ void conv_silu_seq(const float* x, float* out, const float
         if (j < K - 1) win[(u64)j * ch + c] = h[j];
 }
 
+// Prompt steps: conv_silu_seq's outputs with one thread per (channel, run of CONV_RUN tokens)
+// of a sequence instead of one per channel walking every token; the inputs before a run come
+// from the step or, before the step's first token, from the slot's window, which conv_window
+// (launched after) then slides. Same sums in the same order. grid (n_seqs, ceil(ch / 256),
+// ceil(T / CONV_RUN)), 256 threads; runs past a sequence's tokens return.
+#define CONV_RUN 16
+extern "C" __global__ void __launch_bounds__(256) conv_silu_par(const float* x, float* out, const float* taps, int ch,
+                                                                 int K, const float* states, u64 slot_floats,
+                                                                 u64 layer_off, const int* seq_t0, const int* seq_len,
+                                                                 const int* seq_slot) { GRID_DEP();
+    int s = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x, i0 = blockIdx.z * CONV_RUN;
+    int t0 = seq_t0[s], n = seq_len[s];
+    if (c >= ch || i0 >= n) return;
+    const float* win = states + (u64)seq_slot[s] * slot_floats + layer_off;
+    float h[CONV_MAXK - 1], w[CONV_MAXK];
+#pragma unroll
+    for (int j = 0; j < CONV_MAXK - 1; j++) {
+        int p = i0 - (K - 1) + j;  // relative to the step's first token; the window holds -(K-1) .. -1
+        h[j] = j >= K - 1 ? 0.f : (p >= 0 ? x[(u64)(t0 + p) * ch + c] : win[(u64)(K - 1 + p) * ch + c]);
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAXK; j++) w[j] = j < K ? taps[(u64)j * ch + c] : 0.f;
+    int i1 = min(n, i0 + CONV_RUN);
+    for (int i = i0; i < i1; i++) {
+        float xi = x[(u64)(t0 + i) * ch + c];
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 1; j++)
+            if (j < K - 1) acc += w[j] * h[j];
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK; j++)
+            if (j == K - 1) acc += w[j] * xi;
+        out[(u64)(t0 + i) * ch + c] = silu(acc);
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 2; j++)
+            if (j < K - 2) h[j] = h[j + 1];
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 1; j++)
+            if (j == K - 2) h[j] = xi;
+    }
+}
+
+// The window after conv_silu_par's step: the last K-1 inputs of each sequence (older ones from
+// the old window when the step brought fewer). grid (n_seqs, ceil(ch / 256)), 256 threads.
+extern "C" __global__ void __launch_bounds__(256) conv_window(const float* x, int ch, int K, float* states,
+                                                               u64 slot_floats, u64 layer_off, const int* seq_t0,
+                                                               const int* seq_len, const int* seq_slot) { GRID_DEP();
+    int s = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= ch) return;
+    int t0 = seq_t0[s], n = seq_len[s];
+    float* win = states + (u64)seq_slot[s] * slot_floats + layer_off;
+    float h[CONV_MAXK - 1];
+#pragma unroll
+    for (int j = 0; j < CONV_MAXK - 1; j++) {
+        int p = n - (K - 1) + j;
+        h[j] = j >= K - 1 ? 0.f : (p >= 0 ? x[(u64)(t0 + p) * ch + c] : win[(u64)(K - 1 + p) * ch + c]);
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAXK - 1; j++)
+        if (j < K - 1) win[(u64)j * ch + c] = h[j];
+}
+
 // Tokens whose q and k one chunk of the rule kernel stages in shared memory.
 #define RULE_CHUNK 16
 // Value columns per block of the rule kernel (one warp): a head's state is split over
@@ -79,7 +141,9 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
                                            int nv, int nk, int dv, int tiled, float* out, float* states,
                                            u64 slot_floats, u64 layer_off, const int* seq_t0,
                                            const int* seq_len, const int* seq_slot) {
-    __shared__ float qs[RULE_CHUNK][DK], ks[RULE_CHUNK][DK], decay[RULE_CHUNK], gate[RULE_CHUNK];
+    constexpr int PER = (DK + 31) / 32;  // q / k elements per lane
+    __shared__ float qs[RULE_CHUNK][DK], ks[RULE_CHUNK][DK], vs[RULE_CHUNK][RULE_COLS], decay[RULE_CHUNK],
+        gate[RULE_CHUNK];
     int s = blockIdx.x, vh = blockIdx.y, lane = threadIdx.x, j = blockIdx.z * RULE_COLS + lane;
     int t0 = seq_t0[s], n = seq_len[s];
     int kh = tiled ? vh % nk : vh / (nv / nk);
@@ -93,22 +157,44 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
     for (int c0 = 0; c0 < n; c0 += RULE_CHUNK) {
         int m = min(RULE_CHUNK, n - c0);
         __syncwarp();
-        for (int i = 0; i < m; i++) {
-            const float* row = conv + (u64)(t0 + c0 + i) * ch;
-            float sq = 0.f, sk = 0.f;
-            for (int r = lane; r < DK; r += 32) {
-                float q = row[kh * DK + r], k = row[key_dim + kh * DK + r];
-                qs[i][r] = q;
-                ks[i][r] = k;
-                sq += q * q;
-                sk += k * k;
+        // the chunk's q and k, L2-normalized, four tokens' loads in flight at a time
+        for (int i0 = 0; i0 < m; i0 += 4) {
+            float qv[4][PER], kv[4][PER];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float* row = conv + (u64)(t0 + c0 + min(i0 + u, m - 1)) * ch;
+#pragma unroll
+                for (int e = 0; e < PER; e++) {
+                    int r = lane + 32 * e;
+                    qv[u][e] = r < DK ? row[kh * DK + r] : 0.f;
+                    kv[u][e] = r < DK ? row[key_dim + kh * DK + r] : 0.f;
+                }
             }
-            float iq = qscale / sqrtf(warp_sum(sq) + 1e-6f), ik = 1.f / sqrtf(warp_sum(sk) + 1e-6f);
-            for (int r = lane; r < DK; r += 32) {
-                qs[i][r] *= iq;
-                ks[i][r] *= ik;
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float sq = 0.f, sk = 0.f;
+#pragma unroll
+                for (int e = 0; e < PER; e++) {
+                    sq += qv[u][e] * qv[u][e];
+                    sk += kv[u][e] * kv[u][e];
+                }
+                float iq = qscale / sqrtf(warp_sum(sq) + 1e-6f), ik = 1.f / sqrtf(warp_sum(sk) + 1e-6f);
+                if (i0 + u < m) {
+#pragma unroll
+                    for (int e = 0; e < PER; e++) {
+                        int r = lane + 32 * e;
+                        if (r < DK) {
+                            qs[i0 + u][r] = qv[u][e] * iq;
+                            ks[i0 + u][r] = kv[u][e] * ik;
+                        }
+                    }
+                }
             }
         }
+        // this lane's v of every token of the chunk
+#pragma unroll
+        for (int i = 0; i < RULE_CHUNK; i++)
+            if (i < m && act) vs[i][lane] = conv[(u64)(t0 + c0 + i) * ch + 2 * key_dim + vh * dv + j];
         if (lane < m) {
             u64 at = (u64)(t0 + c0 + lane) * nv + vh;
             float a = alpha[at] + dt_bias[vh];
@@ -121,18 +207,19 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
         for (int i = 0; i < m; i++) {
             u64 t = t0 + c0 + i;
             float a = decay[i], b = gate[i];
-            float v = conv[t * ch + 2 * key_dim + vh * dv + j];
-            float kv = 0.f;
+            float v = vs[i][lane];
+            // Sᵀk and Sᵀq as four partial sums each: four dependent chains instead of one
+            float p[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int r = 0; r < DK; r++) kv += col[r] * ks[i][r];
-            float d = b * (v - a * kv);
-            float o = 0.f;
+            for (int r = 0; r < DK; r++) p[r & 3] += col[r] * ks[i][r];
+            float d = b * (v - a * ((p[0] + p[1]) + (p[2] + p[3])));
+            float o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int r = 0; r < DK; r++) {
                 col[r] = col[r] * a + ks[i][r] * d;
-                o += col[r] * qs[i][r];
+                o[r & 3] += col[r] * qs[i][r];
             }
-            out[t * value_dim + vh * dv + j] = o;
+            out[t * value_dim + vh * dv + j] = (o[0] + o[1]) + (o[2] + o[3]);
         }
     }
     if (act) {
@@ -153,6 +240,169 @@ RULE_KERNEL(16)
 RULE_KERNEL(32)
 RULE_KERNEL(64)
 RULE_KERNEL(128)
+
+// Prompt steps: the same rule over chunks of DC tokens in the chunked (WY) form, as matrix work
+// instead of a token-by-token walk. With g_t the chunk's cumulative log-decays, D[t][s] =
+// e^(g_t - g_s) (s <= t), the state S [DK, dv] before the chunk and its normalized q, k rows:
+//   u = (I + L)^-1 diag(beta) (v - e^g K S),  L[t][s] = beta_t D[t][s] k_t.k_s (s < t)
+//   o_t = e^(g_t) q_t S + sum_{s <= t} D[t][s] (q_t.k_s) u_s
+//   S' = e^(g_last) S + sum_s D[last][s] k_s u_s^T
+// (unrolling the recurrence S_t = a_t S_{t-1} + k_t (beta_t (v_t - a_t S_{t-1}^T k_t))^T of
+// delta_rule over the chunk). A state column evolves on its own, so a block of 256 threads
+// takes one 32-column slice of one head, kept in shared memory across the sequence's chunks.
+// grid (n_seqs, nv, ceil(dv / 32)).
+#define DC 16
+template <int DK>
+__device__ __forceinline__ void delta_chunked(const float* conv, int ch, int key_dim, const float* alpha,
+                                              const float* beta, const float* A, const float* dt_bias, int nv,
+                                              int nk, int dv, int tiled, float* out, float* states,
+                                              u64 slot_floats, u64 layer_off, const int* seq_t0,
+                                              const int* seq_len, const int* seq_slot) {
+    constexpr int KP = DK + 1;  // padded: threads reading k rows t = 0..15 at one r hit 16 banks
+    constexpr int PER = (DK + 31) / 32;
+    __shared__ float Qs[DC][KP], Ks[DC][KP], Ss[DK][32], Vs[DC][32], KS[DC][32], QS[DC][32], U[DC][32];
+    __shared__ float KK[DC][DC + 1], QK[DC][DC + 1], Dm[DC][DC + 1], gs[DC], bs[DC];
+    int s = blockIdx.x, vh = blockIdx.y, j0 = blockIdx.z * 32, tid = threadIdx.x;
+    int warp = tid >> 5, lane = tid & 31;
+    int t0 = seq_t0[s], n = seq_len[s];
+    int kh = tiled ? vh % nk : vh / (nv / nk);
+    int value_dim = nv * dv;
+    bool col_ok = j0 + lane < dv;
+    float* S = states + (u64)seq_slot[s] * slot_floats + layer_off + (u64)vh * DK * dv;
+    float qscale = rsqrtf((float)DK);
+    for (int r = warp; r < DK; r += 8) Ss[r][lane] = col_ok ? S[(u64)r * dv + j0 + lane] : 0.f;
+    for (int c0 = 0; c0 < n; c0 += DC) {
+        int m = min(DC, n - c0);
+        // the chunk's q and k rows, L2-normalized (zeros past m), and this slice of v
+        for (int t = warp; t < DC; t += 8) {
+            bool live = t < m;
+            const float* row = conv + (u64)(t0 + c0 + min(t, m - 1)) * ch;
+            float qv[PER], kv[PER], sq = 0.f, sk = 0.f;
+#pragma unroll
+            for (int e = 0; e < PER; e++) {
+                int r = lane + 32 * e;
+                qv[e] = r < DK ? row[kh * DK + r] : 0.f;
+                kv[e] = r < DK ? row[key_dim + kh * DK + r] : 0.f;
+                sq += qv[e] * qv[e];
+                sk += kv[e] * kv[e];
+            }
+            float iq = live ? qscale / sqrtf(warp_sum(sq) + 1e-6f) : 0.f;
+            float ik = live ? 1.f / sqrtf(warp_sum(sk) + 1e-6f) : 0.f;
+#pragma unroll
+            for (int e = 0; e < PER; e++) {
+                int r = lane + 32 * e;
+                if (r < DK) {
+                    Qs[t][r] = qv[e] * iq;
+                    Ks[t][r] = kv[e] * ik;
+                }
+            }
+            Vs[t][lane] = live && col_ok ? row[2 * key_dim + vh * dv + j0 + lane] : 0.f;
+        }
+        // log-decays (cumulative) and gates; past m no decay and beta = 0, so u = 0 there
+        if (tid < DC) {
+            float la = 0.f, b = 0.f;
+            if (tid < m) {
+                u64 at = (u64)(t0 + c0 + tid) * nv + vh;
+                float a = alpha[at] + dt_bias[vh];
+                float sp = a > 20.f ? a : log1pf(expf(a));
+                la = A[vh] * sp;
+                b = 1.f / (1.f + expf(-beta[at]));
+            }
+#pragma unroll
+            for (int o = 1; o < DC; o <<= 1) {
+                float x = __shfl_up_sync(0xffffu, la, o);
+                if (tid >= o) la += x;
+            }
+            gs[tid] = la;
+            bs[tid] = b;
+        }
+        __syncthreads();
+        // KS = K S, QS = Q S (DC x 32), KK = K K^T, QK = Q K^T, D (DC x DC): thread (t, c)
+        {
+            int t = tid >> 4, c = tid & 15;
+            float ks0 = 0.f, ks1 = 0.f, qs0 = 0.f, qs1 = 0.f, kk = 0.f, qk = 0.f;
+#pragma unroll 8
+            for (int r = 0; r < DK; r++) {
+                float kt = Ks[t][r], qt = Qs[t][r], sa = Ss[r][c], sb = Ss[r][c + 16], kc = Ks[c][r];
+                ks0 += kt * sa;
+                ks1 += kt * sb;
+                qs0 += qt * sa;
+                qs1 += qt * sb;
+                kk += kt * kc;
+                qk += qt * kc;
+            }
+            KS[t][c] = ks0;
+            KS[t][c + 16] = ks1;
+            QS[t][c] = qs0;
+            QS[t][c + 16] = qs1;
+            KK[t][c] = kk;
+            QK[t][c] = qk;
+            Dm[t][c] = c <= t ? expf(gs[t] - gs[c]) : 0.f;
+        }
+        __syncthreads();
+        // u by forward substitution, one column per lane of warp 0
+        if (tid < 32) {
+            float u[DC];
+#pragma unroll
+            for (int t = 0; t < DC; t++) {
+                float x = Vs[t][tid] - expf(gs[t]) * KS[t][tid];
+#pragma unroll
+                for (int q = 0; q < t; q++) x -= Dm[t][q] * KK[t][q] * u[q];
+                u[t] = bs[t] * x;
+                U[t][tid] = u[t];
+            }
+        }
+        __syncthreads();
+        // outputs of the chunk's tokens (thread (t, c): columns c and c + 16)
+        {
+            int t = tid >> 4, c = tid & 15;
+            float eg = expf(gs[t]);
+            float o0 = eg * QS[t][c], o1 = eg * QS[t][c + 16];
+            for (int q = 0; q <= t; q++) {
+                float w = Dm[t][q] * QK[t][q];
+                o0 += w * U[q][c];
+                o1 += w * U[q][c + 16];
+            }
+            if (t < m) {
+                float* o = out + (u64)(t0 + c0 + t) * value_dim + vh * dv + j0;
+                if (j0 + c < dv) o[c] = o0;
+                if (j0 + c + 16 < dv) o[c + 16] = o1;
+            }
+        }
+        // the state after the chunk
+        {
+            float ul[DC], wl[DC];
+#pragma unroll
+            for (int q = 0; q < DC; q++) {
+                ul[q] = U[q][lane];
+                wl[q] = Dm[DC - 1][q];
+            }
+            float el = expf(gs[DC - 1]);
+            for (int r = warp; r < DK; r += 8) {
+                float acc = el * Ss[r][lane];
+#pragma unroll
+                for (int q = 0; q < DC; q++) acc += wl[q] * Ks[q][r] * ul[q];
+                Ss[r][lane] = acc;
+            }
+        }
+        __syncthreads();
+    }
+    if (col_ok)
+        for (int r = warp; r < DK; r += 8) S[(u64)r * dv + j0 + lane] = Ss[r][lane];
+}
+
+#define CHUNKED_KERNEL(DK)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256) delta_chunked_##DK(                                 \
+        const float* conv, int ch, int key_dim, const float* alpha, const float* beta, const float* A,    \
+        const float* dt_bias, int nv, int nk, int dv, int tiled, float* out, float* states,               \
+        u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_len, const int* seq_slot) { GRID_DEP();    \
+        delta_chunked<DK>(conv, ch, key_dim, alpha, beta, A, dt_bias, nv, nk, dv, tiled, out, states,     \
+                          slot_floats, layer_off, seq_t0, seq_len, seq_slot);                             \
+    }
+CHUNKED_KERNEL(16)
+CHUNKED_KERNEL(32)
+CHUNKED_KERNEL(64)
+CHUNKED_KERNEL(128)
 
 // Per (token, value head), in place: x = x / rms(x) * w * silu(z). grid (T, nv), blockDim = dv
 // rounded up to 32.
