@@ -6,6 +6,7 @@
 
 use crate::device::Gpu;
 
+mod deltanet;
 mod flash;
 mod matvec;
 mod mmq;
@@ -13,6 +14,7 @@ mod rows;
 use crate::error::{CudaError, Result};
 use crate::weights::Kind;
 use cudarc::driver::LaunchConfig;
+pub use deltanet::check_deltanet;
 pub use flash::{check_flash, perf_flash};
 use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
@@ -159,6 +161,7 @@ pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
     check_epilogue(gpu, &mut rng, &mut out)?;
     check_attention(gpu, &mut rng, &mut out)?;
     check_flash(gpu, &mut rng, &mut out)?;
+    check_deltanet(gpu, &mut rng, &mut out)?;
     check_gemm_embed(gpu, &mut rng, &mut out)?;
     Ok(out)
 }
