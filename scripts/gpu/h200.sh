@@ -18,8 +18,8 @@
 # workload (128-token prompts, 64 new tokens, 1/8/32 sequences; PEER_QUICK=1: llama-bench's
 # pp512/pp4096/tg128 alone); prefill = pp512/pp4096 of every shape in PREFILL_SHAPES (default
 # qwen3-8b qwen35-0.8b qwen2.5-1.5b), with FLASH_AB=1 pp4096 again with KESTREL_CUDA_FLASH=0
-# (the split attention kernel instead of the tensor-core prompt kernel), with PROF=N the first
-# N kernels of a 2048-token prompt under ncu.
+# (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
+# tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu.
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
 # `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
 # (target/gpu-models, git-ignored, so a later call on the warm machine reuses it). llama.cpp is
