@@ -41,7 +41,7 @@ const ROW_GROUP_WARPS: usize = 2048;
 /// were the fastest or within 8% of it on every shape, up to 25% faster than a row shared by
 /// 1-4 warps; four rows per warp were 5-15% slower again (docs/cuda.md).
 pub fn rows_per_warp(rows: usize, exact: bool) -> usize {
-    if rows / 2 >= ROW_GROUP_WARPS && (!exact || rows % 2 == 0) {
+    if rows / 2 >= ROW_GROUP_WARPS && (!exact || rows.is_multiple_of(2)) {
         2
     } else {
         1
@@ -63,7 +63,7 @@ pub fn short_rows(kind: crate::weights::Kind, cols: usize) -> bool {
 /// Rows per half-warp of the short-row kernels (`mv_*_h<R>`, `mvx_1_h<R>`): 2 where that still
 /// leaves [`ROW_GROUP_WARPS`] warps (and divides `rows` where `exact`), else 1.
 pub fn half_rows_per_warp(rows: usize, exact: bool) -> usize {
-    if rows / 4 >= ROW_GROUP_WARPS && (!exact || rows % 4 == 0) {
+    if rows / 4 >= ROW_GROUP_WARPS && (!exact || rows.is_multiple_of(4)) {
         2
     } else {
         1
@@ -498,7 +498,7 @@ pub(crate) fn dequant_f16(
     n: usize,
     out: u64,
 ) -> Result<()> {
-    let wide = cols % 8 == 0;
+    let wide = cols.is_multiple_of(8);
     let f = gpu.func(if wide {
         "dequant_f16_x8"
     } else {

@@ -68,8 +68,10 @@ pub fn plan(
     }
     let need = ctx_size.div_ceil(block_size);
     let mut snapshot_slots = per_seq * (parallel.max(1) + 1);
-    if slot_bytes > 0 {
-        let room = limit.saturating_sub(fixed + need as u64 * block_bytes) / slot_bytes;
+    if let Some(room) = limit
+        .saturating_sub(fixed + need as u64 * block_bytes)
+        .checked_div(slot_bytes)
+    {
         snapshot_slots = snapshot_slots.min(room as usize);
     }
     let state_bytes = (running_slots + snapshot_slots) as u64 * slot_bytes;

@@ -6,20 +6,20 @@
 
 use crate::device::Gpu;
 
+mod attention;
 mod deltanet;
-mod flash;
 mod matvec;
 mod mmq;
 mod rows;
 use crate::error::{CudaError, Result};
 use crate::weights::Kind;
+pub use attention::{check_attention, check_flash, perf_flash};
 use cudarc::driver::LaunchConfig;
 pub use deltanet::check_deltanet;
-pub use flash::{check_flash, perf_flash};
 use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
 pub use mmq::{check_mmq, perf_mmq};
-pub use rows::{check_attention, check_epilogue, check_gemm_embed, check_norm};
+pub use rows::{check_epilogue, check_gemm_embed, check_norm};
 
 /// A small xorshift generator: inputs differ per case, and a case can be rerun from its seed.
 pub struct Rng(u64);

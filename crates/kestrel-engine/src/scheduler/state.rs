@@ -10,6 +10,7 @@
 //!   boundary, else to a tail entry (the partial block's positions copied into a block of the
 //!   entry's own), so the next turn of a conversation, which extends this prompt, resumes
 //!   exactly there.
+//!
 //! A new prompt resumes from the longest cached prefix that ends at a snapshot: its full
 //! blocks are shared, a tail's positions copied into the sequence's own block, and the
 //! snapshot copied into its slot; `cached_tokens` is that position.
@@ -71,7 +72,7 @@ impl Scheduler<'_> {
         let work = seq.slot;
         if end < seq.prompt_len {
             let keep = SNAPSHOTS_PER_SEQUENCE.saturating_sub(1);
-            if end % bs != 0 || keep == 0 {
+            if !end.is_multiple_of(bs) || keep == 0 {
                 return;
             }
             let hash = seq.hashes[end / bs - 1];
@@ -86,7 +87,7 @@ impl Scheduler<'_> {
                     }
                 }
             }
-        } else if end % bs == 0 {
+        } else if end.is_multiple_of(bs) {
             if let Some(slot) = self.pool.attach_snapshot(seq.hashes[end / bs - 1]) {
                 self.model.copy_state(work, slot);
                 self.counters.snapshots_taken += 1;

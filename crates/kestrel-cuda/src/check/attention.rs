@@ -1,7 +1,9 @@
-//! The prompt attention kernel on the tensor cores (`kernels/flash.cu`): several sequences in
-//! one step (a prompt chunk resuming at a later position, a whole prompt, a lone decode token),
-//! each with its own shuffled block table, against a plain f64 softmax; and its time against
-//! the split kernel's on a prompt chunk of the real shapes.
+//! Attention over the paged f16 cache, against a plain f64 softmax over the same f16 values:
+//! the split kernel of decode (`kernels/attention.cu`, split and combined) on a sequence's last
+//! tokens, and the prompt kernel on the tensor cores (`kernels/flash.cu`) on steps of several
+//! sequences (a prompt chunk resuming at a later position, a whole prompt, a lone decode
+//! token), each with its own shuffled block table; and the prompt kernel's time against the
+//! split kernel's on a prompt chunk of the real shapes.
 
 use super::{bytes_i32, cfg, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
@@ -160,17 +162,23 @@ fn launch_flash(gpu: &mut Gpu, s: &Step, d: &DevStep) -> Result<()> {
     Ok(())
 }
 
-/// Enqueues the split kernel (one split) and its combine over the same step: what prompt
-/// steps ran before the prompt kernel.
-fn launch_split(gpu: &mut Gpu, s: &Step, d: &DevStep, part: &DevBuf) -> Result<()> {
+/// Enqueues the split kernel over `splits` ranges of each context and its combine (with one
+/// split: what prompt steps ran before the prompt kernel).
+fn launch_split(gpu: &mut Gpu, s: &Step, d: &DevStep, part: &DevBuf, splits: usize) -> Result<()> {
     let (split, combine) = (
         gpu.func(&crate::ops::attn_kernel(s.hd))?,
         gpu.func("attn_combine")?,
     );
-    let (nh, nkv, hd, bs, ns) = (s.nh as i32, s.nkv as i32, s.hd as i32, BS as i32, 1i32);
+    let (nh, nkv, hd, bs, ns) = (
+        s.nh as i32,
+        s.nkv as i32,
+        s.hd as i32,
+        BS as i32,
+        splits as i32,
+    );
     let scale = 1.0 / (s.hd as f32).sqrt();
     let (null, t) = (0u64, s.t() as u32);
-    // SAFETY: as in launch_flash; part holds t * nh * (hd + 2) floats.
+    // SAFETY: as in launch_flash; part holds t * nh * splits * (hd + 2) floats.
     unsafe {
         gpu.stream
             .launch_builder(&split)
@@ -187,7 +195,7 @@ fn launch_split(gpu: &mut Gpu, s: &Step, d: &DevStep, part: &DevBuf) -> Result<(
             .arg(&ns)
             .arg(&scale)
             .arg(&part.ptr)
-            .launch(cfg((s.nh as u32, t, 1), 128))?;
+            .launch(cfg((s.nh as u32, t, splits as u32), 128))?;
         gpu.stream
             .launch_builder(&combine)
             .arg(&part.ptr)
@@ -216,18 +224,53 @@ fn random_cache(s: &Step, rng: &mut Rng) -> (Vec<half::f16>, Vec<half::f16>, Vec
     (kc, vc, q)
 }
 
+/// The split kernel (and its combine) on the last `t` tokens of one sequence of `len`, against
+/// the f64 reference.
+pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
+    for (nh, nkv, hd, len, t, splits) in [
+        (12usize, 2usize, 128usize, 1usize, 1usize, 32usize),
+        (32, 8, 128, 5000, 1, 32),
+        (12, 2, 128, 700, 4, 32),
+        (4, 2, 16, 37, 37, 1),
+        (32, 8, 128, 300, 300, 1),
+        (8, 2, 64, 1000, 2, 32),
+        (8, 4, 96, 333, 1, 32),
+        (4, 4, 256, 70, 3, 32),
+    ] {
+        let s = Step::new(nh, nkv, hd, &[(len, t)], rng);
+        let (kc, vc, q) = random_cache(&s, rng);
+        let want = s.reference(&q, &kc, &vc);
+        let d = upload(gpu, &s, &q, &kc, &vc)?;
+        let part = gpu.alloc(t * nh * splits * (hd + 2) * 4)?;
+        launch_split(gpu, &s, &d, &part, splits)?;
+        let got = gpu.read_f32(d.out.ptr, t * nh * hd)?;
+        out.push(CaseResult {
+            op: format!(
+                "attention ({}) {nh}/{nkv} heads of {hd}, context {len}, {t} queries, {splits} splits",
+                crate::ops::attn_kernel(hd)
+            ),
+            err: rel_err(&got, &want),
+            tol: 1e-4,
+        });
+    }
+    Ok(())
+}
+
+/// A mixed step: heads, kv heads, head size, sequences as (context after the step, tokens in it).
+type Case = (usize, usize, usize, &'static [(usize, usize)]);
+
 /// The prompt kernel against the f64 reference on mixed steps of every head size it takes.
 pub fn check_flash(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     // (heads, kv heads, head size, sequences as (context after the step, tokens in the step))
-    let cases: [(usize, usize, usize, Vec<(usize, usize)>); 5] = [
-        (32, 8, 128, vec![(300, 300)]),
-        (32, 8, 128, vec![(1100, 130), (64, 64), (901, 1), (77, 77)]),
-        (14, 2, 64, vec![(515, 200), (9, 9), (200, 1)]),
-        (8, 2, 256, vec![(333, 333), (1000, 65)]),
-        (4, 4, 128, vec![(5000, 17)]),
+    let cases: [Case; 5] = [
+        (32, 8, 128, &[(300, 300)]),
+        (32, 8, 128, &[(1100, 130), (64, 64), (901, 1), (77, 77)]),
+        (14, 2, 64, &[(515, 200), (9, 9), (200, 1)]),
+        (8, 2, 256, &[(333, 333), (1000, 65)]),
+        (4, 4, 128, &[(5000, 17)]),
     ];
     for (nh, nkv, hd, seqs) in cases {
-        let s = Step::new(nh, nkv, hd, &seqs, rng);
+        let s = Step::new(nh, nkv, hd, seqs, rng);
         let (kc, vc, q) = random_cache(&s, rng);
         let want = s.reference(&q, &kc, &vc);
         let d = upload(gpu, &s, &q, &kc, &vc)?;
@@ -263,7 +306,7 @@ pub fn perf_flash(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64,
                 if flash {
                     launch_flash(gpu, &s, &d)
                 } else {
-                    launch_split(gpu, &s, &d, &part)
+                    launch_split(gpu, &s, &d, &part, 1)
                 }
             };
             go(gpu)?;
