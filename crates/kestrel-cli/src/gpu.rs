@@ -214,7 +214,8 @@ fn feed(
 /// llama-bench's pp / tg / depth on the GPU: prompt-eval tok/s over P tokens and decode tok/s
 /// over N tokens (greedy, logits copied back every step), after D tokens of depth; median of
 /// `reps` after one warm-up; decode beside the bandwidth limit (weight bytes per token / 4.65
-/// TB/s, the H200's measured read bandwidth).
+/// TB/s, the H200's measured read bandwidth), prefill beside the tensor cores' peak (the layers'
+/// matrix products at ~790 TFLOP/s, the H200's measured bf16 dense rate).
 pub fn bench(
     src: &ModelSource,
     ordinal: usize,
@@ -236,6 +237,8 @@ pub fn bench(
     let vocab = m.config.vocab_size as u64;
     let wbytes = m.weight_bytes_per_token();
     const BW: f64 = 4.65e12;
+    const PEAK: f64 = 790e12;
+    let flops = m.layer_matmul_flops_per_token() as f64;
     println!("| model | device | test | tok/s (median of {reps}) | min | max | note |");
     println!("|---|---|---|---:|---:|---:|---|");
     let name = src
@@ -268,14 +271,16 @@ pub fn bench(
                 v.iter().cloned().fold(f64::MAX, f64::min),
                 v.iter().cloned().fold(0.0, f64::max),
             );
+            let med = median(&mut v);
             println!(
-                "| {name} | {dev} | pp{p}{} | {:.0} | {lo:.0} | {hi:.0} | |",
+                "| {name} | {dev} | pp{p}{} | {med:.0} | {lo:.0} | {hi:.0} | layer matmuls {:.0} TFLOP/s: {:.0}% of 790 (attention not counted) |",
                 if d > 0 {
                     format!(" @ d{d}")
                 } else {
                     String::new()
                 },
-                median(&mut v)
+                med * flops / 1e12,
+                100.0 * med * flops / PEAK
             );
         }
         for &n in ns.iter().filter(|&&n| n > 0) {

@@ -583,6 +583,18 @@ impl CudaModel {
             + (w.embed.bytes() / w.embed.rows) as u64
     }
 
+    /// Floating-point operations of the layers' matrix products per prompt token (2 per weight;
+    /// the embedding row, the output head of the last token and attention's own products not
+    /// counted): the work behind a prefill figure, against the tensor cores' peak.
+    pub fn layer_matmul_flops_per_token(&self) -> u64 {
+        self.weights
+            .layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .map(|m| 2 * (m.rows * m.cols) as u64)
+            .sum()
+    }
+
     /// One step over the new tokens of several sequences; returns the logits of those that
     /// want them, in order. Steps over `max_batch` tokens are cut into several passes.
     pub fn forward(&mut self, seqs: &[SeqIn]) -> Result<Vec<f32>> {
