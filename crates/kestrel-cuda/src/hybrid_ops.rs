@@ -9,11 +9,14 @@ use cudarc::driver::PushKernelArg;
 use kestrel_models::backend::{Buf, HybridOps, Param, W};
 use kestrel_models::deltanet::{DeltaNetConfig, HeadGrouping};
 
-/// Whether a step of `t` tokens runs the delta rule in its chunked form: prompt steps (more
-/// tokens than the mat-vecs take), unless `KESTREL_CUDA_CHUNKED=0` (A/B figures).
-fn chunked_rule(t: usize) -> bool {
+/// Whether a step of `t` tokens over `n_seqs` sequences runs the delta rule in its chunked
+/// form: prompt steps, as for the prompt attention kernel (more tokens than the mat-vecs take,
+/// 16+ per sequence on average); batched decode keeps the recurrence it was measured with.
+/// `KESTREL_CUDA_CHUNKED=0` turns it off (A/B figures).
+fn chunked_rule(t: usize, n_seqs: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     t > MATVEC_MAX
+        && t >= 16 * n_seqs
         && *ON.get_or_init(|| std::env::var("KESTREL_CUDA_CHUNKED").map_or(true, |v| v != "0"))
 }
 
@@ -183,7 +186,7 @@ impl HybridOps for CudaModel {
         let (t0, len, slot) = self.seq_args();
         // prompt steps: the chunked form, a block of 256 threads per 32 value columns of a head;
         // decode steps: the recurrence, one warp per 32 columns (kernels/deltanet.cu)
-        let chunked = chunked_rule(self.step.t);
+        let chunked = chunked_rule(self.step.t, self.step.n_seqs);
         let rule = self.gpu.func(&format!(
             "{}_{}",
             if chunked {
