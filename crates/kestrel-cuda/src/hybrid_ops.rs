@@ -4,19 +4,16 @@
 
 use crate::error::{CudaError, Result};
 use crate::model::CudaModel;
-use crate::ops::{cfg, MATVEC_MAX};
+use crate::ops::{cfg, prompt_step};
 use cudarc::driver::PushKernelArg;
 use kestrel_models::backend::{Buf, HybridOps, Param, W};
 use kestrel_models::deltanet::{DeltaNetConfig, HeadGrouping};
 
-/// Whether a step of `t` tokens over `n_seqs` sequences runs the delta rule in its chunked
-/// form: prompt steps, as for the prompt attention kernel (more tokens than the mat-vecs take,
-/// 16+ per sequence on average); batched decode keeps the recurrence it was measured with.
-/// `KESTREL_CUDA_CHUNKED=0` turns it off (A/B figures).
+/// Whether a step runs the delta rule in its chunked form: prompt steps
+/// ([`crate::ops::prompt_step`]), unless `KESTREL_CUDA_CHUNKED=0` (A/B figures).
 fn chunked_rule(t: usize, n_seqs: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    t > MATVEC_MAX
-        && t >= 16 * n_seqs
+    prompt_step(t, n_seqs)
         && *ON.get_or_init(|| std::env::var("KESTREL_CUDA_CHUNKED").map_or(true, |v| v != "0"))
 }
 
@@ -105,7 +102,7 @@ impl HybridOps for CudaModel {
         let (n_seqs, blocks) = (self.step.n_seqs as u32, ch.div_ceil(256) as u32);
         // prompt steps: one thread per channel and run of 16 tokens, then the window slides;
         // decode steps: one thread per channel over its sequence's few tokens
-        let prompt = self.step.t > MATVEC_MAX;
+        let prompt = prompt_step(self.step.t, self.step.n_seqs);
         let f = self.gpu.func(if prompt {
             "conv_silu_par"
         } else {

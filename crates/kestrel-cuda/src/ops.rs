@@ -50,13 +50,19 @@ pub fn flash_kernel(head_dim: usize) -> Option<String> {
     matches!(head_dim, 64 | 128 | 256).then(|| format!("attn_prefill_h{head_dim}"))
 }
 
-/// Whether a step of `t` tokens over `n_seqs` sequences takes the prompt kernel: steps past the
-/// mat-vecs' size whose sequences bring 16+ tokens each on average (a block's 64 query rows
-/// are then mostly used; batched decode keeps the split kernel), unless `KESTREL_CUDA_FLASH=0`.
+/// Whether a step of `t` tokens over `n_seqs` sequences is a prompt step: past the mat-vecs'
+/// size, its sequences bringing 16+ tokens each on average. Prompt steps take the kernels made
+/// for many tokens of one sequence (the tensor-core attention, the chunked delta rule, the
+/// convolution over token runs); decode and batched decode keep the one-token kernels.
+pub fn prompt_step(t: usize, n_seqs: usize) -> bool {
+    t > MATVEC_MAX && t >= 16 * n_seqs
+}
+
+/// Whether a step takes the prompt attention kernel: prompt steps, unless
+/// `KESTREL_CUDA_FLASH=0` (A/B figures).
 pub fn takes_flash(t: usize, n_seqs: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    t > MATVEC_MAX
-        && t >= 16 * n_seqs
+    prompt_step(t, n_seqs)
         && *ON.get_or_init(|| std::env::var("KESTREL_CUDA_FLASH").map_or(true, |v| v != "0"))
 }
 
