@@ -23,29 +23,6 @@ extern "C" __global__ void mul_sigmoid(float* x, const float* g, u64 total) { GR
 
 #define CONV_MAXK 8
 
-// out[t0 + i, c] for i in i0 .. i1 of one channel: h holds the K-1 inputs before i0 (oldest
-// first) and slides along; the sums in the CPU's order (oldest input first, the new one last).
-__device__ __forceinline__ void conv_run(const float* x, float* out, const float* w, float* h, int K, int ch,
-                                         int c, u64 t0, int i0, int i1) {
-    for (int i = i0; i < i1; i++) {
-        float xi = x[(t0 + i) * ch + c];
-        float acc = 0.f;
-#pragma unroll
-        for (int j = 0; j < CONV_MAXK - 1; j++)
-            if (j < K - 1) acc += w[j] * h[j];
-#pragma unroll
-        for (int j = 0; j < CONV_MAXK; j++)
-            if (j == K - 1) acc += w[j] * xi;
-        out[(t0 + i) * ch + c] = silu(acc);
-#pragma unroll
-        for (int j = 0; j < CONV_MAXK - 2; j++)
-            if (j < K - 2) h[j] = h[j + 1];
-#pragma unroll
-        for (int j = 0; j < CONV_MAXK - 1; j++)
-            if (j == K - 2) h[j] = xi;
-    }
-}
-
 // out[t, c] = silu(sum_j taps[j, c] * x[t - (K-1) + j, c]) over each sequence's tokens, inputs
 // before the step from the window of its slot, which then slides to the last K-1 inputs.
 // grid (n_seqs, ceil(ch / 256)), 256 threads: one channel per thread, tokens in order.
@@ -61,7 +38,24 @@ extern "C" __global__ void conv_silu_seq(const float* x, float* out, const float
     for (int j = 0; j < CONV_MAXK - 1; j++) h[j] = j < K - 1 ? win[(u64)j * ch + c] : 0.f;
 #pragma unroll
     for (int j = 0; j < CONV_MAXK; j++) w[j] = j < K ? taps[(u64)j * ch + c] : 0.f;
-    conv_run(x, out, w, h, K, ch, c, t0, 0, n);
+    for (int i = 0; i < n; i++) {
+        float xi = x[(u64)(t0 + i) * ch + c];
+        // the CPU's order: oldest input first, the new one last
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 1; j++)
+            if (j < K - 1) acc += w[j] * h[j];
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK; j++)
+            if (j == K - 1) acc += w[j] * xi;
+        out[(u64)(t0 + i) * ch + c] = silu(acc);
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 2; j++)
+            if (j < K - 2) h[j] = h[j + 1];
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 1; j++)
+            if (j == K - 2) h[j] = xi;
+    }
 #pragma unroll
     for (int j = 0; j < CONV_MAXK - 1; j++)
         if (j < K - 1) win[(u64)j * ch + c] = h[j];
@@ -89,7 +83,24 @@ extern "C" __global__ void __launch_bounds__(256) conv_silu_par(const float* x, 
     }
 #pragma unroll
     for (int j = 0; j < CONV_MAXK; j++) w[j] = j < K ? taps[(u64)j * ch + c] : 0.f;
-    conv_run(x, out, w, h, K, ch, c, t0, i0, min(n, i0 + CONV_RUN));
+    int i1 = min(n, i0 + CONV_RUN);
+    for (int i = i0; i < i1; i++) {
+        float xi = x[(u64)(t0 + i) * ch + c];
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 1; j++)
+            if (j < K - 1) acc += w[j] * h[j];
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK; j++)
+            if (j == K - 1) acc += w[j] * xi;
+        out[(u64)(t0 + i) * ch + c] = silu(acc);
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 2; j++)
+            if (j < K - 2) h[j] = h[j + 1];
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 1; j++)
+            if (j == K - 2) h[j] = xi;
+    }
 }
 
 // The window after conv_silu_par's step: the last K-1 inputs of each sequence (older ones from
