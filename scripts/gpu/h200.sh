@@ -19,7 +19,8 @@
 # pp512/pp4096/tg128 alone); prefill = pp512/pp4096 of every shape in PREFILL_SHAPES (default
 # qwen3-8b qwen35-0.8b qwen2.5-1.5b), with FLASH_AB=1 pp4096 again with KESTREL_CUDA_FLASH=0
 # (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
-# tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu.
+# tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu;
+# ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
 # `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
 # (target/gpu-models, git-ignored, so a later call on the warm machine reuses it). llama.cpp is
@@ -130,6 +131,16 @@ for s in $STAGES; do
       [ -n "${FLASH_AB:-}" ] && KESTREL_CUDA_FLASH=0 $K bench -m $M -p 4096 -n 0 -r 2 --device cuda 2>&1 | grep "| qwen" | sed 's/$/ (KESTREL_CUDA_FLASH=0)/' | tee -a $OUT/prefill-$SH.log
       [ -n "${PROF:-}" ] && profile $M $SH-prefill "-p 2048 -n 0 --check-tokens 0"
     done
+    ;;
+  ncu)  # NCU_SHAPE's (default qwen2.5-1.5b) first NCU_C (12) kernels matching NCU_K (the
+    # decode step's mat-vecs, norms and attention) of eager decode steps, with ncu's
+    # throughput, memory, occupancy and warp-stall sections
+    M=$(model ${NCU_SHAPE:-qwen2.5-1.5b}) || continue
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    $NCU --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section WarpStateStats --section SchedulerStats --section LaunchStats -k "regex:${NCU_K:-^(mv|rms|attn)}" \
+      -c ${NCU_C:-12} $K bench -m $M -p 0 -n 2 --no-graphs -r 1 --device cuda > $OUT/ncu-detail.log 2>&1
+    grep -c "Section: Memory" $OUT/ncu-detail.log
     ;;
   peer)  # llama.cpp on the same files, flash attention on, all layers on the GPU
     while [ ! -s $PEER/status.txt ] && [ -d $PEER/trim ]; do sleep 5; done

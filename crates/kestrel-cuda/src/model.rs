@@ -221,6 +221,8 @@ pub struct Scratch {
     pub wf16: DevBuf,
     pub wf16_elems: usize,
     pub partial: DevBuf,
+    /// Finished context ranges per (token, head group) of decode attention; zero between steps.
+    pub attn_count: DevBuf,
     /// The step's inputs, one upload: [ids | pos | kv_row | tbl_off | pick | seq_t0 | seq_len |
     /// seq_slot] (max_batch i32 each; the last three per sequence) then the block tables
     /// (tables_cap i32); the fields below point into it.
@@ -265,8 +267,9 @@ fn widest_input(cfg: &ModelConfig) -> usize {
 /// dequantized in row chunks of this size, so prefill scratch does not grow with the vocabulary.
 const WF16_ELEMS: usize = 32 << 20;
 
-/// Splits of the context in decode attention (flash-decoding).
-pub const DECODE_SPLITS: usize = 32;
+/// Context ranges of decode attention at most (flash-decoding; a token's context takes one
+/// range per 32 positions up to this many).
+pub const DECODE_SPLITS: usize = 64;
 
 /// Context splits of a step's attention: [`DECODE_SPLITS`] for steps of up to [`MATVEC_MAX`]
 /// tokens (few sequences: the context is what there is to spread), one above (every token
@@ -293,7 +296,7 @@ impl Scratch {
                 + hybrid_floats(cfg)) as u64;
         let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3;
         let act16 = t * widest * 2;
-        let partial = Self::partial_floats(cfg, max_batch) as u64 * 4;
+        let partial = (Self::partial_floats(cfg) + MATVEC_MAX * cfg.n_heads) as u64 * 4;
         4 * f32s
             + q8
             + act16
@@ -302,8 +305,10 @@ impl Scratch {
             + 4 * (STEP_SECTIONS as u64 * t + max_table as u64)
     }
 
-    fn partial_floats(cfg: &ModelConfig, max_batch: usize) -> usize {
-        (MATVEC_MAX * DECODE_SPLITS).max(max_batch) * cfg.n_heads * (cfg.head_dim + 2)
+    /// Decode attention's per-range results (steps of several ranges: up to [`MATVEC_MAX`]
+    /// tokens).
+    fn partial_floats(cfg: &ModelConfig) -> usize {
+        MATVEC_MAX * DECODE_SPLITS * cfg.n_heads * (cfg.head_dim + 2)
     }
 
     fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: usize, max_table: usize) -> Result<Self> {
@@ -344,7 +349,8 @@ impl Scratch {
             act16: gpu.alloc(t * widest * 2)?,
             wf16: gpu.alloc(WF16_ELEMS * 2)?,
             wf16_elems: WF16_ELEMS,
-            partial: f(Self::partial_floats(cfg, max_batch))?,
+            partial: f(Self::partial_floats(cfg))?,
+            attn_count: f(MATVEC_MAX * cfg.n_heads)?,
             step_in: f(STEP_SECTIONS * t + max_table)?,
             ids: Sub { ptr: 0 },
             pos: Sub { ptr: 0 },
@@ -500,6 +506,7 @@ impl CudaModel {
                 )));
             }
         }
+        crate::ops::attn_kernel(cfg.head_dim)?;
         gpu.bind()?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let mut weight_bytes = 0u64;

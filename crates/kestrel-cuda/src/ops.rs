@@ -35,13 +35,25 @@ pub struct Pending {
     pub stage: u8,
 }
 
-/// The attention kernel for a head size: four positions per warp step (`attn_split_gE`,
-/// head_dim = 8 E) where the size allows, else one position per warp step.
-pub fn attn_kernel(head_dim: usize) -> String {
-    match head_dim {
-        16 | 64 | 128 | 256 => format!("attn_split_g{}", head_dim / 8),
-        _ => "attn_split".into(),
-    }
+/// The decode attention kernel for a head size (`kernels/attention.cu`): LPP lanes hold one
+/// position's head vector, EPL = head_dim / LPP dims each.
+pub fn attn_kernel(head_dim: usize) -> Result<String> {
+    let (epl, lpp) = match head_dim {
+        d if d % 16 == 0 && (16..=128).contains(&d) => (d / 8, 8),
+        192 | 256 => (head_dim / 16, 16),
+        d => {
+            return Err(CudaError::Unsupported(format!(
+                "attention heads of {d} dims (multiples of 16 up to 128, 192 and 256 on the GPU)"
+            )))
+        }
+    };
+    Ok(format!("attn_decode_e{epl}_l{lpp}"))
+}
+
+/// Blocks of the decode attention kernel per (token, context range): per KV head, its query
+/// heads in groups of at most 4 (`kernels/attention.cu` splits them the same way).
+pub fn attn_groups(n_heads: usize, n_kv: usize) -> usize {
+    n_kv * (n_heads / n_kv).div_ceil(4)
 }
 
 /// The prompt attention kernel on the tensor cores (`kernels/flash.cu`, 64 queries of one
@@ -488,15 +500,14 @@ impl Ops for CudaModel {
         self.flush()?;
         let c = self.config.clone();
         let (qp, _) = self.buf(q);
-        let (op, on) = self.buf(out);
+        let (op, _) = self.buf(out);
         let t = self.step.t;
         if let Some(name) = flash_kernel(c.head_dim).filter(|_| takes_flash(t, self.step.n_seqs)) {
             return self.flash_attention(layer, &name, qp, op, out);
         }
         let n_splits = self.step.n_splits;
-        let split = self.gpu.func(&attn_kernel(c.head_dim))?;
-        let combine = self.gpu.func("attn_combine")?;
-        let (nh, nkv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
+        let f = self.gpu.func(&attn_kernel(c.head_dim)?)?;
+        let (nh, nkv) = (c.n_heads as i32, c.n_kv_heads as i32);
         let kvl = c.kv_layer(layer);
         let (kc, vc, bs) = (
             self.kv.k_layer(kvl),
@@ -504,19 +515,21 @@ impl Ops for CudaModel {
             self.kv.block_size as i32,
         );
         let s = &self.scratch;
-        let (pos, off, tables, part) = (s.pos.ptr, s.tbl_off.ptr, s.tables.ptr, s.partial.ptr);
+        let (pos, off, tables) = (s.pos.ptr, s.tbl_off.ptr, s.tables.ptr);
+        let (part, count) = (s.partial.ptr, s.attn_count.ptr);
         let (ns, scale) = (n_splits as i32, 1.0 / (c.head_dim as f32).sqrt());
-        let quant = t <= MATVEC_MAX && on % 32 == 0;
+        // the kernel quantizes whole heads for the output projection: 32-wide blocks
+        let quant = t <= MATVEC_MAX && c.head_dim % 32 == 0;
         let (xq, xd) = if quant { (s.xq.ptr, s.xd.ptr) } else { (0, 0) };
+        let groups = attn_groups(c.n_heads, c.n_kv_heads) as u32;
         // SAFETY: as in flush.
         unsafe {
             self.gpu
                 .stream
-                .launch_builder(&split)
+                .launch_builder(&f)
                 .arg(&qp)
                 .arg(&nh)
                 .arg(&nkv)
-                .arg(&hd)
                 .arg(&kc)
                 .arg(&vc)
                 .arg(&bs)
@@ -526,18 +539,11 @@ impl Ops for CudaModel {
                 .arg(&ns)
                 .arg(&scale)
                 .arg(&part)
-                .launch(cfg((c.n_heads as u32, t as u32, n_splits as u32), 128))?;
-            self.gpu
-                .stream
-                .launch_builder(&combine)
-                .arg(&part)
-                .arg(&nh)
-                .arg(&hd)
-                .arg(&ns)
+                .arg(&count)
                 .arg(&op)
                 .arg(&xq)
                 .arg(&xd)
-                .launch(cfg((t as u32, on.div_ceil(256) as u32, 1), 256))?;
+                .launch(cfg((groups, t as u32, n_splits as u32), 128))?;
         }
         self.wrote(out);
         if quant {

@@ -1,9 +1,9 @@
 //! Attention over the paged f16 cache, against a plain f64 softmax over the same f16 values:
-//! the split kernel of decode (`kernels/attention.cu`, split and combined) on a sequence's last
-//! tokens, and the prompt kernel on the tensor cores (`kernels/flash.cu`) on steps of several
+//! the decode kernel (`kernels/attention.cu`, its context ranges merged by the last block) on a
+//! sequence's last tokens, and the prompt kernel on the tensor cores (`kernels/flash.cu`) on steps of several
 //! sequences (a prompt chunk resuming at a later position, a whole prompt, a lone decode
 //! token), each with its own shuffled block table; and the prompt kernel's time against the
-//! split kernel's on a prompt chunk of the real shapes.
+//! decode kernel's on a prompt chunk of the real shapes.
 
 use super::{bytes_i32, cfg, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
@@ -162,30 +162,29 @@ fn launch_flash(gpu: &mut Gpu, s: &Step, d: &DevStep) -> Result<()> {
     Ok(())
 }
 
-/// Enqueues the split kernel over `splits` ranges of each context and its combine (with one
-/// split: what prompt steps ran before the prompt kernel).
-fn launch_split(gpu: &mut Gpu, s: &Step, d: &DevStep, part: &DevBuf, splits: usize) -> Result<()> {
-    let (split, combine) = (
-        gpu.func(&crate::ops::attn_kernel(s.hd))?,
-        gpu.func("attn_combine")?,
-    );
-    let (nh, nkv, hd, bs, ns) = (
-        s.nh as i32,
-        s.nkv as i32,
-        s.hd as i32,
-        BS as i32,
-        splits as i32,
-    );
+/// Enqueues the decode kernel over up to `splits` ranges of each context (one: what prompt
+/// steps without the prompt kernel take), launched as `CudaModel` launches it; `quant` gets the
+/// output's 8-bit blocks (xq, xd) when given.
+fn launch_decode(
+    gpu: &mut Gpu,
+    s: &Step,
+    d: &DevStep,
+    scratch: &DecodeScratch,
+    splits: usize,
+    quant: Option<(u64, u64)>,
+) -> Result<()> {
+    let f = gpu.func(&crate::ops::attn_kernel(s.hd)?)?;
+    let (nh, nkv, bs, ns) = (s.nh as i32, s.nkv as i32, BS as i32, splits as i32);
     let scale = 1.0 / (s.hd as f32).sqrt();
-    let (null, t) = (0u64, s.t() as u32);
-    // SAFETY: as in launch_flash; part holds t * nh * splits * (hd + 2) floats.
+    let (xq, xd) = quant.unwrap_or((0, 0));
+    let groups = crate::ops::attn_groups(s.nh, s.nkv) as u32;
+    // SAFETY: as in launch_flash; scratch is sized for the step (DecodeScratch::new).
     unsafe {
         gpu.stream
-            .launch_builder(&split)
+            .launch_builder(&f)
             .arg(&d.q.ptr)
             .arg(&nh)
             .arg(&nkv)
-            .arg(&hd)
             .arg(&d.kc.ptr)
             .arg(&d.vc.ptr)
             .arg(&bs)
@@ -194,20 +193,32 @@ fn launch_split(gpu: &mut Gpu, s: &Step, d: &DevStep, part: &DevBuf, splits: usi
             .arg(&d.tables.ptr)
             .arg(&ns)
             .arg(&scale)
-            .arg(&part.ptr)
-            .launch(cfg((s.nh as u32, t, splits as u32), 128))?;
-        gpu.stream
-            .launch_builder(&combine)
-            .arg(&part.ptr)
-            .arg(&nh)
-            .arg(&hd)
-            .arg(&ns)
+            .arg(&scratch.partial.ptr)
+            .arg(&scratch.count.ptr)
             .arg(&d.out.ptr)
-            .arg(&null)
-            .arg(&null)
-            .launch(cfg((t, (s.nh * s.hd).div_ceil(256) as u32, 1), 256))?;
+            .arg(&xq)
+            .arg(&xd)
+            .launch(cfg((groups, s.t() as u32, splits as u32), 128))?;
     }
     Ok(())
+}
+
+/// The decode kernel's per-range results and its zeroed range counters.
+struct DecodeScratch {
+    partial: DevBuf,
+    count: DevBuf,
+}
+
+impl DecodeScratch {
+    fn new(gpu: &Gpu, s: &Step, splits: usize) -> Result<Self> {
+        let counts = s.t() * s.nh;
+        let count = gpu.alloc(counts * 4)?;
+        gpu.write(count.ptr, &vec![0u8; counts * 4])?;
+        Ok(Self {
+            partial: gpu.alloc(s.t() * s.nh * splits * (s.hd + 2) * 4)?,
+            count,
+        })
+    }
 }
 
 fn random_cache(s: &Step, rng: &mut Rng) -> (Vec<half::f16>, Vec<half::f16>, Vec<f32>) {
@@ -224,36 +235,85 @@ fn random_cache(s: &Step, rng: &mut Rng) -> (Vec<half::f16>, Vec<half::f16>, Vec
     (kc, vc, q)
 }
 
-/// The split kernel (and its combine) on the last `t` tokens of one sequence of `len`, against
-/// the f64 reference.
+/// The decode kernel on the last `t` tokens of one sequence of `len`, against the f64
+/// reference; each case launched twice (the merging block must leave the range counters at
+/// zero for the next step), with the output's 8-bit blocks checked where the model takes them.
 pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     for (nh, nkv, hd, len, t, splits) in [
-        (12usize, 2usize, 128usize, 1usize, 1usize, 32usize),
-        (32, 8, 128, 5000, 1, 32),
-        (12, 2, 128, 700, 4, 32),
+        (12usize, 2usize, 128usize, 1usize, 1usize, 64usize),
+        (32, 8, 128, 5000, 1, 64),
+        (32, 8, 128, 16384, 2, 64),
+        (12, 2, 128, 700, 4, 64),
+        (14, 2, 64, 3001, 3, 64),
         (4, 2, 16, 37, 37, 1),
         (32, 8, 128, 300, 300, 1),
-        (8, 2, 64, 1000, 2, 32),
-        (8, 4, 96, 333, 1, 32),
-        (4, 4, 256, 70, 3, 32),
+        (8, 2, 64, 1000, 2, 64),
+        (8, 4, 96, 333, 1, 64),
+        (4, 4, 256, 70, 3, 64),
+        (16, 4, 256, 9000, 1, 64),
+        (40, 8, 128, 95, 8, 64),
     ] {
         let s = Step::new(nh, nkv, hd, &[(len, t)], rng);
         let (kc, vc, q) = random_cache(&s, rng);
         let want = s.reference(&q, &kc, &vc);
         let d = upload(gpu, &s, &q, &kc, &vc)?;
-        let part = gpu.alloc(t * nh * splits * (hd + 2) * 4)?;
-        launch_split(gpu, &s, &d, &part, splits)?;
-        let got = gpu.read_f32(d.out.ptr, t * nh * hd)?;
+        let scratch = DecodeScratch::new(gpu, &s, splits)?;
+        let n = t * nh * hd;
+        let quant = (hd % 32 == 0 && t <= crate::ops::MATVEC_MAX)
+            .then(|| Ok::<_, crate::error::CudaError>((gpu.alloc(n)?, gpu.alloc(n / 32 * 8)?)))
+            .transpose()?;
+        let (mut err, mut qerr) = (0f64, 0f64);
+        for _ in 0..2 {
+            gpu.write(d.out.ptr, &vec![0xFFu8; n * 4])?;
+            launch_decode(gpu, &s, &d, &scratch, splits, quant.as_ref().map(|(a, b)| (a.ptr, b.ptr)))?;
+            let got = gpu.read_f32(d.out.ptr, n)?;
+            err = err.max(rel_err(&got, &want));
+            if let Some((xq, xd)) = &quant {
+                qerr = qerr.max(quant_err(gpu, xq, xd, &got)?);
+            }
+        }
+        let what = format!(
+            "attention ({}) {nh}/{nkv} heads of {hd}, context {len}, {t} queries, up to {splits} ranges",
+            crate::ops::attn_kernel(hd)?
+        );
+        if quant.is_some() {
+            out.push(CaseResult {
+                op: format!("{what}: its 8-bit output blocks"),
+                err: qerr,
+                tol: 1e-3,
+            });
+        }
         out.push(CaseResult {
-            op: format!(
-                "attention ({}) {nh}/{nkv} heads of {hd}, context {len}, {t} queries, {splits} splits",
-                crate::ops::attn_kernel(hd)
-            ),
-            err: rel_err(&got, &want),
+            op: what,
+            err,
             tol: 1e-4,
         });
     }
     Ok(())
+}
+
+/// How far the kernel's 8-bit blocks of the output are from the output it wrote: per value
+/// the distance beyond rounding's half step, in steps, and the relative error of each block's
+/// scale (amax / 127) and of its stored scaled sum.
+fn quant_err(gpu: &Gpu, xq: &DevBuf, xd: &DevBuf, got: &[f32]) -> Result<f64> {
+    let mut q = vec![0i8; got.len()];
+    gpu.read(xq.ptr, &mut q)?;
+    let ds = gpu.read_f32(xd.ptr, got.len() / 32 * 2)?;
+    let mut worst = 0f64;
+    for (c, block) in got.chunks(32).enumerate() {
+        let (d, sum) = (ds[2 * c] as f64, ds[2 * c + 1] as f64);
+        let amax = block.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+        let step = d.max(1e-30);
+        let mut qsum = 0f64;
+        for (i, &v) in block.iter().enumerate() {
+            let qi = q[32 * c + i] as f64;
+            qsum += qi;
+            worst = worst.max(((qi * d - v as f64).abs() / step - 0.5).max(0.0));
+        }
+        worst = worst.max((d - amax / 127.0).abs() / step);
+        worst = worst.max((sum - d * qsum).abs() / (step * 32.0));
+    }
+    Ok(worst)
 }
 
 /// A mixed step: heads, kv heads, head size, sequences as (context after the step, tokens in it).
@@ -299,14 +359,14 @@ pub fn perf_flash(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64,
         let s = Step::new(nh, nkv, hd, &[(t, t)], rng);
         let (kc, vc, q) = random_cache(&s, rng);
         let d = upload(gpu, &s, &q, &kc, &vc)?;
-        let part = gpu.alloc(t * nh * (hd + 2) * 4)?;
+        let scratch = DecodeScratch::new(gpu, &s, 1)?;
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let time = |gpu: &mut Gpu, flash: bool| -> Result<f64> {
             let go = |gpu: &mut Gpu| {
                 if flash {
                     launch_flash(gpu, &s, &d)
                 } else {
-                    launch_split(gpu, &s, &d, &part, 1)
+                    launch_decode(gpu, &s, &d, &scratch, 1, None)
                 }
             };
             go(gpu)?;

@@ -1,212 +1,230 @@
-// Attention over the paged f16 KV cache (flash-decoding): each query's context 0..=pos is cut
-// into n_splits equal ranges, one block of 4 warps per (head, token, range) keeps an online
-// softmax, and attn_combine merges the ranges. The split count is fixed per launch and the
-// range length is computed from the token's position on the device, so one captured graph
-// serves every step of a decode.
+// Decode attention over the paged f16 KV cache (flash-decoding, grouped): one block of 4 warps
+// per (KV head, group of up to 4 of its query heads, token, context split) reads each K/V row
+// once for the whole group (GQA: the query heads of a KV head share its rows), keeps an online
+// softmax per head, and the block that finishes a (token, group) last merges the splits,
+// writes the output and quantizes it for the output projection: one kernel, no combine pass.
+//
+// A token's context 0..=pos is cut into ns = min(n_splits, ceil(len / 32)) equal ranges:
+// long contexts spread over n_splits blocks per group, short ones take as many as they fill
+// (one range writes its result directly). ns is computed on the device from the position, so
+// one captured graph serves every step of a decode.
+//
+// Lanes: LPP lanes hold one position's head vector, EPL = head_dim / LPP contiguous dims each
+// (16-byte loads); a warp takes 2 * 32 / LPP positions per step (two per lane group, their K
+// and V loads issued together).
 //
 // Cache layout: row = block_id * block_size + pos % block_size, each row [n_kv * hd] f16; a
-// token's block table is tables[tbl_off[t] ..].
+// token's block table is tables[tbl_off[t] ..]. partial[((t * n_heads + h) * n_splits + s) *
+// (hd + 2)] = {m, l, acc[hd]}; count[t * gridDim.x + blockIdx.x] counts finished ranges (zero
+// between launches: the merging block resets it).
 
 #define ATT_WARPS 4
-#define ATT_MAXE 8  // head_dim <= 256
+#define ATT_GQ 4       // query heads per block at most
+#define ATT_MINLEN 32  // positions per context range at least
 
-// partial[(t * n_heads + h) * n_splits + s] = {m, l, acc[hd]} (stride hd + 2 floats)
-extern "C" __global__ void __launch_bounds__(128) attn_split(
-    const float* Q, int n_heads, int n_kv, int hd, const u16* kc, const u16* vc, int block_size,
-    const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale, float* partial) { GRID_DEP();
-    int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int kvh = h / (n_heads / n_kv);
-    int kv_dim = n_kv * hd;
-    int len = pos[t] + 1;
-    int chunk = (len + n_splits - 1) / n_splits;
-    int p0 = s * chunk, p1 = min(len, p0 + chunk);
-    const float* q = Q + (u64)t * n_heads * hd + h * hd;
-    float qr[ATT_MAXE], acc[ATT_MAXE];
+template <int N>
+__device__ __forceinline__ void load_raw(const u16* p, u32* r) {  // N halves as N / 2 words
+    if constexpr (N % 8 == 0) {
 #pragma unroll
-    for (int e = 0; e < ATT_MAXE; e++) {
-        int i = lane + 32 * e;
-        qr[e] = i < hd ? q[i] * scale : 0.f;
-        acc[e] = 0.f;
-    }
-    const int* tbl = tables + tbl_off[t];
-    float m = -INFINITY, l = 0.f;
-    for (int p = p0 + warp; p < p1; p += ATT_WARPS) {
-        u64 row = (u64)tbl[p / block_size] * block_size + p % block_size;
-        const u16* k = kc + row * kv_dim + kvh * hd;
-        float d = 0.f;
-#pragma unroll
-        for (int e = 0; e < ATT_MAXE; e++) {
-            int i = lane + 32 * e;
-            if (i < hd) d += qr[e] * h2f(k[i]);
-        }
-        d = warp_sum(d);
-        float m2 = fmaxf(m, d);
-        float corr = __expf(m - m2), w = __expf(d - m2);
-        l = l * corr + w;
-        const u16* v = vc + row * kv_dim + kvh * hd;
-#pragma unroll
-        for (int e = 0; e < ATT_MAXE; e++) {
-            int i = lane + 32 * e;
-            acc[e] = acc[e] * corr + (i < hd ? w * h2f(v[i]) : 0.f);
-        }
-        m = m2;
-    }
-    // merge the 4 warps
-    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][32 * ATT_MAXE];
-    if (lane == 0) { sm[warp] = m; sl[warp] = l; }
-#pragma unroll
-    for (int e = 0; e < ATT_MAXE; e++) sacc[warp][lane + 32 * e] = acc[e];
-    __syncthreads();
-    float* out = partial + ((u64)(t * n_heads + h) * n_splits + s) * (hd + 2);
-    float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float a = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) a += sm[w] == -INFINITY ? 0.f : sacc[w][i] * __expf(sm[w] - M);
-        out[2 + i] = a;
-    }
-    if (threadIdx.x == 0) {
-        float L = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) L += sm[w] == -INFINITY ? 0.f : sl[w] * __expf(sm[w] - M);
-        out[0] = M;
-        out[1] = L;
-    }
-}
-
-// Grid (tokens, parts), 256 threads: merges the splits of every head into out [q_dim] and,
-// when q is not null, quantizes the row for the output projection; block (t, p) takes the
-// 32-wide chunks p*8 + warp, p*8 + warp + 8*parts, ... of token t.
-extern "C" __global__ void __launch_bounds__(256) attn_combine(const float* partial, int n_heads, int hd,
-                                                               int n_splits, float* out, i8* q, float2* qd) { GRID_DEP();
-    int t = blockIdx.x, qdim = n_heads * hd;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int c = blockIdx.y * 8 + warp; c < (qdim + 31) / 32; c += gridDim.y * 8) {
-        int i = 32 * c + lane;
-        float v = 0.f;
-        if (i < qdim) {
-            int h = i / hd, e = i % hd;
-            const float* p = partial + (u64)(t * n_heads + h) * n_splits * (hd + 2);
-            float M = -INFINITY;
-#pragma unroll 8
-            for (int s = 0; s < n_splits; s++) M = fmaxf(M, p[s * (hd + 2)]);
-            float a = 0.f, L = 0.f;
-#pragma unroll 8
-            for (int s = 0; s < n_splits; s++) {
-                float ms = p[s * (hd + 2)];
-                if (ms == -INFINITY) continue;
-                float f = __expf(ms - M);
-                L += p[s * (hd + 2) + 1] * f;
-                a += p[s * (hd + 2) + 2 + e] * f;
-            }
-            v = a / L;
-            out[(u64)t * qdim + i] = v;
-        }
-        if (q != nullptr) quant32(v, q + (u64)t * qdim + 32 * c, qd + (u64)t * (qdim / 32) + c);
-    }
-}
-
-// attn_split with four positions per warp step: each group of 8 lanes takes one position and
-// holds EPL = head_dim / 8 contiguous dims of it (16-byte loads of K and V), so a position
-// costs a 3-step reduction instead of a 5-step one and every load is wide. Same partials.
-template <int EPL>
-__device__ __forceinline__ void load_h(const u16* p, float* out) {
-    if constexpr (EPL % 8 == 0) {
-#pragma unroll
-        for (int c = 0; c < EPL / 8; c++) {
+        for (int c = 0; c < N / 8; c++) {
             uint4 v = ((const uint4*)p)[c];
-            u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                out[8 * c + 2 * i] = h2f((u16)(w[i] & 0xFFFF));
-                out[8 * c + 2 * i + 1] = h2f((u16)(w[i] >> 16));
-            }
+            r[4 * c] = v.x; r[4 * c + 1] = v.y; r[4 * c + 2] = v.z; r[4 * c + 3] = v.w;
         }
     } else {
 #pragma unroll
-        for (int e = 0; e < EPL; e++) out[e] = h2f(p[e]);
+        for (int c = 0; c < N / 2; c++) r[c] = ((const u32*)p)[c];
     }
 }
+__device__ __forceinline__ float lo_h(u32 w) { return h2f((u16)(w & 0xFFFF)); }
+__device__ __forceinline__ float hi_h(u32 w) { return h2f((u16)(w >> 16)); }
 
-template <int EPL>
-__device__ __forceinline__ void attn_split_g(const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc,
-                                             int block_size, const int* pos, const int* tbl_off, const int* tables,
-                                             int n_splits, float scale, float* partial) {
-    const int hd = 8 * EPL;
-    int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 3, gl = lane & 7;
-    int kvh = h / (n_heads / n_kv);
-    int kv_dim = n_kv * hd;
-    int len = pos[t] + 1;
-    int chunk = (len + n_splits - 1) / n_splits;
-    int p0 = s * chunk, p1 = min(len, p0 + chunk);
-    const float* q = Q + (u64)t * n_heads * hd + h * hd + gl * EPL;
-    float qr[EPL], acc[EPL], kv[EPL];
+template <int LPP>
+__device__ __forceinline__ float group_sum(float v) {  // over the LPP lanes of a position
 #pragma unroll
-    for (int e = 0; e < EPL; e++) { qr[e] = q[e] * scale; acc[e] = 0.f; }
+    for (int o = 1; o < LPP; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int EPL, int LPP>
+__device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n_heads, int n_kv,
+                                              const u16* __restrict__ kc, const u16* __restrict__ vc,
+                                              int block_size, const int* pos, const int* tbl_off,
+                                              const int* tables, int n_splits, float scale, float* partial,
+                                              int* count, float* out, i8* xq, float2* xd) {
+    constexpr int HD = EPL * LPP, PPG = 32 / LPP;  // head size, lane groups per warp
+    const int G = n_heads / n_kv, subs = (G + ATT_GQ - 1) / ATT_GQ, per = (G + subs - 1) / subs;
+    const int kvh = blockIdx.x / subs, sub = blockIdx.x % subs;
+    const int h0 = kvh * G + sub * per, nq = min(per, G - sub * per);
+    const int t = blockIdx.y, s = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane / LPP, gl = lane % LPP;
+    const int len = pos[t] + 1;
+    const int ns = min(n_splits, (len + ATT_MINLEN - 1) / ATT_MINLEN);
+    if (s >= ns) return;
+    const int chunk = (len + ns - 1) / ns;
+    const int p0 = s * chunk, p1 = min(len, p0 + chunk);
+    const int kv_dim = n_kv * HD;
+
+    float qr[ATT_GQ][EPL], acc[ATT_GQ][EPL], m[ATT_GQ], l[ATT_GQ];
+#pragma unroll
+    for (int j = 0; j < ATT_GQ; j++) {
+        const float* q = Q + ((u64)t * n_heads + h0 + min(j, nq - 1)) * HD + gl * EPL;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) { qr[j][e] = j < nq ? q[e] * scale : 0.f; acc[j][e] = 0.f; }
+        m[j] = -INFINITY;
+        l[j] = 0.f;
+    }
     const int* tbl = tables + tbl_off[t];
-    float m = -INFINITY, l = 0.f;
-    for (int base = p0 + 4 * warp; base < p1; base += 4 * ATT_WARPS) {
-        int p = base + g;
-        bool ok = p < p1;
-        u64 row = ok ? (u64)tbl[p / block_size] * block_size + p % block_size : 0;
-        float d = 0.f;
-        if (ok) {
-            load_h<EPL>(kc + row * kv_dim + kvh * hd + gl * EPL, kv);
+    const u64 col = (u64)kvh * HD + gl * EPL;
+    for (int base = p0 + 2 * PPG * warp; base < p1; base += 2 * PPG * ATT_WARPS) {
+        int pa = base + g, pb = base + PPG + g;
+        bool oka = pa < p1, okb = pb < p1;
+        u32 ka[EPL / 2], kb[EPL / 2], va[EPL / 2], vb[EPL / 2];
+        u64 ra = oka ? (u64)tbl[pa / block_size] * block_size + pa % block_size : 0;
+        u64 rb = okb ? (u64)tbl[pb / block_size] * block_size + pb % block_size : 0;
+        load_raw<EPL>(kc + ra * kv_dim + col, ka);
+        load_raw<EPL>(kc + rb * kv_dim + col, kb);
+        load_raw<EPL>(vc + ra * kv_dim + col, va);
+        load_raw<EPL>(vc + rb * kv_dim + col, vb);
+        float fka[EPL], fkb[EPL];
 #pragma unroll
-            for (int e = 0; e < EPL; e++) d += qr[e] * kv[e];
+        for (int c = 0; c < EPL / 2; c++) {
+            fka[2 * c] = lo_h(ka[c]); fka[2 * c + 1] = hi_h(ka[c]);
+            fkb[2 * c] = lo_h(kb[c]); fkb[2 * c + 1] = hi_h(kb[c]);
         }
-        d += __shfl_xor_sync(0xffffffffu, d, 1);
-        d += __shfl_xor_sync(0xffffffffu, d, 2);
-        d += __shfl_xor_sync(0xffffffffu, d, 4);
-        if (ok) {
-            float m2 = fmaxf(m, d);
-            float corr = __expf(m - m2), w = __expf(d - m2);
-            l = l * corr + w;
-            load_h<EPL>(vc + row * kv_dim + kvh * hd + gl * EPL, kv);
 #pragma unroll
-            for (int e = 0; e < EPL; e++) acc[e] = acc[e] * corr + w * kv[e];
-            m = m2;
+        for (int j = 0; j < ATT_GQ; j++) {
+            if (j >= nq) break;
+            float da = 0.f, db = 0.f;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) { da += qr[j][e] * fka[e]; db += qr[j][e] * fkb[e]; }
+            da = group_sum<LPP>(da);
+            db = group_sum<LPP>(db);
+            da = oka ? da : -INFINITY;
+            db = okb ? db : -INFINITY;
+            float m2 = fmaxf(m[j], fmaxf(da, db));
+            if (m2 == -INFINITY) continue;  // neither position is in range (whole lane group)
+            float corr = __expf(m[j] - m2), wa = __expf(da - m2), wb = __expf(db - m2);
+            l[j] = l[j] * corr + wa + wb;
+#pragma unroll
+            for (int c = 0; c < EPL / 2; c++) {
+                acc[j][2 * c] = acc[j][2 * c] * corr + wa * lo_h(va[c]) + wb * lo_h(vb[c]);
+                acc[j][2 * c + 1] = acc[j][2 * c + 1] * corr + wa * hi_h(va[c]) + wb * hi_h(vb[c]);
+            }
+            m[j] = m2;
         }
     }
-    // merge the four groups of the warp (lanes gl, gl+8, gl+16, gl+24 hold the same dims)
+    // merge the warp's lane groups (lanes gl, gl + LPP, ... hold the same dims)
 #pragma unroll
-    for (int off = 8; off <= 16; off <<= 1) {
-        float mo = __shfl_xor_sync(0xffffffffu, m, off), lo = __shfl_xor_sync(0xffffffffu, l, off);
-        float M = fmaxf(m, mo);
-        float a = m == -INFINITY ? 0.f : __expf(m - M), b = mo == -INFINITY ? 0.f : __expf(mo - M);
+    for (int off = LPP; off < 32; off <<= 1) {
 #pragma unroll
-        for (int e = 0; e < EPL; e++) acc[e] = acc[e] * a + __shfl_xor_sync(0xffffffffu, acc[e], off) * b;
-        l = l * a + lo * b;
-        m = M;
+        for (int j = 0; j < ATT_GQ; j++) {
+            float mo = __shfl_xor_sync(0xffffffffu, m[j], off), lo = __shfl_xor_sync(0xffffffffu, l[j], off);
+            float M = fmaxf(m[j], mo);
+            float a = m[j] == -INFINITY ? 0.f : __expf(m[j] - M), b = mo == -INFINITY ? 0.f : __expf(mo - M);
+#pragma unroll
+            for (int e = 0; e < EPL; e++) acc[j][e] = acc[j][e] * a + __shfl_xor_sync(0xffffffffu, acc[j][e], off) * b;
+            l[j] = l[j] * a + lo * b;
+            m[j] = M;
+        }
     }
-    __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sacc[ATT_WARPS][256];
-    if (lane == 0) { sm[warp] = m; sl[warp] = l; }
-    if (g == 0) {
+    // then the block's warps: per head its maximum, sum and accumulator
+    __shared__ float sm[ATT_WARPS][ATT_GQ], sl[ATT_WARPS][ATT_GQ], sacc[ATT_WARPS][ATT_GQ][HD];
+    __shared__ float bm[ATT_GQ], bl[ATT_GQ];
+    __shared__ int last;
 #pragma unroll
-        for (int e = 0; e < EPL; e++) sacc[warp][gl * EPL + e] = acc[e];
+    for (int j = 0; j < ATT_GQ; j++) {
+        if (lane == 0) { sm[warp][j] = m[j]; sl[warp][j] = l[j]; }
+        if (g == 0) {
+#pragma unroll
+            for (int e = 0; e < EPL; e++) sacc[warp][j][gl * EPL + e] = acc[j][e];
+        }
     }
     __syncthreads();
-    float* out = partial + ((u64)(t * n_heads + h) * n_splits + s) * (hd + 2);
-    float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w]);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float a = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) a += sm[w] == -INFINITY ? 0.f : sacc[w][i] * __expf(sm[w] - M);
-        out[2 + i] = a;
+    if (threadIdx.x < nq) {
+        int j = threadIdx.x;
+        float M = -INFINITY, L = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][j]);
+        for (int w = 0; w < ATT_WARPS; w++) L += sm[w][j] == -INFINITY ? 0.f : sl[w][j] * __expf(sm[w][j] - M);
+        bm[j] = M;
+        bl[j] = L;
     }
+    __syncthreads();
+    const int qdim = n_heads * HD, n = nq * HD;
+    float* orow = out + (u64)t * qdim + (u64)h0 * HD;
+    if (ns == 1) {  // one range: the block's result is the output
+        for (int b0 = 0; b0 < n; b0 += 32 * ATT_WARPS) {
+            int i = b0 + threadIdx.x, j = i / HD, e = i % HD;
+            float v = 0.f;
+            if (i < n) {
+                float a = 0.f;
+                for (int w = 0; w < ATT_WARPS; w++)
+                    a += sm[w][j] == -INFINITY ? 0.f : sacc[w][j][e] * __expf(sm[w][j] - bm[j]);
+                v = a / bl[j];
+                orow[i] = v;
+            }
+            if (xq != nullptr && b0 + 32 * warp < n) {
+                u64 c = ((u64)t * qdim + (u64)h0 * HD + b0 + 32 * warp) / 32;
+                quant32(v, xq + 32 * c, xd + c);
+            }
+        }
+        return;
+    }
+    // several ranges: store this one's, and the last block of the (token, group) merges them
+    for (int i = threadIdx.x; i < n; i += 32 * ATT_WARPS) {
+        int j = i / HD, e = i % HD;
+        float a = 0.f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            a += sm[w][j] == -INFINITY ? 0.f : sacc[w][j][e] * __expf(sm[w][j] - bm[j]);
+        partial[(((u64)t * n_heads + h0 + j) * n_splits + s) * (HD + 2) + 2 + e] = a;
+    }
+    if (threadIdx.x < nq) {
+        float* p = partial + (((u64)t * n_heads + h0 + threadIdx.x) * n_splits + s) * (HD + 2);
+        p[0] = bm[threadIdx.x];
+        p[1] = bl[threadIdx.x];
+    }
+    __threadfence();
+    __syncthreads();
     if (threadIdx.x == 0) {
-        float L = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) L += sm[w] == -INFINITY ? 0.f : sl[w] * __expf(sm[w] - M);
-        out[0] = M;
-        out[1] = L;
+        int* c = count + (u64)t * gridDim.x + blockIdx.x;
+        last = atomicAdd(c, 1) == ns - 1;
+        if (last) *c = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int b0 = 0; b0 < n; b0 += 32 * ATT_WARPS) {
+        int i = b0 + threadIdx.x, j = i / HD, e = i % HD;
+        float v = 0.f;
+        if (i < n) {
+            const float* p = partial + ((u64)t * n_heads + h0 + j) * n_splits * (HD + 2);
+            float M = -INFINITY, L = 0.f, a = 0.f;
+            for (int r = 0; r < ns; r++) M = fmaxf(M, __ldcg(p + r * (HD + 2)));
+            for (int r = 0; r < ns; r++) {
+                float mr = __ldcg(p + r * (HD + 2));
+                if (mr == -INFINITY) continue;
+                float f = __expf(mr - M);
+                L += __ldcg(p + r * (HD + 2) + 1) * f;
+                a += __ldcg(p + r * (HD + 2) + 2 + e) * f;
+            }
+            v = a / L;
+            orow[i] = v;
+        }
+        if (xq != nullptr && b0 + 32 * warp < n) {
+            u64 c = ((u64)t * qdim + (u64)h0 * HD + b0 + 32 * warp) / 32;
+            quant32(v, xq + 32 * c, xd + c);
+        }
     }
 }
 
-#define ATTG(EPL)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) attn_split_g##EPL(                            \
-        const float* Q, int n_heads, int n_kv, int hd, const u16* kc, const u16* vc, int block_size, \
-        const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale, float* partial) { GRID_DEP(); \
-        attn_split_g<EPL>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits, scale, partial); \
+// attn_decode_e<EPL>_l<LPP>: head size EPL * LPP. Grid (n_kv * ceil(G / ceil(G / ...)), t,
+// n_splits) as ops.rs computes it (`attn_groups`), 128 threads.
+#define ATTD(EPL, LPP)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128) attn_decode_e##EPL##_l##LPP(                  \
+        const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc, int block_size,         \
+        const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale,            \
+        float* partial, int* count, float* out, i8* xq, float2* xd) { GRID_DEP();                  \
+        attn_decode_g<EPL, LPP>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits, \
+                                scale, partial, count, out, xq, xd);                                 \
     }
-ATTG(2) ATTG(8) ATTG(16) ATTG(32)
+ATTD(2, 8) ATTD(4, 8) ATTD(6, 8) ATTD(8, 8) ATTD(10, 8) ATTD(12, 8) ATTD(14, 8) ATTD(16, 8)
+ATTD(12, 16) ATTD(16, 16)
