@@ -20,6 +20,7 @@
 # qwen3-8b qwen35-0.8b qwen2.5-1.5b), with FLASH_AB=1 pp4096 again with KESTREL_CUDA_FLASH=0
 # (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
 # tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu;
+# AB_ENV="VAR=value": tg128 again with it set (small, big, hybrid);
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
 # `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
@@ -58,6 +59,10 @@ model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
   fi
   [ -s $M ] || { tail -5 /tmp/w/quant-$1.log >&2; return 1; }
   echo $M
+}
+ab() {  # ab MODEL: tg128 again with $AB_ENV set (A/B of a switch in one call), when given
+  [ -n "${AB_ENV:-}" ] && env $AB_ENV $K bench -m $1 -p 0 -n 128 -r 3 --device cuda 2>&1 | grep "| tg" | sed "s/\$/ ($AB_ENV)/"
+  return 0
 }
 concurrent() {  # concurrent MODEL SHAPE: aggregate decode of 1/8/32 sequences through the engine
   $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee $OUT/concurrent-$2.log
@@ -106,6 +111,7 @@ for s in $STAGES; do
       [ $SH = qwen35-0.8b ] && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  " | tee $OUT/parity-$SH.log
       $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
       $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
+      ab $M | tee -a $OUT/bench-$SH.log
       [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
       if [ -n "${SCEN:-}" ]; then  # the serving engine on the GPU: batched decode, agent turns
         concurrent $M $SH
@@ -120,6 +126,7 @@ for s in $STAGES; do
     { [ $s = small ] || [ -n "${PARITY_BIG:-}" ]; } && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  matvec\|^ok  rms\|^ok  qkv\|^ok  att\|^ok  embed\|^ok  deq" | tee $OUT/parity-$SH.log
     $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
     $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
+    ab $M | tee -a $OUT/bench-$SH.log
     [ $s = big ] && [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
     [ -n "${SCEN:-}" ] && concurrent $M $SH
     [ -n "${PROF:-}" ] && profile $M $SH

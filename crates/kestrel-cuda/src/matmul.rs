@@ -15,6 +15,33 @@ use kestrel_models::backend::{Buf, W};
 pub const MVX_MATS: usize = 4;
 
 /// Warps that share one row of the mat-vec: long rows get more loads in flight (units of 64
+
+/// The fused tail of a one-token mat-vec launch (`kernels/matvec.cu`, `mv_tail`): after the
+/// residual add (`nw` set) the next RMSNorm of the updated row into `nout` and 8-bit blocks;
+/// after SwiGLU (`tq` set, `nw` 0) the output's 8-bit blocks. All zero: none.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Tail {
+    pub nw: u64,
+    pub eps: f32,
+    pub nout: u64,
+    pub tq: u64,
+    pub tqd: u64,
+    pub cnt: u64,
+}
+
+impl Tail {
+    fn is_some(&self) -> bool {
+        self.nw != 0 || self.tq != 0
+    }
+}
+
+/// Whether one-token mat-vecs run the fused tails (`KESTREL_CUDA_FUSE=0`: separate norm and
+/// quantize kernels, for A/B figures).
+pub fn fused_tails() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_FUSE").map_or(true, |v| v != "0"))
+}
+
 /// weights for the K-quants, 32 for the others, 8 for f16/f32; a lane takes one at a time).
 pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
     use crate::weights::Kind;
@@ -146,6 +173,7 @@ fn mmq_tile(t: usize) -> usize {
 impl CudaModel {
     /// Runs the deferred mat-vecs (one fused launch for two to four).
     pub(crate) fn flush_mm(&mut self) -> Result<()> {
+        self.flush_add()?;
         let pend = std::mem::take(&mut self.step.mm);
         let Some(x) = self.step.mm_x.take() else {
             return Ok(());
@@ -203,7 +231,7 @@ impl CudaModel {
         let none = (0u64, 0i32, 0i32, 0u64);
         let m = |i: usize| mats.get(i).copied().unwrap_or(none);
         let (a, b, c, d) = (m(0), m(1), m(2), m(3));
-        let (q, qd, ci) = (self.scratch.xq.ptr, self.scratch.xd.ptr, cols as i32);
+        let ((q, qd), ci) = (self.q8_read(), cols as i32);
         let total = (a.1 + b.1 + c.1 + d.1) as usize;
         // SAFETY: as in flush_epilogue.
         unsafe {
@@ -245,7 +273,8 @@ impl CudaModel {
         }
         let (ptr, n) = self.buf(x);
         let f = self.gpu.func("quantize_q")?;
-        let (q, qd, ni) = (self.scratch.xq.ptr, self.scratch.xd.ptr, n as i32);
+        let (q, qd) = self.q8_next();
+        let ni = n as i32;
         // SAFETY: as in flush.
         unsafe {
             self.gpu
@@ -257,7 +286,34 @@ impl CudaModel {
                 .arg(&ni)
                 .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
         }
-        self.step.q8_of = Some(x);
+        self.q8_set(x);
+        Ok(())
+    }
+
+    /// The 8-bit blocks of `step.q8_of` (xq, xd).
+    pub(crate) fn q8_read(&self) -> (u64, u64) {
+        let i = self.step.q8_slot;
+        (self.scratch.xq[i].ptr, self.scratch.xd[i].ptr)
+    }
+
+    /// Where a new quantization writes: the other slot, so a fused tail never overwrites the
+    /// blocks its own grid is still reading.
+    pub(crate) fn q8_next(&self) -> (u64, u64) {
+        let i = 1 - self.step.q8_slot;
+        (self.scratch.xq[i].ptr, self.scratch.xd[i].ptr)
+    }
+
+    /// Records that `b`'s blocks were written to the `q8_next` slot.
+    pub(crate) fn q8_set(&mut self, b: Buf) {
+        self.step.q8_slot = 1 - self.step.q8_slot;
+        self.step.q8_of = Some(b);
+    }
+
+    /// Launches the held-back residual mat-vec, if any, without a tail.
+    pub(crate) fn flush_add(&mut self) -> Result<()> {
+        if let Some((w, x, out)) = self.step.pending_add.take() {
+            self.mm(w, None, x, out, true)?;
+        }
         Ok(())
     }
 
@@ -349,9 +405,15 @@ impl CudaModel {
         }
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
+        let tail = std::mem::take(&mut self.step.tail);
+        if tail.is_some() && (nt != 1 || epi != if tail.nw != 0 { 1 } else { 2 }) {
+            return Err(CudaError::Other(format!(
+                "a fused tail on a {nt}-token mat-vec with epilogue {epi}"
+            )));
+        }
         let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
         let f = self.gpu.func(&name)?;
-        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
+        let (q, qd) = self.q8_read();
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
         unsafe {
@@ -368,6 +430,12 @@ impl CudaModel {
                 .arg(&xp)
                 .arg(&op)
                 .arg(&old)
+                .arg(&tail.nw)
+                .arg(&tail.eps)
+                .arg(&tail.nout)
+                .arg(&tail.tq)
+                .arg(&tail.tqd)
+                .arg(&tail.cnt)
                 .launch(cfg((grid, 1, 1), 128))?;
         }
         Ok(())

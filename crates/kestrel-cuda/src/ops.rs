@@ -221,7 +221,8 @@ impl CudaModel {
         }
     }
 
-    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue.
+    /// Runs what was deferred: a residual mat-vec, the mat-vecs sharing an input, then the
+    /// q/k/v epilogue.
     pub(crate) fn flush(&mut self) -> Result<()> {
         self.flush_mm()?;
         self.flush_epilogue()
@@ -375,6 +376,26 @@ impl Ops for CudaModel {
     }
 
     fn rms_norm(&mut self, x: Buf, w: W, out: Buf) -> Result<()> {
+        if let Some((wm, xm, om)) = self.step.pending_add {
+            let n = self.buf(x).1;
+            if om == x && out != x && self.rows(x) == 1 && n % 32 == 0 {
+                // the norm as the residual mat-vec's tail (kernels/matvec.cu, mv_tail)
+                self.step.pending_add = None;
+                let (tq, tqd) = self.q8_next();
+                self.step.tail = crate::matmul::Tail {
+                    nw: self.vector(w)?,
+                    eps: self.config.rms_eps,
+                    nout: self.buf(out).0,
+                    tq,
+                    tqd,
+                    cnt: self.scratch.tail_count.ptr,
+                };
+                self.mm(wm, None, xm, om, true)?;
+                self.wrote(out);
+                self.q8_set(out);
+                return Ok(());
+            }
+        }
         self.flush()?;
         let (xp, n) = self.buf(x);
         let (op, _) = self.buf(out);
@@ -384,11 +405,7 @@ impl Ops for CudaModel {
             return Ok(());
         }
         let quant = rows <= MATVEC_MAX && n % 32 == 0;
-        let (q, qd) = if quant {
-            (self.scratch.xq.ptr, self.scratch.xd.ptr)
-        } else {
-            (0, 0)
-        };
+        let (q, qd) = if quant { self.q8_next() } else { (0, 0) };
         let (ni, eps) = (n as i32, self.config.rms_eps);
         let f = self.gpu.func("rms_norm_q")?;
         // SAFETY: as in flush.
@@ -409,7 +426,7 @@ impl Ops for CudaModel {
         }
         self.wrote(out);
         if quant {
-            self.step.q8_of = Some(out);
+            self.q8_set(out);
         }
         Ok(())
     }
@@ -472,11 +489,37 @@ impl Ops for CudaModel {
     }
 
     fn matmul_add(&mut self, w: W, x: Buf, out: Buf) -> Result<()> {
+        if self.rows(x) == 1 && crate::matmul::fused_tails() {
+            // held back: a following RMSNorm of `out` runs as its tail (rms_norm)
+            self.flush()?;
+            self.step.pending_add = Some((w, x, out));
+            return Ok(());
+        }
         self.mm(w, None, x, out, true)
     }
 
     fn gate_up_swiglu(&mut self, gate: W, up: W, x: Buf, out: Buf) -> Result<()> {
-        self.mm(gate, Some(up), x, out, false)
+        let (g, u) = (self.matrix(gate)?, self.matrix(up)?);
+        // one token: the kernel also writes the 8-bit blocks the down projection reads
+        let fuse = self.rows(x) == 1
+            && crate::matmul::fused_tails()
+            && g.kind.int8_activations()
+            && g.kind == u.kind
+            && g.rows % 32 == 0;
+        if !fuse {
+            return self.mm(gate, Some(up), x, out, false);
+        }
+        self.flush()?;
+        let (tq, tqd) = self.q8_next();
+        self.step.tail = crate::matmul::Tail {
+            tq,
+            tqd,
+            cnt: self.scratch.tail_count.ptr,
+            ..Default::default()
+        };
+        self.mm(gate, Some(up), x, out, false)?;
+        self.q8_set(out);
+        Ok(())
     }
 
     fn rope(&mut self, x: Buf) -> Result<()> {
@@ -520,7 +563,7 @@ impl Ops for CudaModel {
         let (ns, scale) = (n_splits as i32, 1.0 / (c.head_dim as f32).sqrt());
         // the kernel quantizes whole heads for the output projection: 32-wide blocks
         let quant = t <= MATVEC_MAX && c.head_dim % 32 == 0;
-        let (xq, xd) = if quant { (s.xq.ptr, s.xd.ptr) } else { (0, 0) };
+        let (xq, xd) = if quant { self.q8_next() } else { (0, 0) };
         let groups = attn_groups(c.n_heads, c.n_kv_heads) as u32;
         // SAFETY: as in flush.
         unsafe {
@@ -547,7 +590,7 @@ impl Ops for CudaModel {
         }
         self.wrote(out);
         if quant {
-            self.step.q8_of = Some(out);
+            self.q8_set(out);
         }
         Ok(())
     }

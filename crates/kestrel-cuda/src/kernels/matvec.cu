@@ -171,6 +171,64 @@ __device__ __forceinline__ void mv_finish(float* acc, float* acc2, bool active, 
     }
 }
 
+// The optional fused tail of a one-token mat-vec (TAIL_PARAMS; all null: none), run after the
+// block's rows are stored. It saves the launch (and the L2 round trips) of a separate kernel:
+// - EPI 1 (the residual add) with nw: the grid's last block to finish takes the whole updated
+//   row out[0..rows) (every other block has stored its part) and writes its RMSNorm with
+//   weight nw to nout and as 8-bit blocks to tq / tqd: the next layer's input.
+// - EPI 2 (SwiGLU) with tq: the last block to store into a 32-row chunk quantizes that chunk
+//   (rows per block RPB divide 32) into tq / tqd: the down projection's input.
+// cnt holds the counters (cnt[0] for the norm, cnt[1 + chunk] for the chunks), zero between
+// launches: the block that completes one resets it. tq / tqd never alias the blocks this
+// grid reads (the host alternates two slots).
+#define TAIL_PARAMS , const float* nw, float eps, float* nout, i8* tq, float2* tqd, int* cnt
+#define TAIL_ARGS , nw, eps, nout, tq, tqd, cnt
+
+template <int EPI, int RPB>
+__device__ __forceinline__ void mv_tail(const float* out, int rows, const float* nw, float eps, float* nout,
+                                        i8* tq, float2* tqd, int* cnt) {
+    if (!((EPI == 1 && nw != nullptr) || (EPI == 2 && tq != nullptr))) return;
+    __shared__ int last;
+    const int chunk = blockIdx.x * RPB / 32;
+    int* c = EPI == 1 ? cnt : cnt + 1 + chunk;
+    int blocks = EPI == 1 ? (int)gridDim.x : (min(32, rows - 32 * chunk) + RPB - 1) / RPB;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(c, 1) == blocks - 1;
+        if (last) *c = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw4 = blockDim.x >> 5;
+    if (EPI == 2) {
+        if (warp == 0) {
+            int i = 32 * chunk + lane;
+            float v = i < rows ? __ldcg(out + i) : 0.f;
+            quant32(v, tq + 32 * chunk, tqd + chunk);
+        }
+        return;
+    }
+    float s4[4] = {0.f, 0.f, 0.f, 0.f};
+    int i = threadIdx.x;
+    for (; i + 3 * (int)blockDim.x < rows; i += 4 * blockDim.x) {
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = __ldcg(out + i + j * blockDim.x);
+#pragma unroll
+        for (int j = 0; j < 4; j++) s4[j] += v[j] * v[j];
+    }
+    for (; i < rows; i += blockDim.x) { float v = __ldcg(out + i); s4[0] += v * v; }
+    float scale = rsqrtf(block_sum((s4[0] + s4[1]) + (s4[2] + s4[3])) / (float)rows + eps);
+    for (int base = 32 * warp; base < rows; base += 32 * nw4) {
+        int k = base + lane;
+        float v = k < rows ? __ldcg(out + k) * scale * nw[k] : 0.f;
+        if (k < rows) nout[k] = v;
+        quant32(v, tq + base, tqd + base / 32);
+    }
+}
+
 // WPR warps share one row (long rows: more loads in flight per row, shorter chains).
 template <int TY, int NT, int EPI, int WPR>
 __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
@@ -293,12 +351,13 @@ __device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8
 #define MVH1(NAME, TY, EPI, R)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
+        const float* xf, float* out, int old TAIL_PARAMS) {                                      \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
         prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
         GRID_DEP();                                                                              \
         half_rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                         \
+        mv_tail<EPI, 8 * R>(out, rows TAIL_ARGS);                                                \
     }
 #define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
     MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
@@ -311,12 +370,13 @@ MVH(q6_k, T_Q6_K)
 #define MVR1(NAME, TY, EPI, R)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
+        const float* xf, float* out, int old TAIL_PARAMS) {                                      \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
         prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
         GRID_DEP();                                                                              \
         rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                              \
+        mv_tail<EPI, 4 * R>(out, rows TAIL_ARGS);                                                \
     }
 #define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
     MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
@@ -376,14 +436,16 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
 #define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) { GRID_DEP();                                                  \
+        const float* xf, float* out, int old TAIL_PARAMS) { GRID_DEP();                          \
         mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, out, old);                        \
+        if (NT == 1) mv_tail<EPI, 4 / WPR>(out, rows TAIL_ARGS);                                 \
     }
 #define MVF1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) { GRID_DEP();                                                  \
+        const float* xf, float* out, int old TAIL_PARAMS) { GRID_DEP();                          \
         mv_f<TY, NT, EPI, WPR>(W, W2, rows, cols, xf, xld, out, old);                            \
+        if (NT == 1) mv_tail<EPI, 4 / WPR>(out, rows TAIL_ARGS);                                 \
     }
 #define MVQ(NAME, TY, NT, EPI) MVQ1(NAME, TY, NT, EPI, 1) MVQ1(NAME, TY, NT, EPI, 2) MVQ1(NAME, TY, NT, EPI, 4)
 #define MVF(NAME, TY, NT, EPI) MVF1(NAME, TY, NT, EPI, 1) MVF1(NAME, TY, NT, EPI, 4)
