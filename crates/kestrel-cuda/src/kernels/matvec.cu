@@ -292,11 +292,13 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
 // Before it waits on the previous kernel (GRID_DEP), a one-token mat-vec starts pulling the
 // first 512 bytes of each of its n rows from row0 into L2: weights never depend on an earlier
 // kernel, and the DRAM latency of the first loads then overlaps the previous kernel's tail.
+__constant__ int c_prefetch_rows;  // set at load (device.rs): 1 = whole rows
+
 template <int TY>
 __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, int row0, int n) {
     int lane = threadIdx.x & 31;
     u64 rb = (u64)(cols / Blk<TY>::QK) * Blk<TY>::A;
-    int lines = (int)min((rb + 127) / 128, (u64)4);
+    int lines = (int)min((rb + 127) / 128, c_prefetch_rows ? (u64)1 << 20 : (u64)4);
     for (int i = lane; i < n * lines; i += 32) {
         u64 r = (u64)min(row0 + i / lines, rows - 1);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r * rb + (u64)(i % lines) * 128));
@@ -436,7 +438,13 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
 #define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old TAIL_PARAMS) { GRID_DEP();                          \
+        const float* xf, float* out, int old TAIL_PARAMS) {                                      \
+        if (NT == 1 && (threadIdx.x >> 5) % WPR == 0) {                                          \
+            int row = blockIdx.x * (4 / WPR) + (threadIdx.x >> 5) / WPR;                         \
+            prefetch_rows<TY>(W, rows, cols, row, 1);                                            \
+            if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row, 1);                             \
+        }                                                                                        \
+        GRID_DEP();                                                                              \
         mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, out, old);                        \
         if (NT == 1) mv_tail<EPI, 4 / WPR>(out, rows TAIL_ARGS);                                 \
     }
