@@ -305,6 +305,19 @@ __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, i
     }
 }
 
+// prefetch_rows for a type known at run time (the fused mat-vecs' matrices); f32 / f16 rows
+// are not prefetched.
+__device__ __forceinline__ void prefetch_rows_ty(int ty, const u8* W, int rows, int cols, int row0, int n) {
+    switch (ty) {
+    case T_Q4_0: prefetch_rows<T_Q4_0>(W, rows, cols, row0, n); break;
+    case T_Q5_0: prefetch_rows<T_Q5_0>(W, rows, cols, row0, n); break;
+    case T_Q8_0: prefetch_rows<T_Q8_0>(W, rows, cols, row0, n); break;
+    case T_Q4_K: prefetch_rows<T_Q4_K>(W, rows, cols, row0, n); break;
+    case T_Q6_K: prefetch_rows<T_Q6_K>(W, rows, cols, row0, n); break;
+    default: break;
+    }
+}
+
 // One token, short rows: a K-quant row of 1024 columns is 16 units, so a warp per row leaves
 // half its lanes idle (every mat-vec of a 1024-wide model, the 248k-row output included). Here
 // each half-warp takes rows instead: lane l of half h takes units l, l + 16, ... of rows
@@ -514,7 +527,8 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
 }
 
 // One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
-// lie in one matrix when every matrix's row count is a multiple of R (the host checks).
+// lie in one matrix when every matrix's row count is a multiple of R (the host checks). Its rows
+// go to L2 before the wait on the previous kernel (GRID_DEP), as in the single mat-vecs.
 template <int R>
 __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
@@ -529,6 +543,8 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
+    prefetch_rows_ty(ty, W, rows, cols, row, R);
+    GRID_DEP();
     switch (ty) {
     case T_Q4_0: rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q5_0: rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
@@ -557,6 +573,8 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
+    prefetch_rows_ty(ty, W, rows, cols, row, 2 * R);
+    GRID_DEP();
     switch (ty) {
     case T_Q4_0: half_rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q5_0: half_rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
@@ -570,7 +588,7 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
         mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
     }
 MVXH(1) MVXH(2)
@@ -579,7 +597,7 @@ MVXH(1) MVXH(2)
     extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
         mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
 MVXR(2) MVXR(4)
