@@ -20,7 +20,7 @@
 # qwen3-8b qwen35-0.8b qwen2.5-1.5b), with FLASH_AB=1 pp4096 again with KESTREL_CUDA_FLASH=0
 # (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
 # tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu;
-# AB_ENV="VAR=value,VAR2=value": tg128 again with each set (small, big, hybrid);
+# AB_ENV="VAR=value,VAR2=value+VAR3=value": tg128 again with each setting (small, big, hybrid);
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
 # `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
@@ -63,7 +63,7 @@ model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
 ab() {  # ab MODEL: tg128 again with each comma-separated setting of $AB_ENV (A/B in one call)
   local e
   for e in $(echo "${AB_ENV:-}" | tr ',' ' '); do
-    env $e $K bench -m $1 -p 0 -n 128 -r 3 --device cuda 2>&1 | grep "| tg" | sed "s/\$/ ($e)/"
+    env $(echo $e | tr '+' ' ') $K bench -m $1 -p 0 -n 128 -r 3 --device cuda 2>&1 | grep "| tg" | sed "s/\$/ ($e)/"
   done
   return 0
 }

@@ -375,12 +375,17 @@ fn blas_ok(s: bsys::cublasStatus_t, what: &str) -> Result<()> {
 }
 
 /// How much of its rows a one-token mat-vec pulls into L2 before it waits on the previous
-/// kernel (`kernels/matvec.cu`, `prefetch_rows`): the first 512 bytes of each, or with
-/// `KESTREL_CUDA_PREFETCH=rows` the whole rows (A/B figures).
+/// kernel (`kernels/matvec.cu`, `prefetch_rows`; decode attention its first K/V rows): the
+/// first 512 bytes of each, or with `KESTREL_CUDA_PREFETCH=rows` the whole rows, `=off`
+/// nothing (A/B figures).
 fn set_prefetch(module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Result<()> {
-    let whole = std::env::var("KESTREL_CUDA_PREFETCH").is_ok_and(|v| v == "rows");
+    let mode: i32 = match std::env::var("KESTREL_CUDA_PREFETCH").as_deref() {
+        Ok("rows") => 1,
+        Ok("off") => 2,
+        _ => 0,
+    };
     let mut sym = module.get_global("c_prefetch_rows", stream)?;
-    stream.memcpy_htod(&(whole as i32).to_le_bytes(), &mut sym)?;
+    stream.memcpy_htod(&mode.to_le_bytes(), &mut sym)?;
     stream.synchronize()?;
     Ok(())
 }

@@ -16,14 +16,10 @@ pub const MVX_MATS: usize = 4;
 
 /// Warps that share one row of the mat-vec: long rows get more loads in flight (units of 64
 
-/// The fused tail of a one-token mat-vec launch (`kernels/matvec.cu`, `mv_tail`): after the
-/// residual add (`nw` set) the next RMSNorm of the updated row into `nout` and 8-bit blocks;
-/// after SwiGLU (`tq` set, `nw` 0) the output's 8-bit blocks. All zero: none.
+/// The fused tail of a one-token SwiGLU mat-vec launch (`kernels/matvec.cu`, `mv_tail`): the
+/// output's 8-bit blocks at `tq` / `tqd`, counters at `cnt`. All zero: none.
 #[derive(Default, Clone, Copy, Debug)]
 pub struct Tail {
-    pub nw: u64,
-    pub eps: f32,
-    pub nout: u64,
     pub tq: u64,
     pub tqd: u64,
     pub cnt: u64,
@@ -31,12 +27,12 @@ pub struct Tail {
 
 impl Tail {
     fn is_some(&self) -> bool {
-        self.nw != 0 || self.tq != 0
+        self.tq != 0
     }
 }
 
-/// Whether one-token mat-vecs run the fused tails (`KESTREL_CUDA_FUSE=0`: separate norm and
-/// quantize kernels, for A/B figures).
+/// Whether one-token SwiGLU mat-vecs quantize their output as a fused tail
+/// (`KESTREL_CUDA_FUSE=0`: a separate quantize kernel, for A/B figures).
 pub fn fused_tails() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("KESTREL_CUDA_FUSE").map_or(true, |v| v != "0"))
@@ -77,7 +73,8 @@ pub fn rows_per_warp(rows: usize, exact: bool) -> usize {
 
 /// Warps per row of a one-token mat-vec with fewer than [`ROW_GROUP_WARPS`] rows (the down
 /// projections of 1024-1536-wide models): long rows shared by 2 or 4 warps until that many
-/// warps run, each keeping at least one unit per lane; 1 otherwise (row groups).
+/// warps run, each keeping at least one unit per lane; 1 otherwise (row groups), and with
+/// `KESTREL_CUDA_FEWROWS=0` (A/B figures).
 pub fn few_rows_wpr(kind: crate::weights::Kind, rows: usize, cols: usize) -> usize {
     use crate::weights::Kind;
     let units = cols
@@ -85,6 +82,10 @@ pub fn few_rows_wpr(kind: crate::weights::Kind, rows: usize, cols: usize) -> usi
             Kind::Q4K | Kind::Q6K => 64,
             _ => 32,
         };
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("KESTREL_CUDA_FEWROWS").map_or(true, |v| v != "0")) {
+        return 1;
+    }
     let mut w = 1;
     while w < 4 && rows * w < ROW_GROUP_WARPS && units >= 32 * w {
         w *= 2;
@@ -197,7 +198,6 @@ fn mmq_tile(t: usize) -> usize {
 impl CudaModel {
     /// Runs the deferred mat-vecs (one fused launch for two to four).
     pub(crate) fn flush_mm(&mut self) -> Result<()> {
-        self.flush_add()?;
         let pend = std::mem::take(&mut self.step.mm);
         let Some(x) = self.step.mm_x.take() else {
             return Ok(());
@@ -333,14 +333,6 @@ impl CudaModel {
         self.step.q8_of = Some(b);
     }
 
-    /// Launches the held-back residual mat-vec, if any, without a tail.
-    pub(crate) fn flush_add(&mut self) -> Result<()> {
-        if let Some((w, x, out)) = self.step.pending_add.take() {
-            self.mm(w, None, x, out, true)?;
-        }
-        Ok(())
-    }
-
     /// Makes the f16 copy of `x` current (the GEMM path).
     pub(crate) fn to_f16(&mut self, x: Buf) -> Result<()> {
         if self.step.f16_of == Some(x) {
@@ -430,7 +422,7 @@ impl CudaModel {
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
         let tail = std::mem::take(&mut self.step.tail);
-        if tail.is_some() && (nt != 1 || epi != if tail.nw != 0 { 1 } else { 2 }) {
+        if tail.is_some() && (nt != 1 || epi != 2) {
             return Err(CudaError::Other(format!(
                 "a fused tail on a {nt}-token mat-vec with epilogue {epi}"
             )));
@@ -454,9 +446,6 @@ impl CudaModel {
                 .arg(&xp)
                 .arg(&op)
                 .arg(&old)
-                .arg(&tail.nw)
-                .arg(&tail.eps)
-                .arg(&tail.nout)
                 .arg(&tail.tq)
                 .arg(&tail.tqd)
                 .arg(&tail.cnt)

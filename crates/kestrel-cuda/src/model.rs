@@ -409,10 +409,7 @@ pub struct StepState {
     pub mm_x: Option<Buf>,
     /// The 8-bit slot (`Scratch::xq` / `xd`) holding `q8_of`'s blocks.
     pub q8_slot: usize,
-    /// A one-token residual mat-vec (`matmul_add`: weight, input, output) held back so the
-    /// RMSNorm that follows can run as its tail.
-    pub pending_add: Option<(kestrel_models::backend::W, Buf, Buf)>,
-    /// The tail the next one-token mat-vec launch runs (`kernels/matvec.cu`, `mv_tail`).
+    /// The tail the next one-token SwiGLU mat-vec launch runs (`kernels/matvec.cu`, `mv_tail`).
     pub tail: crate::matmul::Tail,
 }
 

@@ -221,8 +221,7 @@ impl CudaModel {
         }
     }
 
-    /// Runs what was deferred: a residual mat-vec, the mat-vecs sharing an input, then the
-    /// q/k/v epilogue.
+    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue.
     pub(crate) fn flush(&mut self) -> Result<()> {
         self.flush_mm()?;
         self.flush_epilogue()
@@ -376,26 +375,6 @@ impl Ops for CudaModel {
     }
 
     fn rms_norm(&mut self, x: Buf, w: W, out: Buf) -> Result<()> {
-        if let Some((wm, xm, om)) = self.step.pending_add {
-            let n = self.buf(x).1;
-            if om == x && out != x && self.rows(x) == 1 && n % 32 == 0 {
-                // the norm as the residual mat-vec's tail (kernels/matvec.cu, mv_tail)
-                self.step.pending_add = None;
-                let (tq, tqd) = self.q8_next();
-                self.step.tail = crate::matmul::Tail {
-                    nw: self.vector(w)?,
-                    eps: self.config.rms_eps,
-                    nout: self.buf(out).0,
-                    tq,
-                    tqd,
-                    cnt: self.scratch.tail_count.ptr,
-                };
-                self.mm(wm, None, xm, om, true)?;
-                self.wrote(out);
-                self.q8_set(out);
-                return Ok(());
-            }
-        }
         self.flush()?;
         let (xp, n) = self.buf(x);
         let (op, _) = self.buf(out);
@@ -489,12 +468,6 @@ impl Ops for CudaModel {
     }
 
     fn matmul_add(&mut self, w: W, x: Buf, out: Buf) -> Result<()> {
-        if self.rows(x) == 1 && crate::matmul::fused_tails() {
-            // held back: a following RMSNorm of `out` runs as its tail (rms_norm)
-            self.flush()?;
-            self.step.pending_add = Some((w, x, out));
-            return Ok(());
-        }
         self.mm(w, None, x, out, true)
     }
 
@@ -515,7 +488,6 @@ impl Ops for CudaModel {
             tq,
             tqd,
             cnt: self.scratch.tail_count.ptr,
-            ..Default::default()
         };
         self.mm(gate, Some(up), x, out, false)?;
         self.q8_set(out);

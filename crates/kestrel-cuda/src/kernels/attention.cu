@@ -67,7 +67,7 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     const u64 col = (u64)kvh * HD + gl * EPL;
     // positions, tables and the cache rows of earlier steps do not depend on the previous
     // kernel: pull this lane group's first two rows into L2 before waiting on it
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 2 && c_prefetch_rows != 2; k++) {
         int p = p0 + 2 * PPG * warp + k * PPG + g;
         if (p < p1) {
             u64 r = (u64)tbl[p / block_size] * block_size + p % block_size;

@@ -171,27 +171,23 @@ __device__ __forceinline__ void mv_finish(float* acc, float* acc2, bool active, 
     }
 }
 
-// The optional fused tail of a one-token mat-vec (TAIL_PARAMS; all null: none), run after the
-// block's rows are stored. It saves the launch (and the L2 round trips) of a separate kernel:
-// - EPI 1 (the residual add) with nw: the grid's last block to finish takes the whole updated
-//   row out[0..rows) (every other block has stored its part) and writes its RMSNorm with
-//   weight nw to nout and as 8-bit blocks to tq / tqd: the next layer's input.
-// - EPI 2 (SwiGLU) with tq: the last block to store into a 32-row chunk quantizes that chunk
-//   (rows per block RPB divide 32) into tq / tqd: the down projection's input.
-// cnt holds the counters (cnt[0] for the norm, cnt[1 + chunk] for the chunks), zero between
-// launches: the block that completes one resets it. tq / tqd never alias the blocks this
-// grid reads (the host alternates two slots).
-#define TAIL_PARAMS , const float* nw, float eps, float* nout, i8* tq, float2* tqd, int* cnt
-#define TAIL_ARGS , nw, eps, nout, tq, tqd, cnt
+// The optional fused tail of a one-token SwiGLU mat-vec (EPI 2, TAIL_PARAMS; null: none), run
+// after the block's rows are stored: the last block to store into a 32-row chunk (rows per
+// block RPB divide 32) quantizes that chunk into tq / tqd, the down projection's input, saving
+// a separate quantize launch. cnt[chunk] counts the chunk's blocks, zero between launches (the
+// completing block resets it). tq / tqd never alias the blocks this grid reads (the host
+// alternates two slots). (A grid-last block running the next RMSNorm after the residual add
+// was tried on 2026-12-03: its serial pass over the whole row made decode 17-22% slower.)
+#define TAIL_PARAMS , i8* tq, float2* tqd, int* cnt
+#define TAIL_ARGS , tq, tqd, cnt
 
 template <int EPI, int RPB>
-__device__ __forceinline__ void mv_tail(const float* out, int rows, const float* nw, float eps, float* nout,
-                                        i8* tq, float2* tqd, int* cnt) {
-    if (!((EPI == 1 && nw != nullptr) || (EPI == 2 && tq != nullptr))) return;
+__device__ __forceinline__ void mv_tail(const float* out, int rows, i8* tq, float2* tqd, int* cnt) {
+    if (EPI != 2 || tq == nullptr) return;
     __shared__ int last;
     const int chunk = blockIdx.x * RPB / 32;
-    int* c = EPI == 1 ? cnt : cnt + 1 + chunk;
-    int blocks = EPI == 1 ? (int)gridDim.x : (min(32, rows - 32 * chunk) + RPB - 1) / RPB;
+    int* c = cnt + chunk;
+    int blocks = (min(32, rows - 32 * chunk) + RPB - 1) / RPB;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -201,31 +197,10 @@ __device__ __forceinline__ void mv_tail(const float* out, int rows, const float*
     __syncthreads();
     if (!last) return;
     __threadfence();
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw4 = blockDim.x >> 5;
-    if (EPI == 2) {
-        if (warp == 0) {
-            int i = 32 * chunk + lane;
-            float v = i < rows ? __ldcg(out + i) : 0.f;
-            quant32(v, tq + 32 * chunk, tqd + chunk);
-        }
-        return;
-    }
-    float s4[4] = {0.f, 0.f, 0.f, 0.f};
-    int i = threadIdx.x;
-    for (; i + 3 * (int)blockDim.x < rows; i += 4 * blockDim.x) {
-        float v[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = __ldcg(out + i + j * blockDim.x);
-#pragma unroll
-        for (int j = 0; j < 4; j++) s4[j] += v[j] * v[j];
-    }
-    for (; i < rows; i += blockDim.x) { float v = __ldcg(out + i); s4[0] += v * v; }
-    float scale = rsqrtf(block_sum((s4[0] + s4[1]) + (s4[2] + s4[3])) / (float)rows + eps);
-    for (int base = 32 * warp; base < rows; base += 32 * nw4) {
-        int k = base + lane;
-        float v = k < rows ? __ldcg(out + k) * scale * nw[k] : 0.f;
-        if (k < rows) nout[k] = v;
-        quant32(v, tq + base, tqd + base / 32);
+    if ((threadIdx.x >> 5) == 0) {
+        int i = 32 * chunk + (threadIdx.x & 31);
+        float v = i < rows ? __ldcg(out + i) : 0.f;
+        quant32(v, tq + 32 * chunk, tqd + chunk);
     }
 }
 
@@ -292,10 +267,11 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
 // Before it waits on the previous kernel (GRID_DEP), a one-token mat-vec starts pulling the
 // first 512 bytes of each of its n rows from row0 into L2: weights never depend on an earlier
 // kernel, and the DRAM latency of the first loads then overlaps the previous kernel's tail.
-__constant__ int c_prefetch_rows;  // set at load (device.rs): 1 = whole rows
+__constant__ int c_prefetch_rows;  // set at load (device.rs): 0 = 512 bytes, 1 = rows, 2 = none
 
 template <int TY>
 __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, int row0, int n) {
+    if (c_prefetch_rows == 2) return;
     int lane = threadIdx.x & 31;
     u64 rb = (u64)(cols / Blk<TY>::QK) * Blk<TY>::A;
     int lines = (int)min((rb + 127) / 128, c_prefetch_rows ? (u64)1 << 20 : (u64)4);
