@@ -4,7 +4,10 @@
 //!
 //! Fusions the recipe does not see:
 //! - RMSNorm writes the 8-bit activation blocks the next mat-vec reads (no separate pass);
-//!   attention's combine step does the same for the output projection.
+//!   decode attention's merging block does the same for the output projection, and the
+//!   one-token SwiGLU mat-vec for the down projection (`mv_tail`). Those blocks alternate
+//!   between two slots (`q8_next` / `q8_set`), so a fused writer never overwrites what the
+//!   grid it runs in still reads.
 //! - Bias, q/k norm, RoPE and the KV write are recorded and run as one kernel
 //!   (`qkv_epilogue`) when the next other operation arrives.
 //! - The residual add is the mat-vec's epilogue (`matmul_add`), SwiGLU the gate/up mat-vec's.
