@@ -126,7 +126,6 @@ impl Gpu {
         let (bin, cached) = compile::cubin(&arch)?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin))?;
         let kernels_ms = t.elapsed().as_secs_f64() * 1e3;
-        set_prefetch(&module, &stream)?;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .unwrap_or(1) as u32;
@@ -372,20 +371,4 @@ fn blas_ok(s: bsys::cublasStatus_t, what: &str) -> Result<()> {
     } else {
         Err(CudaError::Blas(format!("{what}: {s:?}")))
     }
-}
-
-/// How much of its rows a one-token mat-vec pulls into L2 before it waits on the previous
-/// kernel (`kernels/matvec.cu`, `prefetch_rows`; decode attention its first K/V rows): the
-/// first 512 bytes of each, or with `KESTREL_CUDA_PREFETCH=rows` the whole rows, `=off`
-/// nothing (A/B figures).
-fn set_prefetch(module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Result<()> {
-    let mode: i32 = match std::env::var("KESTREL_CUDA_PREFETCH").as_deref() {
-        Ok("rows") => 1,
-        Ok("off") => 2,
-        _ => 0,
-    };
-    let mut sym = module.get_global("c_prefetch_rows", stream)?;
-    stream.memcpy_htod(&mode.to_le_bytes(), &mut sym)?;
-    stream.synchronize()?;
-    Ok(())
 }

@@ -15,29 +15,6 @@ use kestrel_models::backend::{Buf, W};
 pub const MVX_MATS: usize = 4;
 
 /// Warps that share one row of the mat-vec: long rows get more loads in flight (units of 64
-
-/// The fused tail of a one-token SwiGLU mat-vec launch (`kernels/matvec.cu`, `mv_tail`): the
-/// output's 8-bit blocks at `tq` / `tqd`, counters at `cnt`. All zero: none.
-#[derive(Default, Clone, Copy, Debug)]
-pub struct Tail {
-    pub tq: u64,
-    pub tqd: u64,
-    pub cnt: u64,
-}
-
-impl Tail {
-    fn is_some(&self) -> bool {
-        self.tq != 0
-    }
-}
-
-/// Whether one-token SwiGLU mat-vecs quantize their output as a fused tail
-/// (`KESTREL_CUDA_FUSE=0`: a separate quantize kernel, for A/B figures).
-pub fn fused_tails() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_FUSE").map_or(true, |v| v != "0"))
-}
-
 /// weights for the K-quants, 32 for the others, 8 for f16/f32; a lane takes one at a time).
 pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
     use crate::weights::Kind;
@@ -69,28 +46,6 @@ pub fn rows_per_warp(rows: usize, exact: bool) -> usize {
     } else {
         1
     }
-}
-
-/// Warps per row of a one-token mat-vec with fewer than [`ROW_GROUP_WARPS`] rows (the down
-/// projections of 1024-1536-wide models): long rows shared by 2 or 4 warps until that many
-/// warps run, each keeping at least one unit per lane; 1 otherwise (row groups), and with
-/// `KESTREL_CUDA_FEWROWS=0` (A/B figures).
-pub fn few_rows_wpr(kind: crate::weights::Kind, rows: usize, cols: usize) -> usize {
-    use crate::weights::Kind;
-    let units = cols
-        / match kind {
-            Kind::Q4K | Kind::Q6K => 64,
-            _ => 32,
-        };
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("KESTREL_CUDA_FEWROWS").map_or(true, |v| v != "0")) {
-        return 1;
-    }
-    let mut w = 1;
-    while w < 4 && rows * w < ROW_GROUP_WARPS && units >= 32 * w {
-        w *= 2;
-    }
-    w
 }
 
 /// Whether a one-token mat-vec over `cols` columns of `kind` should give each row a half-warp:
@@ -134,13 +89,6 @@ pub fn matvec_kernel(
         );
     }
     if nt == 1 && kind.int8_activations() && epi != 2 {
-        let w = few_rows_wpr(kind, rows, cols);
-        if w > 1 {
-            return (
-                format!("mv_{}_1_{epi}_{w}", kind.name()),
-                rows.div_ceil(4 / w) as u32,
-            );
-        }
         let r = rows_per_warp(rows, false);
         return (
             format!("mv_{}_1_{epi}_r{r}", kind.name()),
@@ -255,7 +203,7 @@ impl CudaModel {
         let none = (0u64, 0i32, 0i32, 0u64);
         let m = |i: usize| mats.get(i).copied().unwrap_or(none);
         let (a, b, c, d) = (m(0), m(1), m(2), m(3));
-        let ((q, qd), ci) = (self.q8_read(), cols as i32);
+        let (q, qd, ci) = (self.scratch.xq.ptr, self.scratch.xd.ptr, cols as i32);
         let total = (a.1 + b.1 + c.1 + d.1) as usize;
         // SAFETY: as in flush_epilogue.
         unsafe {
@@ -297,8 +245,7 @@ impl CudaModel {
         }
         let (ptr, n) = self.buf(x);
         let f = self.gpu.func("quantize_q")?;
-        let (q, qd) = self.q8_next();
-        let ni = n as i32;
+        let (q, qd, ni) = (self.scratch.xq.ptr, self.scratch.xd.ptr, n as i32);
         // SAFETY: as in flush.
         unsafe {
             self.gpu
@@ -310,27 +257,8 @@ impl CudaModel {
                 .arg(&ni)
                 .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
         }
-        self.q8_set(x);
+        self.step.q8_of = Some(x);
         Ok(())
-    }
-
-    /// The 8-bit blocks of `step.q8_of` (xq, xd).
-    pub(crate) fn q8_read(&self) -> (u64, u64) {
-        let i = self.step.q8_slot;
-        (self.scratch.xq[i].ptr, self.scratch.xd[i].ptr)
-    }
-
-    /// Where a new quantization writes: the other slot, so a fused tail never overwrites the
-    /// blocks its own grid is still reading.
-    pub(crate) fn q8_next(&self) -> (u64, u64) {
-        let i = 1 - self.step.q8_slot;
-        (self.scratch.xq[i].ptr, self.scratch.xd[i].ptr)
-    }
-
-    /// Records that `b`'s blocks were written to the `q8_next` slot.
-    pub(crate) fn q8_set(&mut self, b: Buf) {
-        self.step.q8_slot = 1 - self.step.q8_slot;
-        self.step.q8_of = Some(b);
     }
 
     /// Makes the f16 copy of `x` current (the GEMM path).
@@ -421,15 +349,9 @@ impl CudaModel {
         }
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
-        let tail = std::mem::take(&mut self.step.tail);
-        if tail.is_some() && (nt != 1 || epi != 2) {
-            return Err(CudaError::Other(format!(
-                "a fused tail on a {nt}-token mat-vec with epilogue {epi}"
-            )));
-        }
         let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
         let f = self.gpu.func(&name)?;
-        let (q, qd) = self.q8_read();
+        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
         unsafe {
@@ -446,9 +368,6 @@ impl CudaModel {
                 .arg(&xp)
                 .arg(&op)
                 .arg(&old)
-                .arg(&tail.tq)
-                .arg(&tail.tqd)
-                .arg(&tail.cnt)
                 .launch(cfg((grid, 1, 1), 128))?;
         }
         Ok(())

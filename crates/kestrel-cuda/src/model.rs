@@ -212,11 +212,8 @@ pub struct Scratch {
     pub alpha: DevBuf,
     pub beta: DevBuf,
     pub delta: DevBuf,
-    /// Two slots of 8-bit activation blocks (`q8_read` / `q8_next` in matmul.rs).
-    pub xq: [DevBuf; 2],
-    pub xd: [DevBuf; 2],
-    /// Counters of the mat-vecs' fused tails (`kernels/matvec.cu`, `mv_tail`); zero between steps.
-    pub tail_count: DevBuf,
+    pub xq: DevBuf,
+    pub xd: DevBuf,
     /// The mat-mat's 8-bit copy (`kernels/mmq.cu`: piece-major, up to MMQ_MAX tokens).
     pub xqt: DevBuf,
     pub xdt: DevBuf,
@@ -297,7 +294,7 @@ impl Scratch {
                 + 2 * cfg.ffn_dim
                 + cfg.vocab_size
                 + hybrid_floats(cfg)) as u64;
-        let q8 = (2 * MATVEC_MAX + MMQ_MAX) as u64 * widest * 3 + 4 * (widest as u64 / 32 + 2);
+        let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3;
         let act16 = t * widest * 2;
         let partial = (Self::partial_floats(cfg) + MATVEC_MAX * cfg.n_heads) as u64 * 4;
         4 * f32s
@@ -345,12 +342,8 @@ impl Scratch {
             alpha: f(t * nv)?,
             beta: f(t * nv)?,
             delta: f(t * vd)?,
-            xq: [f(MATVEC_MAX * widest / 4 + 4)?, f(MATVEC_MAX * widest / 4 + 4)?],
-            xd: [
-                f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
-                f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
-            ],
-            tail_count: f(widest.div_ceil(32) + 2)?,
+            xq: f(MATVEC_MAX * widest / 4 + 4)?,
+            xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
             xqt: f(MMQ_MAX * widest / 4 + 4)?,
             xdt: f(MMQ_MAX * widest.div_ceil(32) * 2 + 2)?,
             act16: gpu.alloc(t * widest * 2)?,
@@ -407,10 +400,6 @@ pub struct StepState {
     /// Mat-vecs deferred to run as one launch, and their shared input.
     pub mm: Vec<(kestrel_models::backend::W, Buf)>,
     pub mm_x: Option<Buf>,
-    /// The 8-bit slot (`Scratch::xq` / `xd`) holding `q8_of`'s blocks.
-    pub q8_slot: usize,
-    /// The tail the next one-token SwiGLU mat-vec launch runs (`kernels/matvec.cu`, `mv_tail`).
-    pub tail: crate::matmul::Tail,
 }
 
 /// One sequence's share of a step (as the engine's `SeqStep`).

@@ -4,10 +4,7 @@
 //!
 //! Fusions the recipe does not see:
 //! - RMSNorm writes the 8-bit activation blocks the next mat-vec reads (no separate pass);
-//!   decode attention's merging block does the same for the output projection, and the
-//!   one-token SwiGLU mat-vec for the down projection (`mv_tail`). Those blocks alternate
-//!   between two slots (`q8_next` / `q8_set`), so a fused writer never overwrites what the
-//!   grid it runs in still reads.
+//!   attention's combine step does the same for the output projection.
 //! - Bias, q/k norm, RoPE and the KV write are recorded and run as one kernel
 //!   (`qkv_epilogue`) when the next other operation arrives.
 //! - The residual add is the mat-vec's epilogue (`matmul_add`), SwiGLU the gate/up mat-vec's.
@@ -387,7 +384,11 @@ impl Ops for CudaModel {
             return Ok(());
         }
         let quant = rows <= MATVEC_MAX && n % 32 == 0;
-        let (q, qd) = if quant { self.q8_next() } else { (0, 0) };
+        let (q, qd) = if quant {
+            (self.scratch.xq.ptr, self.scratch.xd.ptr)
+        } else {
+            (0, 0)
+        };
         let (ni, eps) = (n as i32, self.config.rms_eps);
         let f = self.gpu.func("rms_norm_q")?;
         // SAFETY: as in flush.
@@ -408,7 +409,7 @@ impl Ops for CudaModel {
         }
         self.wrote(out);
         if quant {
-            self.q8_set(out);
+            self.step.q8_of = Some(out);
         }
         Ok(())
     }
@@ -475,26 +476,7 @@ impl Ops for CudaModel {
     }
 
     fn gate_up_swiglu(&mut self, gate: W, up: W, x: Buf, out: Buf) -> Result<()> {
-        let (g, u) = (self.matrix(gate)?, self.matrix(up)?);
-        // one token: the kernel also writes the 8-bit blocks the down projection reads
-        let fuse = self.rows(x) == 1
-            && crate::matmul::fused_tails()
-            && g.kind.int8_activations()
-            && g.kind == u.kind
-            && g.rows % 32 == 0;
-        if !fuse {
-            return self.mm(gate, Some(up), x, out, false);
-        }
-        self.flush()?;
-        let (tq, tqd) = self.q8_next();
-        self.step.tail = crate::matmul::Tail {
-            tq,
-            tqd,
-            cnt: self.scratch.tail_count.ptr,
-        };
-        self.mm(gate, Some(up), x, out, false)?;
-        self.q8_set(out);
-        Ok(())
+        self.mm(gate, Some(up), x, out, false)
     }
 
     fn rope(&mut self, x: Buf) -> Result<()> {
@@ -538,7 +520,7 @@ impl Ops for CudaModel {
         let (ns, scale) = (n_splits as i32, 1.0 / (c.head_dim as f32).sqrt());
         // the kernel quantizes whole heads for the output projection: 32-wide blocks
         let quant = t <= MATVEC_MAX && c.head_dim % 32 == 0;
-        let (xq, xd) = if quant { self.q8_next() } else { (0, 0) };
+        let (xq, xd) = if quant { (s.xq.ptr, s.xd.ptr) } else { (0, 0) };
         let groups = attn_groups(c.n_heads, c.n_kv_heads) as u32;
         // SAFETY: as in flush.
         unsafe {
@@ -565,7 +547,7 @@ impl Ops for CudaModel {
         }
         self.wrote(out);
         if quant {
-            self.q8_set(out);
+            self.step.q8_of = Some(out);
         }
         Ok(())
     }

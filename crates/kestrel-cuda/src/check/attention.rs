@@ -269,7 +269,7 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
             let got = gpu.read_f32(d.out.ptr, n)?;
             err = err.max(rel_err(&got, &want));
             if let Some((xq, xd)) = &quant {
-                qerr = qerr.max(super::q8_err(gpu, xq.ptr, xd.ptr, &got)?);
+                qerr = qerr.max(quant_err(gpu, xq, xd, &got)?);
             }
         }
         let what = format!(
@@ -290,6 +290,30 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
         });
     }
     Ok(())
+}
+
+/// How far the kernel's 8-bit blocks of the output are from the output it wrote: per value
+/// the distance beyond rounding's half step, in steps, and the relative error of each block's
+/// scale (amax / 127) and of its stored scaled sum.
+fn quant_err(gpu: &Gpu, xq: &DevBuf, xd: &DevBuf, got: &[f32]) -> Result<f64> {
+    let mut q = vec![0i8; got.len()];
+    gpu.read(xq.ptr, &mut q)?;
+    let ds = gpu.read_f32(xd.ptr, got.len() / 32 * 2)?;
+    let mut worst = 0f64;
+    for (c, block) in got.chunks(32).enumerate() {
+        let (d, sum) = (ds[2 * c] as f64, ds[2 * c + 1] as f64);
+        let amax = block.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+        let step = d.max(1e-30);
+        let mut qsum = 0f64;
+        for (i, &v) in block.iter().enumerate() {
+            let qi = q[32 * c + i] as f64;
+            qsum += qi;
+            worst = worst.max(((qi * d - v as f64).abs() / step - 0.5).max(0.0));
+        }
+        worst = worst.max((d - amax / 127.0).abs() / step);
+        worst = worst.max((sum - d * qsum).abs() / (step * 32.0));
+    }
+    Ok(worst)
 }
 
 /// A mixed step: heads, kv heads, head size, sequences as (context after the step, tokens in it).

@@ -9,51 +9,6 @@ use crate::error::Result;
 use crate::weights::{to_device_layout, Kind};
 use cudarc::driver::PushKernelArg;
 
-/// The arguments of a mat-vec launch (`kernels/matvec.cu`, `mv_*`), as `CudaModel` passes them.
-pub(super) struct MvArgs {
-    pub w: u64,
-    pub w2: u64,
-    pub rows: usize,
-    pub cols: usize,
-    pub xq: u64,
-    pub xd: u64,
-    pub xf: u64,
-    pub out: u64,
-    pub tail: crate::matmul::Tail,
-}
-
-/// Enqueues mat-vec kernel `f` over `grid` blocks of 128 threads.
-pub(super) fn launch_mv(
-    gpu: &Gpu,
-    f: &cudarc::driver::CudaFunction,
-    grid: u32,
-    a: &MvArgs,
-) -> Result<()> {
-    let (r, c) = (a.rows as i32, a.cols as i32);
-    let t = &a.tail;
-    // SAFETY: the arguments match the kernels' signature; the caller sizes the buffers for
-    // `rows` x `cols` (and the tokens of the kernel).
-    unsafe {
-        gpu.stream
-            .launch_builder(f)
-            .arg(&a.w)
-            .arg(&a.w2)
-            .arg(&r)
-            .arg(&c)
-            .arg(&a.xq)
-            .arg(&a.xd)
-            .arg(&c)
-            .arg(&a.xf)
-            .arg(&a.out)
-            .arg(&r)
-            .arg(&t.tq)
-            .arg(&t.tqd)
-            .arg(&t.cnt)
-            .launch(cfg((grid, 1, 1), 128))?;
-    }
-    Ok(())
-}
-
 /// The mat-vec kernels: every type, token count and epilogue, against f64 dot products of the
 /// dequantized weights. 8-bit activations cost about 0.5% (one step of 127 per block):
 /// tolerance 1e-2 there, 1e-4 for f32 activations.
@@ -144,22 +99,23 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                         let base = rng.vec(nt * rows, 1.0);
                         let dout = gpu.upload_f32(&base)?;
                         let f = gpu.func(name)?;
-                        launch_mv(
-                            gpu,
-                            &f,
-                            *grid,
-                            &MvArgs {
-                                w: dw.ptr,
-                                w2: dw2.ptr,
-                                rows,
-                                cols,
-                                xq: dq.ptr,
-                                xd: dd.ptr,
-                                xf: dx.ptr,
-                                out: dout.ptr,
-                                tail: Default::default(),
-                            },
-                        )?;
+                        let (r, c) = (rows as i32, cols as i32);
+                        // SAFETY: as above.
+                        unsafe {
+                            gpu.stream
+                                .launch_builder(&f)
+                                .arg(&dw.ptr)
+                                .arg(&dw2.ptr)
+                                .arg(&r)
+                                .arg(&c)
+                                .arg(&dq.ptr)
+                                .arg(&dd.ptr)
+                                .arg(&c)
+                                .arg(&dx.ptr)
+                                .arg(&dout.ptr)
+                                .arg(&r)
+                                .launch(cfg((*grid, 1, 1), 128))?;
+                        }
                         let got = gpu.read_f32(dout.ptr, nt * rows)?;
                         let want: Vec<f32> = (0..nt * rows)
                             .map(|i| {
@@ -335,8 +291,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         let kquant = matches!(kind, Kind::Q4K | Kind::Q6K);
         let shapes: &[(usize, usize)] = if kquant {
             // the 8B's four decode shapes, then two of a 1024-wide model (16 units per row):
-            // the gate/up and the output's rows; then the down projections of the 1.5B and
-            // the 0.8B shapes (few rows, long ones)
+            // the gate/up and the output's rows
             &[
                 (12288, 4096),
                 (4096, 12288),
@@ -344,8 +299,6 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 (4096, 4096),
                 (3584, 1024),
                 (65536, 1024),
-                (1536, 8960),
-                (1024, 3584),
             ]
         } else {
             &[(12288, 4096)]
@@ -411,22 +364,28 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     rows.div_ceil(8) as u32,
                 ));
             }
+            let (r, c) = (rows as i32, cols as i32);
             for (vi, (name, grid)) in variants.iter().enumerate() {
                 let f = gpu.func(name)?;
                 let launch = |gpu: &Gpu, i: usize| -> Result<()> {
                     let w = copies[i % copies.len()].ptr;
-                    let a = MvArgs {
-                        w,
-                        w2: w,
-                        rows,
-                        cols,
-                        xq: dq.ptr,
-                        xd: dd.ptr,
-                        xf: dx.ptr,
-                        out: dout.ptr,
-                        tail: Default::default(),
-                    };
-                    launch_mv(gpu, &f, *grid, &a)
+                    // SAFETY: as in check_matvec.
+                    unsafe {
+                        gpu.stream
+                            .launch_builder(&f)
+                            .arg(&w)
+                            .arg(&w)
+                            .arg(&r)
+                            .arg(&c)
+                            .arg(&dq.ptr)
+                            .arg(&dd.ptr)
+                            .arg(&c)
+                            .arg(&dx.ptr)
+                            .arg(&dout.ptr)
+                            .arg(&r)
+                            .launch(cfg((*grid, 1, 1), 128))?;
+                    }
+                    Ok(())
                 };
                 let reps = 200;
                 for i in 0..20 {
@@ -469,95 +428,4 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         }
     }
     Ok(res)
-}
-
-/// f64 dot products of every row of `w` ([rows, cols]) with `x`.
-fn dots(w: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f64> {
-    (0..rows)
-        .map(|r| {
-            w[r * cols..(r + 1) * cols]
-                .iter()
-                .zip(x)
-                .map(|(a, b)| *a as f64 * *b as f64)
-                .sum()
-        })
-        .collect()
-}
-
-/// The one-token SwiGLU mat-vecs' fused tail (`mv_tail`: the output's 8-bit blocks), each
-/// kernel variant decode picks, launched twice (the completing block must reset its counter).
-pub fn check_tails(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
-    // (type, rows, cols): warps per row, half-warps (short rows), a 32-wide type
-    let cases = [
-        (Kind::Q4K, 12288usize, 4096usize),
-        (Kind::Q4K, 4864, 1024),
-        (Kind::Q6K, 3584, 1024),
-        (Kind::Q8_0, 8960, 1536),
-    ];
-    for (kind, rows, cols) in cases {
-        let (file, w) = random_matrix(kind, rows, cols, rng)?;
-        let (file2, w2) = random_matrix(kind, rows, cols, rng)?;
-        let dw = gpu.upload(&to_device_layout(kind, &file))?;
-        let dw2 = gpu.upload(&to_device_layout(kind, &file2))?;
-        let x = rng.vec(cols, 1.0);
-        let dx = gpu.upload_f32(&x)?;
-        let (dq, dd) = (gpu.alloc(cols)?, gpu.alloc(cols / 32 * 8)?);
-        let f = gpu.func("quantize_q")?;
-        let n = cols as i32;
-        // SAFETY: buffers sized above; arguments match the kernel.
-        unsafe {
-            gpu.stream
-                .launch_builder(&f)
-                .arg(&dx.ptr)
-                .arg(&dq.ptr)
-                .arg(&dd.ptr)
-                .arg(&n)
-                .launch(cfg((1, 1, 1), 256))?;
-        }
-        let (g1, g2) = (dots(&w, &x, rows, cols), dots(&w2, &x, rows, cols));
-        let want: Vec<f32> = (0..rows)
-            .map(|r| (g1[r] / (1.0 + (-g1[r]).exp()) * g2[r]) as f32)
-            .collect();
-        let dout = gpu.alloc(rows * 4)?;
-        let (tq, tqd) = (gpu.alloc(rows)?, gpu.alloc(rows / 32 * 8)?);
-        let cnt = gpu.alloc((rows / 32 + 1) * 4)?;
-        gpu.write(cnt.ptr, &vec![0u8; (rows / 32 + 1) * 4])?;
-        let (name, grid) = crate::matmul::matvec_kernel(kind, rows, cols, 1, 2);
-        let f = gpu.func(&name)?;
-        let a = MvArgs {
-            w: dw.ptr,
-            w2: dw2.ptr,
-            rows,
-            cols,
-            xq: dq.ptr,
-            xd: dd.ptr,
-            xf: dx.ptr,
-            out: dout.ptr,
-            tail: crate::matmul::Tail {
-                tq: tq.ptr,
-                tqd: tqd.ptr,
-                cnt: cnt.ptr,
-            },
-        };
-        let (mut prod, mut q8) = (0f64, 0f64);
-        for _ in 0..2 {
-            gpu.write(tq.ptr, &vec![0u8; rows])?;
-            launch_mv(gpu, &f, grid, &a)?;
-            let got = gpu.read_f32(dout.ptr, rows)?;
-            prod = prod.max(rel_err(&got, &want));
-            q8 = q8.max(super::q8_err(gpu, tq.ptr, tqd.ptr, &got)?);
-        }
-        let what = format!("matvec SwiGLU tail {} [{rows}x{cols}] {name}", kind.name());
-        out.push(CaseResult {
-            op: format!("{what}: the product"),
-            err: prod,
-            tol: 1e-2,
-        });
-        out.push(CaseResult {
-            op: format!("{what}: its 8-bit blocks"),
-            err: q8,
-            tol: 1e-3,
-        });
-    }
-    Ok(())
 }

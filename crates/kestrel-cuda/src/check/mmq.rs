@@ -276,7 +276,7 @@ fn matvec8_us(
     );
     let qf = gpu.func("quantize_q")?;
     let f = gpu.func(name)?;
-    let c = cols as i32;
+    let (r, c) = (rows as i32, cols as i32);
     // SAFETY: dx holds t rows of cols; dq / dd are sized for them.
     unsafe {
         gpu.stream
@@ -289,18 +289,23 @@ fn matvec8_us(
     }
     let go = |gpu: &Gpu, i: usize| -> Result<()> {
         let w = copies[i % copies.len()].ptr;
-        let a = super::matvec::MvArgs {
-            w,
-            w2: w,
-            rows,
-            cols,
-            xq: dq.ptr,
-            xd: dd.ptr,
-            xf: dx.ptr,
-            out: dout.ptr,
-            tail: Default::default(),
-        };
-        super::matvec::launch_mv(gpu, &f, grid, &a)
+        // SAFETY: the mat-vec's arguments as in check_matvec.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&w)
+                .arg(&w)
+                .arg(&r)
+                .arg(&c)
+                .arg(&dq.ptr)
+                .arg(&dd.ptr)
+                .arg(&c)
+                .arg(&dx.ptr)
+                .arg(&dout.ptr)
+                .arg(&r)
+                .launch(cfg((grid, 1, 1), 128))?;
+        }
+        Ok(())
     };
     for i in 0..8 {
         go(gpu, i)?;

@@ -63,19 +63,6 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     const int chunk = (len + ns - 1) / ns;
     const int p0 = s * chunk, p1 = min(len, p0 + chunk);
     const int kv_dim = n_kv * HD;
-    const int* tbl = tables + tbl_off[t];
-    const u64 col = (u64)kvh * HD + gl * EPL;
-    // positions, tables and the cache rows of earlier steps do not depend on the previous
-    // kernel: pull this lane group's first two rows into L2 before waiting on it
-    for (int k = 0; k < 2 && c_prefetch_rows != 2; k++) {
-        int p = p0 + 2 * PPG * warp + k * PPG + g;
-        if (p < p1) {
-            u64 r = (u64)tbl[p / block_size] * block_size + p % block_size;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(kc + r * kv_dim + col));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vc + r * kv_dim + col));
-        }
-    }
-    GRID_DEP();
 
     float qr[ATT_GQ][EPL], acc[ATT_GQ][EPL], m[ATT_GQ], l[ATT_GQ];
 #pragma unroll
@@ -86,6 +73,8 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
         m[j] = -INFINITY;
         l[j] = 0.f;
     }
+    const int* tbl = tables + tbl_off[t];
+    const u64 col = (u64)kvh * HD + gl * EPL;
     for (int base = p0 + 2 * PPG * warp; base < p1; base += 2 * PPG * ATT_WARPS) {
         int pa = base + g, pb = base + PPG + g;
         bool oka = pa < p1, okb = pb < p1;
@@ -227,13 +216,13 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     }
 }
 
-// attn_decode_e<EPL>_l<LPP>: head size EPL * LPP. Grid (attn_groups(n_heads, n_kv) of ops.rs,
-// t, n_splits), 128 threads. GRID_DEP() comes inside, after the prefetch.
+// attn_decode_e<EPL>_l<LPP>: head size EPL * LPP. Grid (n_kv * ceil(G / ceil(G / ...)), t,
+// n_splits) as ops.rs computes it (`attn_groups`), 128 threads.
 #define ATTD(EPL, LPP)                                                                              \
     extern "C" __global__ void __launch_bounds__(128) attn_decode_e##EPL##_l##LPP(                  \
         const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc, int block_size,         \
         const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale,            \
-        float* partial, int* count, float* out, i8* xq, float2* xd) {                              \
+        float* partial, int* count, float* out, i8* xq, float2* xd) { GRID_DEP();                  \
         attn_decode_g<EPL, LPP>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits, \
                                 scale, partial, count, out, xq, xd);                                 \
     }

@@ -171,39 +171,6 @@ __device__ __forceinline__ void mv_finish(float* acc, float* acc2, bool active, 
     }
 }
 
-// The optional fused tail of a one-token SwiGLU mat-vec (EPI 2, TAIL_PARAMS; null: none), run
-// after the block's rows are stored: the last block to store into a 32-row chunk (rows per
-// block RPB divide 32) quantizes that chunk into tq / tqd, the down projection's input, saving
-// a separate quantize launch. cnt[chunk] counts the chunk's blocks, zero between launches (the
-// completing block resets it). tq / tqd never alias the blocks this grid reads (the host
-// alternates two slots). (A grid-last block running the next RMSNorm after the residual add
-// was tried on 2026-12-03: its serial pass over the whole row made decode 17-22% slower.)
-#define TAIL_PARAMS , i8* tq, float2* tqd, int* cnt
-#define TAIL_ARGS , tq, tqd, cnt
-
-template <int EPI, int RPB>
-__device__ __forceinline__ void mv_tail(const float* out, int rows, i8* tq, float2* tqd, int* cnt) {
-    if (EPI != 2 || tq == nullptr) return;
-    __shared__ int last;
-    const int chunk = blockIdx.x * RPB / 32;
-    int* c = cnt + chunk;
-    int blocks = (min(32, rows - 32 * chunk) + RPB - 1) / RPB;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(c, 1) == blocks - 1;
-        if (last) *c = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if ((threadIdx.x >> 5) == 0) {
-        int i = 32 * chunk + (threadIdx.x & 31);
-        float v = i < rows ? __ldcg(out + i) : 0.f;
-        quant32(v, tq + 32 * chunk, tqd + chunk);
-    }
-}
-
 // WPR warps share one row (long rows: more loads in flight per row, shorter chains).
 template <int TY, int NT, int EPI, int WPR>
 __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
@@ -267,30 +234,14 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
 // Before it waits on the previous kernel (GRID_DEP), a one-token mat-vec starts pulling the
 // first 512 bytes of each of its n rows from row0 into L2: weights never depend on an earlier
 // kernel, and the DRAM latency of the first loads then overlaps the previous kernel's tail.
-__constant__ int c_prefetch_rows;  // set at load (device.rs): 0 = 512 bytes, 1 = rows, 2 = none
-
 template <int TY>
 __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, int row0, int n) {
-    if (c_prefetch_rows == 2) return;
     int lane = threadIdx.x & 31;
     u64 rb = (u64)(cols / Blk<TY>::QK) * Blk<TY>::A;
-    int lines = (int)min((rb + 127) / 128, c_prefetch_rows ? (u64)1 << 20 : (u64)4);
+    int lines = (int)min((rb + 127) / 128, (u64)4);
     for (int i = lane; i < n * lines; i += 32) {
         u64 r = (u64)min(row0 + i / lines, rows - 1);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r * rb + (u64)(i % lines) * 128));
-    }
-}
-
-// prefetch_rows for a type known at run time (the fused mat-vecs' matrices); f32 / f16 rows
-// are not prefetched.
-__device__ __forceinline__ void prefetch_rows_ty(int ty, const u8* W, int rows, int cols, int row0, int n) {
-    switch (ty) {
-    case T_Q4_0: prefetch_rows<T_Q4_0>(W, rows, cols, row0, n); break;
-    case T_Q5_0: prefetch_rows<T_Q5_0>(W, rows, cols, row0, n); break;
-    case T_Q8_0: prefetch_rows<T_Q8_0>(W, rows, cols, row0, n); break;
-    case T_Q4_K: prefetch_rows<T_Q4_K>(W, rows, cols, row0, n); break;
-    case T_Q6_K: prefetch_rows<T_Q6_K>(W, rows, cols, row0, n); break;
-    default: break;
     }
 }
 
@@ -342,13 +293,12 @@ __device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8
 #define MVH1(NAME, TY, EPI, R)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old TAIL_PARAMS) {                                      \
+        const float* xf, float* out, int old) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
         prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
         GRID_DEP();                                                                              \
         half_rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                         \
-        mv_tail<EPI, 8 * R>(out, rows TAIL_ARGS);                                                \
     }
 #define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
     MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
@@ -361,13 +311,12 @@ MVH(q6_k, T_Q6_K)
 #define MVR1(NAME, TY, EPI, R)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old TAIL_PARAMS) {                                      \
+        const float* xf, float* out, int old) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
         prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
         GRID_DEP();                                                                              \
         rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                              \
-        mv_tail<EPI, 4 * R>(out, rows TAIL_ARGS);                                                \
     }
 #define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
     MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
@@ -427,22 +376,14 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
 #define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old TAIL_PARAMS) {                                      \
-        if (NT == 1 && (threadIdx.x >> 5) % WPR == 0) {                                          \
-            int row = blockIdx.x * (4 / WPR) + (threadIdx.x >> 5) / WPR;                         \
-            prefetch_rows<TY>(W, rows, cols, row, 1);                                            \
-            if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row, 1);                             \
-        }                                                                                        \
-        GRID_DEP();                                                                              \
+        const float* xf, float* out, int old) { GRID_DEP();                                                  \
         mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, out, old);                        \
-        if (NT == 1) mv_tail<EPI, 4 / WPR>(out, rows TAIL_ARGS);                                 \
     }
 #define MVF1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old TAIL_PARAMS) { GRID_DEP();                          \
+        const float* xf, float* out, int old) { GRID_DEP();                                                  \
         mv_f<TY, NT, EPI, WPR>(W, W2, rows, cols, xf, xld, out, old);                            \
-        if (NT == 1) mv_tail<EPI, 4 / WPR>(out, rows TAIL_ARGS);                                 \
     }
 #define MVQ(NAME, TY, NT, EPI) MVQ1(NAME, TY, NT, EPI, 1) MVQ1(NAME, TY, NT, EPI, 2) MVQ1(NAME, TY, NT, EPI, 4)
 #define MVF(NAME, TY, NT, EPI) MVF1(NAME, TY, NT, EPI, 1) MVF1(NAME, TY, NT, EPI, 4)
@@ -503,8 +444,7 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
 }
 
 // One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
-// lie in one matrix when every matrix's row count is a multiple of R (the host checks). Its rows
-// go to L2 before the wait on the previous kernel (GRID_DEP), as in the single mat-vecs.
+// lie in one matrix when every matrix's row count is a multiple of R (the host checks).
 template <int R>
 __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
@@ -519,8 +459,6 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
-    prefetch_rows_ty(ty, W, rows, cols, row, R);
-    GRID_DEP();
     switch (ty) {
     case T_Q4_0: rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q5_0: rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
@@ -549,8 +487,6 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
-    prefetch_rows_ty(ty, W, rows, cols, row, 2 * R);
-    GRID_DEP();
     switch (ty) {
     case T_Q4_0: half_rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q5_0: half_rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
@@ -564,7 +500,7 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
         mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
     }
 MVXH(1) MVXH(2)
@@ -573,7 +509,7 @@ MVXH(1) MVXH(2)
     extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
         mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
 MVXR(2) MVXR(4)
