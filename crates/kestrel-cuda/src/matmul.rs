@@ -48,6 +48,29 @@ pub fn rows_per_warp(rows: usize, exact: bool) -> usize {
     }
 }
 
+/// Warps per row of a one-token mat-vec with fewer than [`ROW_GROUP_WARPS`] rows (the down
+/// projections of 1024-1536-wide models): long rows shared by 2 or 4 warps until that many
+/// warps run, each keeping at least one unit per lane; 1 otherwise (row groups), and with
+/// `KESTREL_CUDA_FEWROWS=0` (A/B figures). H200 (`gpu-check --perf`, 2026-12-03): 1536x8960
+/// Q6_K 9.3 -> 7.9 us, Q4_K 7.0 -> 6.3; 1024x3584 Q6_K 4.8 -> 3.7, Q4_K 4.3 -> 3.5.
+pub fn few_rows_wpr(kind: crate::weights::Kind, rows: usize, cols: usize) -> usize {
+    use crate::weights::Kind;
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*ON.get_or_init(|| std::env::var("KESTREL_CUDA_FEWROWS").map_or(true, |v| v != "0")) {
+        return 1;
+    }
+    let units = cols
+        / match kind {
+            Kind::Q4K | Kind::Q6K => 64,
+            _ => 32,
+        };
+    let mut w = 1;
+    while w < 4 && rows * w < ROW_GROUP_WARPS && units >= 32 * w {
+        w *= 2;
+    }
+    w
+}
+
 /// Whether a one-token mat-vec over `cols` columns of `kind` should give each row a half-warp:
 /// rows of at most 16 units (1024 columns of a K-quant, 512 of the others) leave half of a
 /// warp's lanes idle otherwise.
@@ -89,6 +112,13 @@ pub fn matvec_kernel(
         );
     }
     if nt == 1 && kind.int8_activations() && epi != 2 {
+        let w = few_rows_wpr(kind, rows, cols);
+        if w > 1 {
+            return (
+                format!("mv_{}_1_{epi}_{w}", kind.name()),
+                rows.div_ceil(4 / w) as u32,
+            );
+        }
         let r = rows_per_warp(rows, false);
         return (
             format!("mv_{}_1_{epi}_r{r}", kind.name()),

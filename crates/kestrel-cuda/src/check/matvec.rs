@@ -291,7 +291,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         let kquant = matches!(kind, Kind::Q4K | Kind::Q6K);
         let shapes: &[(usize, usize)] = if kquant {
             // the 8B's four decode shapes, then two of a 1024-wide model (16 units per row):
-            // the gate/up and the output's rows
+            // the gate/up and the output's rows; then the down projections of the 1.5B and
+            // the 0.8B shapes (few rows, long ones)
             &[
                 (12288, 4096),
                 (4096, 12288),
@@ -299,6 +300,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 (4096, 4096),
                 (3584, 1024),
                 (65536, 1024),
+                (1536, 8960),
+                (1024, 3584),
             ]
         } else {
             &[(12288, 4096)]
