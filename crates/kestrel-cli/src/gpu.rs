@@ -404,7 +404,7 @@ pub fn check(
             }
             for (what, split, flash, tflops) in kestrel_cuda::check::perf_flash(&mut gpu, &mut rng)?
             {
-                println!("perf prompt attention {what}: split kernel {split:8.1} us, tensor cores {flash:8.1} us ({tflops:.0} TFLOP/s)");
+                println!("perf prompt attention {what}: decode kernel {split:8.1} us, tensor cores {flash:8.1} us ({tflops:.0} TFLOP/s)");
             }
             for (way, ms, gbs) in kestrel_cuda::check::perf_download(&gpu)? {
                 println!("perf download {way}: {ms:.2} ms, {gbs:.1} GB/s");

@@ -347,7 +347,7 @@ pub fn check_flash(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> R
     Ok(())
 }
 
-/// (what, split kernel us, prompt kernel us, TFLOP/s of the prompt kernel): one prompt chunk
+/// (what, decode kernel us, prompt kernel us, TFLOP/s of the prompt kernel): one prompt chunk
 /// of `t` tokens at the start of a sequence, mean of 5 after a warm-up.
 pub fn perf_flash(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f64)>> {
     let mut res = Vec::new();
