@@ -265,7 +265,14 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
         let (mut err, mut qerr) = (0f64, 0f64);
         for _ in 0..2 {
             gpu.write(d.out.ptr, &vec![0xFFu8; n * 4])?;
-            launch_decode(gpu, &s, &d, &scratch, splits, quant.as_ref().map(|(a, b)| (a.ptr, b.ptr)))?;
+            launch_decode(
+                gpu,
+                &s,
+                &d,
+                &scratch,
+                splits,
+                quant.as_ref().map(|(a, b)| (a.ptr, b.ptr)),
+            )?;
             let got = gpu.read_f32(d.out.ptr, n)?;
             err = err.max(rel_err(&got, &want));
             if let Some((xq, xd)) = &quant {
