@@ -13,8 +13,7 @@ use kestrel_models::deltanet::{DeltaNetConfig, HeadGrouping};
 /// ([`crate::ops::prompt_step`]), unless `KESTREL_CUDA_CHUNKED=0` (A/B figures).
 fn chunked_rule(t: usize, n_seqs: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    prompt_step(t, n_seqs)
-        && *ON.get_or_init(|| std::env::var("KESTREL_CUDA_CHUNKED").map_or(true, |v| v != "0"))
+    prompt_step(t, n_seqs) && crate::ops::switch_on(&ON, "KESTREL_CUDA_CHUNKED")
 }
 
 impl CudaModel {

@@ -18,17 +18,26 @@ pub const MVX_MATS: usize = 4;
 /// weights for the K-quants, 32 for the others, 8 for f16/f32; a lane takes one at a time).
 pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
     use crate::weights::Kind;
-    let units = match kind {
-        Kind::Q4K | Kind::Q6K => cols / 64,
-        Kind::F32 | Kind::F16 => return if cols >= 4096 { 4 } else { 1 },
-        _ => cols / 32,
-    };
+    if matches!(kind, Kind::F32 | Kind::F16) {
+        return if cols >= 4096 { 4 } else { 1 };
+    }
+    let units = cols / unit_cols(kind);
     if units >= 128 {
         4
     } else if units >= 64 {
         2
     } else {
         1
+    }
+}
+
+/// Columns of a quantized kind's unit (what a lane takes at a time in `kernels/matvec.cu`): 64
+/// weights for the K-quants, 32 for the others.
+fn unit_cols(kind: crate::weights::Kind) -> usize {
+    use crate::weights::Kind;
+    match kind {
+        Kind::Q4K | Kind::Q6K => 64,
+        _ => 32,
     }
 }
 
@@ -54,16 +63,11 @@ pub fn rows_per_warp(rows: usize, exact: bool) -> usize {
 /// `KESTREL_CUDA_FEWROWS=0` (A/B figures). H200 (`gpu-check --perf`, 2026-12-03): 1536x8960
 /// Q6_K 9.3 -> 7.9 us, Q4_K 7.0 -> 6.3; 1024x3584 Q6_K 4.8 -> 3.7, Q4_K 4.3 -> 3.5.
 pub fn few_rows_wpr(kind: crate::weights::Kind, rows: usize, cols: usize) -> usize {
-    use crate::weights::Kind;
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*ON.get_or_init(|| std::env::var("KESTREL_CUDA_FEWROWS").map_or(true, |v| v != "0")) {
+    if !crate::ops::switch_on(&ON, "KESTREL_CUDA_FEWROWS") {
         return 1;
     }
-    let units = cols
-        / match kind {
-            Kind::Q4K | Kind::Q6K => 64,
-            _ => 32,
-        };
+    let units = cols / unit_cols(kind);
     let mut w = 1;
     while w < 4 && rows * w < ROW_GROUP_WARPS && units >= 32 * w {
         w *= 2;
@@ -75,12 +79,7 @@ pub fn few_rows_wpr(kind: crate::weights::Kind, rows: usize, cols: usize) -> usi
 /// rows of at most 16 units (1024 columns of a K-quant, 512 of the others) leave half of a
 /// warp's lanes idle otherwise.
 pub fn short_rows(kind: crate::weights::Kind, cols: usize) -> bool {
-    use crate::weights::Kind;
-    let unit = match kind {
-        Kind::Q4K | Kind::Q6K => 64,
-        _ => 32,
-    };
-    kind.int8_activations() && cols / unit <= 16
+    kind.int8_activations() && cols / unit_cols(kind) <= 16
 }
 
 /// Rows per half-warp of the short-row kernels (`mv_*_h<R>`, `mvx_1_h<R>`): 2 where that still

@@ -74,8 +74,12 @@ pub fn prompt_step(t: usize, n_seqs: usize) -> bool {
 /// `KESTREL_CUDA_FLASH=0` (A/B figures).
 pub fn takes_flash(t: usize, n_seqs: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    prompt_step(t, n_seqs)
-        && *ON.get_or_init(|| std::env::var("KESTREL_CUDA_FLASH").map_or(true, |v| v != "0"))
+    prompt_step(t, n_seqs) && switch_on(&ON, "KESTREL_CUDA_FLASH")
+}
+
+/// Whether the A/B switch `var` is on: on unless set to `0`, read once per process into `cell`.
+pub(crate) fn switch_on(cell: &'static std::sync::OnceLock<bool>, var: &str) -> bool {
+    *cell.get_or_init(|| std::env::var(var).map_or(true, |v| v != "0"))
 }
 
 pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
