@@ -14,7 +14,8 @@ use cudarc::driver::PushKernelArg;
 /// tolerance 1e-2 there, 1e-4 for f32 activations.
 pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     // the second shape's row count is no multiple of 4: the row groups' last warp is partial
-    for (rows, cols) in [(1536, 4096), (1533, 1024)] {
+    // the third: an odd number of K-quant blocks a row (9), 509 rows
+    for (rows, cols) in [(1536, 4096), (1533, 1024), (509, 2304)] {
         for kind in [
             Kind::Q4K,
             Kind::Q6K,
@@ -284,7 +285,8 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
 /// 4096), timed as stream launches as every earlier release measured it; for the K-quants
 /// the 8B's other decode shapes follow, each with the kernel decode picks and the other
 /// warps-per-row and rows-per-warp variants, timed as 200 launches replayed from one CUDA
-/// graph (as decode runs: no launch gaps), so they compare among themselves.
+/// graph (as decode runs: no launch gaps), so they compare among themselves; each shape ends
+/// with the read floor: one kernel reading the same bytes and computing nothing.
 pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
     let mut res = Vec::new();
     for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
@@ -428,7 +430,53 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 let bytes = dev.len() * if vi >= swiglu_from { 2 } else { 1 };
                 res.push((label, us, bytes as f64 / us / 1e3));
             }
+            let us = read_floor_us(gpu, &copies, dev.len())?;
+            res.push((
+                format!("{rows}x{cols} read floor: the same bytes, nothing computed (graph)"),
+                us,
+                dev.len() as f64 / us / 1e3,
+            ));
         }
     }
     Ok(res)
+}
+
+/// Time (us) of a kernel that only reads `bytes` of each rotating copy (16-byte loads, 16
+/// blocks of 128 threads per SM, 200 graph replays): what a mat-vec of that size could reach.
+fn read_floor_us(gpu: &mut Gpu, copies: &[crate::device::DevBuf], bytes: usize) -> Result<f64> {
+    let f = gpu.func("read_floor")?;
+    let sink = gpu.alloc(4)?;
+    let n16 = (bytes / 16) as u64;
+    let launch = |gpu: &Gpu, i: usize| -> Result<()> {
+        // SAFETY: each copy holds `bytes`; the kernel reads n16 16-byte words and may write
+        // one int to `sink`.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&copies[i % copies.len()].ptr)
+                .arg(&n16)
+                .arg(&sink.ptr)
+                .launch(cfg((132 * 16, 1, 1), 128))?;
+        }
+        Ok(())
+    };
+    let reps = 200;
+    for i in 0..20 {
+        launch(gpu, i)?;
+    }
+    let stream = gpu.stream.clone();
+    stream
+        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+    let r = (0..reps).try_for_each(|i| launch(gpu, i));
+    let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+    r?;
+    let g = g?;
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let e0 = gpu.stream.record_event(timing)?;
+    if let Some(g) = &g {
+        g.launch()?;
+    }
+    let e1 = gpu.stream.record_event(timing)?;
+    e1.synchronize()?;
+    Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)
 }

@@ -71,3 +71,10 @@ __device__ __forceinline__ void quant32(float v, i8* q, float2* ds) {
     float s = warp_sum((float)qi);
     if (lane == 0) *ds = make_float2(d, d * s);
 }
+
+// A shared-memory pointer as the 32-bit address that ldmatrix / cp.async take.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}

@@ -27,12 +27,6 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) 
 
 __device__ __forceinline__ u32 pack_f16(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 // Four 8x8 f16 matrices, transposed: lanes 8i .. 8i + 7 give the row addresses of matrix i.
 __device__ __forceinline__ void ldsm_x4_t(u32* r, const u16* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"

@@ -327,6 +327,21 @@ MVR(q8_0, T_Q8_0)
 MVR(q4_k, T_Q4_K)
 MVR(q6_k, T_Q6_K)
 
+// Reads n16 16-byte words (four loads in flight a thread) and keeps nothing: gpu-check --perf's
+// floor for a one-kernel read of as many bytes as a mat-vec's weights.
+extern "C" __global__ void __launch_bounds__(128) read_floor(const int4* p, u64 n16, int* sink) {
+    int4 a = make_int4(0, 0, 0, 0);
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += 4 * stride) {
+        int4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) v[j] = i + j * stride < n16 ? p[i + j * stride] : make_int4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 4; j++) { a.x ^= v[j].x; a.y ^= v[j].y; a.z ^= v[j].z; a.w ^= v[j].w; }
+    }
+    if ((a.x & a.y & a.z & a.w) == 0x7fffffff) *sink = a.x;
+}
+
 // F32 / F16 weights dot f32 activations (tiny models, norms kept as matrices, F16 outputs).
 template <int TY, int NT>
 __device__ __forceinline__ void unit_acc_f(const u8* __restrict__ W, int row, int cols, int u,
