@@ -46,7 +46,11 @@ pub fn plan(
             plan.tokens,
             kv_type,
             if plan.state_bytes > 0 {
-                format!(" + recurrent state {}", human(plan.state_bytes))
+                format!(
+                    " + recurrent state {} (with the snapshots' last logits {})",
+                    human(plan.state_bytes + plan.snapshot_logits_bytes),
+                    human(plan.snapshot_logits_bytes)
+                )
             } else {
                 String::new()
             },
@@ -72,12 +76,13 @@ pub fn plan(
         }
         if plan.state_slot_bytes > 0 {
             eprintln!(
-                "recurrent state: {} per sequence x {} running + {} snapshots (at most {} per sequence) = {}",
+                "recurrent state: {} per sequence x {} running + {} snapshots (at most {} per sequence; each keeps its prompt's last logits, {}) = {}",
                 human(plan.state_slot_bytes as u64),
                 plan.running_slots,
                 plan.snapshot_slots,
                 plan.snapshots_per_seq,
-                human(plan.state_bytes)
+                human(plan.snapshot_logits_bytes / plan.snapshot_slots.max(1) as u64),
+                human(plan.state_bytes + plan.snapshot_logits_bytes)
             );
         }
         eprintln!("kernels: {}", kestrel_quant::kernels_summary());

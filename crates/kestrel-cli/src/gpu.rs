@@ -128,6 +128,16 @@ pub fn step_model(
         if kv_type != KvType::F16 && !quiet {
             eprintln!("note: the GPU keeps its KV cache in f16 (--kv-type applies to the CPU)");
         }
+        // host memory: the logits row each end-of-prompt snapshot keeps (engine side)
+        let snapshot_logits = (plan.snapshot_slots * src.config.vocab_size * 4) as u64;
+        if snapshot_logits > 0 && !quiet {
+            eprintln!(
+                "host memory for the snapshots' last logits: {} x {:.1} MiB = {:.0} MiB",
+                plan.snapshot_slots,
+                (src.config.vocab_size * 4) as f64 / (1u64 << 20) as f64,
+                snapshot_logits as f64 / (1u64 << 20) as f64
+            );
+        }
         let pool = PoolPlan {
             block_size,
             n_blocks: plan.n_blocks,
@@ -139,6 +149,7 @@ pub fn step_model(
             snapshot_slots: plan.snapshot_slots,
             snapshots_per_seq: plan.snapshots_per_seq,
             state_bytes: plan.state_bytes,
+            snapshot_logits_bytes: snapshot_logits,
             draft_weight_bytes: 0,
             draft_kv_bytes: 0,
             total_bytes: plan.total_bytes,

@@ -70,6 +70,9 @@ pub struct PoolPlan {
     pub snapshots_per_seq: usize,
     /// Bytes of every state slot (running + snapshots).
     pub state_bytes: u64,
+    /// Host bytes of the logits an end-of-prompt snapshot keeps (one vocabulary row each, for
+    /// the whole-prompt reuse of `scheduler/state.rs`), for every snapshot slot.
+    pub snapshot_logits_bytes: u64,
     /// Speculative decoding's draft model (0 without one): its weights and its K/V, stored
     /// under the same block ids as the model's (`n_blocks` blocks).
     pub draft_weight_bytes: u64,
@@ -136,6 +139,13 @@ pub fn plan_pool(
     } else {
         (0, 0)
     };
+    // a snapshot also keeps its prompt's last logits (host memory)
+    let logits_bytes = if slot_bytes > 0 {
+        cfg.vocab_size * 4
+    } else {
+        0
+    };
+    let snap_bytes = slot_bytes + logits_bytes;
     let mut snapshot_slots = per_seq * (parallel + 1);
     let running_bytes = (running_slots * slot_bytes) as u64;
     let wanted_tokens = ctx_size * (parallel + 1);
@@ -158,10 +168,10 @@ pub fn plan_pool(
         }
         let one_ctx = (need * block_bytes) as u64;
         if slot_bytes > 0 {
-            let room = limit.saturating_sub(fixed + one_ctx) / slot_bytes as u64;
+            let room = limit.saturating_sub(fixed + one_ctx) / snap_bytes as u64;
             snapshot_slots = snapshot_slots.min(room as usize);
         }
-        let fixed = fixed + (snapshot_slots * slot_bytes) as u64;
+        let fixed = fixed + (snapshot_slots * snap_bytes) as u64;
         let room = limit.saturating_sub(fixed) / block_bytes.max(1) as u64;
         n_blocks = n_blocks.min(room as usize);
         if n_blocks < need {
@@ -178,6 +188,7 @@ pub fn plan_pool(
     let kv_bytes = (n_blocks * target_block_bytes) as u64;
     let draft_kv_bytes = (n_blocks * draft_block_bytes) as u64;
     let state_bytes = ((running_slots + snapshot_slots) * slot_bytes) as u64;
+    let snapshot_logits_bytes = (snapshot_slots * logits_bytes) as u64;
     Ok(PoolPlan {
         block_size,
         n_blocks,
@@ -189,9 +200,15 @@ pub fn plan_pool(
         snapshot_slots,
         snapshots_per_seq: per_seq,
         state_bytes,
+        snapshot_logits_bytes,
         draft_weight_bytes,
         draft_kv_bytes,
-        total_bytes: weight_bytes + kv_bytes + draft_kv_bytes + state_bytes + scratch,
+        total_bytes: weight_bytes
+            + kv_bytes
+            + draft_kv_bytes
+            + state_bytes
+            + snapshot_logits_bytes
+            + scratch,
         limit_bytes: limit,
     })
 }

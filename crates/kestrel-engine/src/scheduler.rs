@@ -39,6 +39,9 @@ struct Reuse {
     state: Option<u32>,
     /// Positions reused when everything above is had.
     pos: usize,
+    /// The whole prompt reused (hybrid models): its last position's logits, kept with the
+    /// snapshot, from which the first token is sampled at admission.
+    logits: Option<Vec<f32>>,
 }
 
 /// One sequence's share of the step being planned.
@@ -381,7 +384,7 @@ impl<'t> Scheduler<'t> {
                 seq.hashes.push(h);
             }
             if p.prefill && self.running_slots > 0 {
-                self.snapshot_after(p.seq, p.start + p.len);
+                self.snapshot_after(p.seq, p.start + p.len, logits);
             }
             let seq = &mut self.running[p.seq];
             if p.want_logits && p.drafts == 0 {

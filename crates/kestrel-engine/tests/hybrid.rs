@@ -267,6 +267,34 @@ fn qwen35_turn_two_resumes_turn_one_state() {
     assert_eq!(t_warm, t_cold);
 }
 
+/// The same prompt asked again (a retry, a regenerated answer) resumes after its last token:
+/// its first token comes from the logits kept with the end-of-prompt snapshot, nothing of the
+/// prompt runs, and the answer equals the first one (and a cold run's, by the test above).
+#[test]
+fn qwen35_same_prompt_again_reuses_it_whole() {
+    let p = prompt_300();
+    for len in [137, 160] {
+        // 137 ends inside a block (a tail snapshot), 160 on a block boundary
+        let s = start(512, 1, 8, None);
+        let (first, u1, l1) = run(&s, p[..len].to_vec(), 10);
+        assert_eq!(u1.cached_tokens, 0);
+        let ran_before = s.computed.load(Ordering::SeqCst);
+        let (again, u2, l2) = run(&s, p[..len].to_vec(), 10);
+        let ran = s.computed.load(Ordering::SeqCst) - ran_before;
+        assert_eq!(u2.cached_tokens, len, "the whole prompt reused");
+        assert_eq!(ran, 9, "only the 9 decode steps run");
+        assert_eq!(again, first);
+        // the decodes' logits (the prompt's last row is the first run's, not recomputed)
+        assert_eq!(l2.len(), 9);
+        let err = max_abs(&l1[1..], &l2);
+        assert!(
+            err <= TOLERANCE,
+            "decodes after the reuse vs the first run: {err}"
+        );
+        s.engine.check_idle_accounting().expect("idle accounting");
+    }
+}
+
 /// Several sequences at once, each with its own state slot, with a snapshot pool smaller than
 /// what they would keep: each equals its run alone, and the books balance.
 #[test]

@@ -32,6 +32,9 @@ pub(super) struct SnapshotSlots {
     tick_of: Vec<u64>,
     tick: u64,
     pub evicted: u64,
+    /// Per slot: the logits of the prompt's last position, where the snapshot is a prompt's
+    /// end (a prompt asked again then starts generating from them with nothing to compute).
+    logits: Vec<Option<Box<[f32]>>>,
 }
 
 impl SnapshotSlots {
@@ -44,6 +47,7 @@ impl SnapshotSlots {
             tick_of: vec![0; n],
             tick: 0,
             evicted: 0,
+            logits: vec![None; n],
         }
     }
 
@@ -56,6 +60,7 @@ impl SnapshotSlots {
         let i = self.idx(slot);
         if self.owner[i].take().is_some() {
             self.lru.remove(&self.tick_of[i]);
+            self.logits[i] = None;
             self.free.push(slot);
         }
     }
@@ -207,6 +212,24 @@ impl BlockPool {
         self.snaps.attach(slot, hash);
         self.release(block); // unreferenced and indexed: cached
         Some((block, slot))
+    }
+
+    /// Keeps `logits` (the last position's, of a prompt that ends at entry `hash`) with that
+    /// entry's snapshot, if it has one.
+    pub fn keep_prompt_logits(&mut self, hash: u64, logits: &[f32]) {
+        let Some(&block) = self.index.get(&hash) else {
+            return;
+        };
+        if let Some(slot) = self.entry[block as usize].as_ref().and_then(|e| e.snapshot) {
+            let i = self.snaps.idx(slot);
+            self.snaps.logits[i] = Some(logits.into());
+        }
+    }
+
+    /// The logits kept with snapshot `slot` ([`Self::keep_prompt_logits`]).
+    pub fn prompt_logits(&self, slot: u32) -> Option<&[f32]> {
+        let i = slot.checked_sub(self.snaps.base)? as usize;
+        self.snaps.logits.get(i)?.as_deref()
     }
 
     /// Frees the snapshot of entry `hash`, if it has one (the per-sequence bound).

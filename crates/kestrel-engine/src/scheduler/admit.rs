@@ -22,8 +22,9 @@ impl Scheduler<'_> {
                 break;
             }
             let plen = front.req.prompt.len();
+            // (a draft model would still need the whole prompt's K/V: no whole-prompt reuse)
             let reuse = if hybrid {
-                Self::reuse_state(&mut self.pool, &front.req.prompt)
+                Self::reuse_state(&mut self.pool, &front.req.prompt, self.draft.is_none())
             } else {
                 self.reuse_kv(&front.req.prompt)
             };
@@ -116,6 +117,14 @@ impl Scheduler<'_> {
                 stop: StopMatcher::new(&req.stop),
                 tokens: req.prompt,
             });
+            if let Some(logits) = reuse.logits {
+                // the whole prompt was cached: its first token comes from the kept logits
+                let i = self.running.len() - 1;
+                self.counters.generated_tokens += 1;
+                if let Some(finish) = self.running[i].on_logits(&logits, &self.eog) {
+                    self.retire(i, super::Outcome::Finished(finish));
+                }
+            }
         }
     }
 }

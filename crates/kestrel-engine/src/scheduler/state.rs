@@ -13,10 +13,13 @@
 //!
 //! A new prompt resumes from the longest cached prefix that ends at a snapshot: its full
 //! blocks are shared, a tail's positions copied into the sequence's own block, and the
-//! snapshot copied into its slot; `cached_tokens` is that position.
+//! snapshot copied into its slot; `cached_tokens` is that position. An end-of-prompt snapshot
+//! also keeps that prompt's last logits: the same prompt asked again (a retry, a regenerated
+//! answer) resumes after its last token and samples its first token from them, computing
+//! nothing (without them it could reuse nothing: the state before the last token is not kept).
 
 use super::{Reuse, Scheduler};
-use crate::blocks::{BlockPool, ROOT_HASH};
+use crate::blocks::{chain_hash, BlockPool, ROOT_HASH};
 use crate::paged::SNAPSHOTS_PER_SEQUENCE;
 
 impl Scheduler<'_> {
@@ -40,20 +43,34 @@ impl Scheduler<'_> {
             copy: cow.then(|| (m.blocks[keep], bs - 1)),
             state: None,
             pos: if cow { plen - 1 } else { keep * bs },
+            logits: None,
         }
     }
 
     /// What a hybrid prompt reuses: the longest cached prefix that ends at a snapshot, short
     /// of the last prompt token (which must run for its logits).
-    pub(super) fn reuse_state(pool: &mut BlockPool, prompt: &[u32]) -> Reuse {
-        let searched = &prompt[..prompt.len() - 1];
-        match pool.lookup_resume(searched) {
+    /// With `whole`, a prompt cached whole with its last logits kept resumes after its last
+    /// token.
+    pub(super) fn reuse_state(pool: &mut BlockPool, prompt: &[u32], whole: bool) -> Reuse {
+        let whole = whole
+            .then(|| pool.lookup_resume(prompt))
+            .flatten()
+            .and_then(|r| {
+                let logits = pool.prompt_logits(r.slot)?.to_vec();
+                (r.pos == prompt.len()).then_some((r, logits))
+            });
+        let (r, logits) = match whole {
+            Some((r, logits)) => (Some(r), Some(logits)),
+            None => (pool.lookup_resume(&prompt[..prompt.len() - 1]), None),
+        };
+        match r {
             Some(r) => Reuse {
                 shared: r.blocks,
                 hashes: r.hashes,
                 copy: r.tail,
                 state: Some(r.slot),
                 pos: r.pos,
+                logits,
             },
             None => Reuse {
                 shared: Vec::new(),
@@ -61,12 +78,14 @@ impl Scheduler<'_> {
                 copy: None,
                 state: None,
                 pos: 0,
+                logits: None,
             },
         }
     }
 
-    /// Snapshots sequence `i`'s state after a prefill chunk that ended at position `end`.
-    pub(super) fn snapshot_after(&mut self, i: usize, end: usize) {
+    /// Snapshots sequence `i`'s state after a prefill chunk that ended at position `end`;
+    /// at the prompt's end with `logits`, its last position's.
+    pub(super) fn snapshot_after(&mut self, i: usize, end: usize, logits: &[f32]) {
         let bs = self.cfg.block_size;
         let seq = &self.running[i];
         let work = seq.slot;
@@ -88,19 +107,28 @@ impl Scheduler<'_> {
                 }
             }
         } else if end.is_multiple_of(bs) {
-            if let Some(slot) = self.pool.attach_snapshot(seq.hashes[end / bs - 1]) {
+            let hash = seq.hashes[end / bs - 1];
+            if let Some(slot) = self.pool.attach_snapshot(hash) {
                 self.model.copy_state(work, slot);
                 self.counters.snapshots_taken += 1;
+            }
+            if !logits.is_empty() {
+                self.pool.keep_prompt_logits(hash, logits);
             }
         } else {
             let d = end / bs;
             let parent = if d == 0 { ROOT_HASH } else { seq.hashes[d - 1] };
             let src = seq.blocks[d];
-            let tail = self.pool.add_tail(parent, &seq.tokens[d * bs..end]);
+            let tokens = &seq.tokens[d * bs..end];
+            let hash = chain_hash(parent, tokens);
+            let tail = self.pool.add_tail(parent, tokens);
             if let Some((block, slot)) = tail {
                 self.model.copy_block(src, block, end - d * bs);
                 self.model.copy_state(work, slot);
                 self.counters.snapshots_taken += 1;
+            }
+            if !logits.is_empty() {
+                self.pool.keep_prompt_logits(hash, logits);
             }
         }
     }

@@ -68,17 +68,42 @@ fn hybrid_block_aligned_prompt_end_and_shared_prefix() {
     let p = prompt(5, 96);
     let mut a = h.submit(req(p.clone(), 2));
     h.run();
+    let first = a.tokens();
     assert_eq!(usage(&mut a).cached_tokens, 0);
     // another request sharing the 96 tokens, then departing
     let mut q = p.clone();
     q.extend(prompt(6, 20));
     let mut b = h.submit(req(q, 2));
-    // the same prompt again: its end (96) cannot be resumed, the last token must run
+    // the same prompt again: resumed after its last token, its first token from the logits
+    // the snapshot kept (the mock fails any step whose state is not the context before it)
     let mut c = h.submit(req(p, 2));
     h.run();
     assert_eq!(usage(&mut b).cached_tokens, 96);
-    assert_eq!(usage(&mut c).cached_tokens, 0);
+    assert_eq!(c.tokens(), first);
+    assert_eq!(usage(&mut c).cached_tokens, 96);
+    assert_eq!(h.s.stats().computed_prompt_tokens, 96 + 20);
     h.finish();
+}
+
+#[test]
+fn hybrid_same_prompt_again_computes_nothing_and_answers_the_same() {
+    // a prompt ending inside a block (a tail snapshot), and one token: the answer is the
+    // kept logits' token alone
+    for (len, max_tokens) in [(100, 6), (100, 1), (37, 3)] {
+        let mut h = hybrid(64, 1, 8, 64);
+        let p = prompt(9, len);
+        let mut a = h.submit(req(p.clone(), max_tokens));
+        h.run();
+        let first = a.tokens();
+        let computed = h.s.stats().computed_prompt_tokens;
+        let mut c = h.submit(req(p.clone(), max_tokens));
+        h.run();
+        assert_eq!(c.tokens(), first, "len {len}, max_tokens {max_tokens}");
+        let u = usage(&mut c);
+        assert_eq!((u.cached_tokens, u.completion_tokens), (len, max_tokens));
+        assert_eq!(h.s.stats().computed_prompt_tokens, computed);
+        h.finish();
+    }
 }
 
 #[test]
