@@ -12,7 +12,8 @@
 #     turn, then the next turn from the prefix cache; tests/e2e/agent_request.py);
 #   - then, speculative decoding: SmolLM2 with --spec lookup and Qwen2.5-Coder 1.5B with the
 #     0.5B as its draft model: greedy output equals plain decoding through the CLI and the
-#     server (tests/e2e/spec_check.py).
+#     server (tests/e2e/spec_check.py); beside them the hybrid tiny-qwen3_5 (in the repository):
+#     its prefix cache through the SDK (tests/e2e/hybrid_cache.py).
 # The servers are always killed on exit. Exits non-zero if any check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -147,10 +148,11 @@ for pid in "$QWEN_PID" "$SMOL_PID" "$AGENT_PID"; do
     fi
 done
 
-# Speculative decoding: two more servers, started now that the others are done with the CPU.
-read -r LOOKUP_PORT DRAFT_PORT < <("$PY" - <<'EOF'
+# Speculative decoding: two more servers, started now that the others are done with the CPU;
+# and the hybrid model (tiny-qwen3_5, in the repository) for its prefix cache.
+read -r LOOKUP_PORT DRAFT_PORT HYBRID_PORT < <("$PY" - <<'EOF'
 import socket
-socks = [socket.socket() for _ in range(2)]
+socks = [socket.socket() for _ in range(3)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -164,14 +166,20 @@ LOOKUP_PID=$!
     --draft-model "$QWEN" >"$WORK/draft.log" 2>&1 &
 PIDS+=($!)
 DRAFT_PID=$!
+"$BIN" serve -m testdata/tiny/tiny-qwen3_5/qwen3_5-f32.gguf --port "$HYBRID_PORT" >"$WORK/hybrid.log" 2>&1 &
+PIDS+=($!)
+HYBRID_PID=$!
 wait_health lookup "$LOOKUP_PID" "$LOOKUP_PORT"
 wait_health draft "$DRAFT_PID" "$DRAFT_PORT"
+wait_health hybrid "$HYBRID_PID" "$HYBRID_PORT"
+step "hybrid prefix cache (tiny-qwen3_5: the same prompt reused whole, a second turn, a cold rerun)" \
+    "$PY" tests/e2e/hybrid_cache.py "http://127.0.0.1:$HYBRID_PORT/v1"
 step "speculative decoding equals plain greedy (SmolLM2 lookup: CLI and server)" \
     "$PY" tests/e2e/spec_check.py --kestrel "$BIN" --model "$SMOL" --server "http://127.0.0.1:$LOOKUP_PORT"
 step "speculative decoding equals plain greedy (qwen 1.5B lookup and 0.5B draft: CLI; draft: server)" \
     "$PY" tests/e2e/spec_check.py --kestrel "$BIN" --model "$QWEN15" --draft-model "$QWEN" \
     --server "http://127.0.0.1:$DRAFT_PORT"
-for pid in "$LOOKUP_PID" "$DRAFT_PID"; do
+for pid in "$LOOKUP_PID" "$DRAFT_PID" "$HYBRID_PID"; do
     if ! kill -0 "$pid" 2>/dev/null; then
         FAILED+=("server (pid $pid) exited during the tests")
     fi
