@@ -13,16 +13,10 @@ snapshots) through the official `openai` SDK.
   its snapshots out of the pool (then nothing is cached).
 Exits non-zero on any failure.
 """
-import argparse, sys
+import argparse
 from openai import OpenAI
 
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok   " if ok else "FAIL ") + name + ("" if ok else f": {detail}"), flush=True)
-    if not ok:
-        failures.append(name)
+from common import check, finish
 
 
 def cached(usage):
@@ -64,10 +58,7 @@ def main():
     check("the second turn cold (its snapshots evicted: nothing cached): the same answer",
           cold.choices[0].text == t2.choices[0].text and cached(cold.usage) == 0,
           f"{cold.choices[0].text!r} vs {t2.choices[0].text!r} ({cached(cold.usage)} cached)")
-    if failures:
-        print(f"{len(failures)} hybrid cache check(s) failed: {failures}")
-        sys.exit(1)
-    print("hybrid cache checks: all passed")
+    finish("hybrid_cache.py")
 
 
 if __name__ == "__main__":
