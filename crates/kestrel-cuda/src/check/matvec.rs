@@ -392,32 +392,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     }
                     Ok(())
                 };
-                let reps = 200;
-                for i in 0..20 {
-                    launch(gpu, i)?;
-                }
-                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
                 let first = si == 0 && vi == 0;
-                let g = if first {
-                    None
-                } else {
-                    let stream = gpu.stream.clone();
-                    stream.begin_capture(
-                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-                    )?;
-                    let r = (0..reps).try_for_each(|i| launch(gpu, i));
-                    let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-                    r?;
-                    g?
-                };
-                let e0 = gpu.stream.record_event(timing)?;
-                match &g {
-                    Some(g) => g.launch()?,
-                    None => (0..reps).try_for_each(|i| launch(gpu, i))?,
-                }
-                let e1 = gpu.stream.record_event(timing)?;
-                e1.synchronize()?;
-                let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64;
+                let us = super::time_us(gpu, 20, 200, !first, |g: &mut Gpu, i| launch(g, i))?;
                 let label = match (first, vi) {
                     (true, _) => kind.name().to_string(),
                     (false, 0) => format!("{rows}x{cols} {name} (decode's, graph)"),
@@ -460,23 +436,5 @@ fn read_floor_us(gpu: &mut Gpu, copies: &[crate::device::DevBuf], bytes: usize) 
         }
         Ok(())
     };
-    let reps = 200;
-    for i in 0..20 {
-        launch(gpu, i)?;
-    }
-    let stream = gpu.stream.clone();
-    stream
-        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-    let r = (0..reps).try_for_each(|i| launch(gpu, i));
-    let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-    r?;
-    let g = g?;
-    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let e0 = gpu.stream.record_event(timing)?;
-    if let Some(g) = &g {
-        g.launch()?;
-    }
-    let e1 = gpu.stream.record_event(timing)?;
-    e1.synchronize()?;
-    Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)
+    super::time_us(gpu, 20, 200, true, |g: &mut Gpu, i| launch(g, i))
 }

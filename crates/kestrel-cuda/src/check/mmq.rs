@@ -192,24 +192,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                         dout.ptr,
                     )
                 };
-                for i in 0..8 {
-                    go(gpu, i)?;
-                }
-                let reps = 50;
-                let stream = gpu.stream.clone();
-                stream.begin_capture(
-                    cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-                )?;
-                let r = (0..reps).try_for_each(|i| go(gpu, i));
-                let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-                r?;
-                let g = g?.ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
-                let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let e0 = gpu.stream.record_event(timing)?;
-                g.launch()?;
-                let e1 = gpu.stream.record_event(timing)?;
-                e1.synchronize()?;
-                let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64;
+                let us = super::time_us(gpu, 8, 50, true, go)?;
                 let ops = 2.0 * (rows * cols * t) as f64;
                 res.push((
                     format!("{} {rows}x{cols}, {t} tokens ({name})", kind.name()),
@@ -307,21 +290,5 @@ fn matvec8_us(
         }
         Ok(())
     };
-    for i in 0..8 {
-        go(gpu, i)?;
-    }
-    let reps = 50;
-    let stream = gpu.stream.clone();
-    stream
-        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-    let r = (0..reps).try_for_each(|i| go(gpu, i));
-    let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
-    r?;
-    let g = g?.ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?;
-    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let e0 = gpu.stream.record_event(timing)?;
-    g.launch()?;
-    let e1 = gpu.stream.record_event(timing)?;
-    e1.synchronize()?;
-    Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)
+    super::time_us(gpu, 8, 50, true, |g: &mut Gpu, i| go(g, i))
 }

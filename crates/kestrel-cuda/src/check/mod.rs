@@ -91,6 +91,41 @@ impl CaseResult {
     }
 }
 
+/// Microseconds per launch of `launch(gpu, i)` for i in 0..reps, after `warm` plain launches:
+/// `graph` replays them from one captured CUDA graph (no launch gaps between kernels, as
+/// decode runs), else they go as plain stream launches.
+pub(crate) fn time_us(
+    gpu: &mut Gpu,
+    warm: usize,
+    reps: usize,
+    graph: bool,
+    mut launch: impl FnMut(&mut Gpu, usize) -> Result<()>,
+) -> Result<f64> {
+    use cudarc::driver::sys;
+    for i in 0..warm {
+        launch(&mut *gpu, i)?;
+    }
+    let g = if graph {
+        let stream = gpu.stream.clone();
+        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        let r = (0..reps).try_for_each(|i| launch(&mut *gpu, i));
+        let g = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        r?;
+        Some(g?.ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?)
+    } else {
+        None
+    };
+    let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let e0 = gpu.stream.record_event(timing)?;
+    match &g {
+        Some(g) => g.launch()?,
+        None => (0..reps).try_for_each(|i| launch(&mut *gpu, i))?,
+    }
+    let e1 = gpu.stream.record_event(timing)?;
+    e1.synchronize()?;
+    Ok(e0.elapsed_ms(&e1)? as f64 * 1e3 / reps as f64)
+}
+
 /// ‖a − b‖ / ‖b‖ (NaN anywhere fails).
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     if a.len() != b.len() || a.iter().any(|v| !v.is_finite()) {
