@@ -47,10 +47,10 @@ impl Scheduler<'_> {
         }
     }
 
-    /// What a hybrid prompt reuses: the longest cached prefix that ends at a snapshot, short
-    /// of the last prompt token (which must run for its logits).
-    /// With `whole`, a prompt cached whole with its last logits kept resumes after its last
-    /// token.
+    /// What a hybrid prompt reuses: with `whole`, the whole prompt where its end-of-prompt
+    /// snapshot kept the last logits (it resumes after its last token); else the longest
+    /// cached prefix that ends at a snapshot, short of the last prompt token (which must run
+    /// for its logits).
     pub(super) fn reuse_state(pool: &mut BlockPool, prompt: &[u32], whole: bool) -> Reuse {
         let whole = whole
             .then(|| pool.lookup_resume(prompt))
