@@ -6,7 +6,7 @@
 # llama-quantize), gguf wheel, make_dense_model.py / make_qwen35_model.py + vocab. Logs go
 # under $OUT.
 # STAGES (default "check small"): check = op harness + tiny fixtures vs transformers (with
-# --perf lines: mat-vec variants, the logits download); small = Qwen2.5-1.5B-shape Q4_K_M: GPU
+# --perf lines: mat-vec variants, the logits download; PERF=0 without); small = Qwen2.5-1.5B-shape Q4_K_M: GPU
 # vs CPU logits, pp512/tg128; big = Qwen3-8B shape; hybrid = Qwen3.5: tiny-qwen3_5 (GGUF and
 # folder) against transformers, serve --device cuda against --device cpu on it, and the
 # Qwen3.5-0.8B shape: GPU vs CPU logits, pp512/tg128; HYBRID_SHAPES picks the shapes (default
@@ -16,7 +16,7 @@
 # the earlier stages (of this call or an earlier one on the same warm machine) wrote: llama-bench
 # pp512/pp4096/tg128, tg128 at depth 16384, llama-batched-bench with kestrel's concurrent
 # workload (128-token prompts, 64 new tokens, 1/8/32 sequences; PEER_QUICK=1: llama-bench's
-# pp512/pp4096/tg128 alone); prefill = pp512/pp4096 of every shape in PREFILL_SHAPES (default
+# pp512/pp4096/tg128 alone; PEER_SHAPES: only these shapes' files); prefill = pp512/pp4096 of every shape in PREFILL_SHAPES (default
 # qwen3-8b qwen35-0.8b qwen2.5-1.5b), with FLASH_AB=1 pp4096 again with KESTREL_CUDA_FLASH=0
 # (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
 # tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu;
@@ -48,6 +48,9 @@ if [ -f $B/llama-src.tar.xz ] && [ ! -x $PEER/build/bin/llama-bench ]; then
     nice cmake --build $PEER/build --target llama-bench llama-batched-bench -j12 > $PEER/build.log 2>&1
     echo "llama.cpp CUDA build rc=$? ($(date +%T))" ) > $PEER/status.txt 2>&1 &
 fi
+# the kernels compile (NVRTC, ~1-2 minutes on a fresh machine) while the first model is written
+$K run -m testdata/tiny/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1 -n 1 --device cuda > /tmp/w/warm.log 2>&1 &
+WARM=$!
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $B/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site
 model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
@@ -58,6 +61,7 @@ model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
     rm -f $F
   fi
   [ -s $M ] || { tail -5 /tmp/w/quant-$1.log >&2; return 1; }
+  while kill -0 $WARM 2>/dev/null; do sleep 1; done  # the kernels compiled
   echo $M
 }
 ab() {  # ab MODEL: tg128 again with each comma-separated setting of $AB_ENV (A/B in one call)
@@ -93,7 +97,7 @@ for s in $STAGES; do
   echo "=== stage $s ($(date +%T))"
   case $s in
   check)
-    $K gpu-check --perf -m $T/tiny-llama/llama-f32.gguf -m $T/tiny-qwen2/qwen2-f32.gguf -m $T/tiny-qwen3/qwen3-f32.gguf 2>&1 | tee $OUT/check.log
+    $K gpu-check $([ "${PERF:-1}" = 1 ] && echo --perf) -m $T/tiny-llama/llama-f32.gguf -m $T/tiny-qwen2/qwen2-f32.gguf -m $T/tiny-qwen3/qwen3-f32.gguf 2>&1 | tee $OUT/check.log
     # the second start loads the cached kernels
     $K run -m $T/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1,2,3 -n 8 --temp 0 --device cuda 2>&1 | tail -3
     ;;
@@ -159,6 +163,7 @@ for s in $STAGES; do
     [ -x $LB/llama-bench ] || { echo "no llama.cpp build (bundle without llama-src?)"; tail -20 $PEER/build.log 2>/dev/null; continue; }
     for M in $MODELS/*-q4_k_m.gguf; do
       SH=$(basename $M -q4_k_m.gguf)
+      [ -n "${PEER_SHAPES:-}" ] && ! echo " $PEER_SHAPES " | grep -q " $SH " && continue
       $LB/llama-bench -m $M -ngl 99 -fa 1 -p 512,4096 -n 128 -r ${REPS:-3} 2>&1 | grep "^|" | tee $OUT/peer-$SH.log
       [ -n "${PEER_QUICK:-}" ] && continue
       $LB/llama-bench -m $M -ngl 99 -fa 1 -p 0 -n 128 -d 16384 -r 1 2>&1 | grep "^| [a-z]" | tail -1 | tee -a $OUT/peer-$SH.log

@@ -131,22 +131,67 @@ pub fn matvec_kernel(
     )
 }
 
-/// The quantized mat-mat kernel for a step of `t` tokens over `rows` rows with epilogue `epi`
-/// (0 store, 1 add): token tiles of 8, 16, 32 or 64 (the smallest that holds the step; longer
-/// steps take several tiles of 64), its grid of 128-thread blocks of 16 rows, and the padded
-/// token count of its activation layout (`t` rounded up to the tile).
+/// One launch of the quantized mat-mat (`kernels/mmq.cu`).
+pub struct MmqLaunch {
+    pub name: String,
+    pub grid: (u32, u32, u32),
+    /// Threads a block: 32 per warp splitting the rows' units.
+    pub block: u32,
+    /// The step's tokens rounded up to the tile (the padded count of its activation layout).
+    pub t8: usize,
+}
+
+/// The quantized mat-mat for a step of `t` tokens over a `rows` x `cols` matrix with epilogue
+/// `epi` (0 store, 1 add): token tiles of 8, 16, 32 or 64 (the smallest that holds the step;
+/// longer steps take several tiles of 64), blocks of 16 rows whose warps split the row
+/// ([`mmq_warps`]).
 pub fn mmq_kernel(
+    kind: crate::weights::Kind,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    epi: u32,
+) -> MmqLaunch {
+    mmq_launch(kind, rows, t, epi, mmq_warps(kind, rows, cols, t))
+}
+
+/// [`mmq_kernel`] with `wk` warps a block (one of [`mmq_block_shapes`]).
+pub fn mmq_launch(
     kind: crate::weights::Kind,
     rows: usize,
     t: usize,
     epi: u32,
-) -> (String, (u32, u32, u32), usize) {
+    wk: usize,
+) -> MmqLaunch {
     let tile = mmq_tile(t);
-    (
-        format!("mmq_{}_{}_{epi}", kind.name(), tile / 8),
-        (rows.div_ceil(16) as u32, t.div_ceil(tile) as u32, 1),
-        t.next_multiple_of(tile),
-    )
+    MmqLaunch {
+        name: format!("mmq_{}_{}_{epi}_w{wk}", kind.name(), tile / 8),
+        grid: (rows.div_ceil(16) as u32, t.div_ceil(tile) as u32, 1),
+        block: 32 * wk as u32,
+        t8: t.next_multiple_of(tile),
+    }
+}
+
+/// Warps a block of the mat-mat for `t` tokens comes in (`kernels/mmq.cu` builds these).
+pub fn mmq_block_shapes(t: usize) -> &'static [usize] {
+    match mmq_tile(t) {
+        8 => &[8],
+        64 => &[4],
+        _ => &[4, 8],
+    }
+}
+
+/// Warps of a mat-mat block, each taking every 4th / 8th unit of the block's 16 rows
+/// (`gpu-check --perf`, H200, 2026-12-03: docs/cuda.md). Eight (pipelined) for 8 tokens, and
+/// for 16-32 tokens where rows are long (128+ units) or few (4,096): their grid is too small
+/// to keep loads in flight with four. Four for many short rows at 16-32 tokens, and at 64.
+pub fn mmq_warps(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> usize {
+    match mmq_tile(t) {
+        8 => 8,
+        64 => 4,
+        _ if cols / unit_cols(kind) >= 128 || rows <= 4096 => 8,
+        _ => 4,
+    }
 }
 
 /// Fewest tokens for which a quantized matmul takes the mat-mat: from 5 tokens the mat-vecs run
@@ -409,7 +454,12 @@ impl CudaModel {
             let m = self.matrix(w)?;
             (m.kind, m.rows, m.cols, m.buf.ptr)
         };
-        let (name, grid, t8) = mmq_kernel(kind, wrows, t, add as u32);
+        let MmqLaunch {
+            name,
+            grid,
+            block,
+            t8,
+        } = mmq_kernel(kind, wrows, wcols, t, add as u32);
         self.quantize_t(x, t8)?;
         let f = self.gpu.func(&name)?;
         let (q, qd) = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
@@ -428,7 +478,7 @@ impl CudaModel {
                 .arg(&ti)
                 .arg(&out)
                 .arg(&r)
-                .launch(cfg(grid, 128))?;
+                .launch(cfg(grid, block))?;
         }
         Ok(())
     }

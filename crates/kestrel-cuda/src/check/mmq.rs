@@ -6,7 +6,7 @@ use super::ggml;
 use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::matmul::mmq_kernel;
+use crate::matmul::{mmq_block_shapes, mmq_kernel, mmq_launch, MmqLaunch};
 use crate::weights::{to_device_layout, Kind};
 use cudarc::driver::PushKernelArg;
 
@@ -39,12 +39,12 @@ fn quantize(
     Ok((dq, dd))
 }
 
-/// Launches `name` on `grid`: out (+)= W . x over `t` tokens.
+/// Launches `name` on `grid` of `block` threads: out (+)= W . x over `t` tokens.
 #[allow(clippy::too_many_arguments)]
 fn launch(
     gpu: &mut Gpu,
     name: &str,
-    grid: (u32, u32, u32),
+    (grid, block): ((u32, u32, u32), u32),
     w: u64,
     rows: usize,
     cols: usize,
@@ -68,7 +68,7 @@ fn launch(
             .arg(&ti)
             .arg(&out)
             .arg(&r)
-            .launch(cfg(grid, 128))?;
+            .launch(cfg(grid, block))?;
     }
     Ok(())
 }
@@ -105,25 +105,43 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                     } else {
                         rng.vec(t * rows, 1.0)
                     };
-                    let dout = gpu.upload_f32(&base)?;
-                    let (name, grid, t8) = mmq_kernel(kind, rows, t, epi);
-                    let q = quantize(gpu, &dx, t, t8, cols)?;
-                    launch(gpu, &name, grid, dw.ptr, rows, cols, &q, (t, t8), dout.ptr)?;
-                    let got = gpu.read_f32(dout.ptr, t * rows)?;
                     let expect: Vec<f32> = (0..t * rows)
                         .map(|i| {
                             let add = if epi == 1 { base[i] as f64 } else { 0.0 };
                             (add + want[i]) as f32
                         })
                         .collect();
-                    out.push(CaseResult {
-                        op: format!(
-                            "mat-mat {name} [{rows}x{cols}] tokens {t} epilogue {}",
-                            ["store", "add"][epi as usize]
-                        ),
-                        err: rel_err(&got, &expect),
-                        tol: 1e-2,
-                    });
+                    // every block shape, whichever the matrix would take
+                    for &wk in mmq_block_shapes(t) {
+                        let MmqLaunch {
+                            name,
+                            grid,
+                            block,
+                            t8,
+                        } = mmq_launch(kind, rows, t, epi, wk);
+                        let dout = gpu.upload_f32(&base)?;
+                        let q = quantize(gpu, &dx, t, t8, cols)?;
+                        launch(
+                            gpu,
+                            &name,
+                            (grid, block),
+                            dw.ptr,
+                            rows,
+                            cols,
+                            &q,
+                            (t, t8),
+                            dout.ptr,
+                        )?;
+                        let got = gpu.read_f32(dout.ptr, t * rows)?;
+                        out.push(CaseResult {
+                            op: format!(
+                                "mat-mat {name} [{rows}x{cols}] tokens {t} epilogue {}",
+                                ["store", "add"][epi as usize]
+                            ),
+                            err: rel_err(&got, &expect),
+                            tol: 1e-2,
+                        });
+                    }
                 }
             }
         }
@@ -176,30 +194,40 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
             }
             for t in [8usize, 16, 32, 64, 512] {
                 let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
-                let (name, grid, t8) = mmq_kernel(kind, rows, t, 0);
-                let q = quantize(gpu, &dx, t, t8, cols)?;
+                let shipped = mmq_kernel(kind, rows, cols, t, 0);
+                let q = quantize(gpu, &dx, t, shipped.t8, cols)?;
                 let dout = gpu.alloc(t * rows * 4)?;
-                let go = |gpu: &mut Gpu, i: usize| {
-                    launch(
-                        gpu,
-                        &name,
-                        grid,
-                        copies[i % copies.len()].ptr,
-                        rows,
-                        cols,
-                        &q,
-                        (t, t8),
-                        dout.ptr,
-                    )
-                };
-                let us = super::time_us(gpu, 8, 50, true, go)?;
-                let ops = 2.0 * (rows * cols * t) as f64;
-                res.push((
-                    format!("{} {rows}x{cols}, {t} tokens ({name})", kind.name()),
-                    us,
-                    dev.len() as f64 / us / 1e3,
-                    ops / us / 1e6,
-                ));
+                // the shipped kernel, then the other block shape where there is one
+                let mut variants = vec![(shipped.name.clone(), shipped.block)];
+                for &wk in mmq_block_shapes(t) {
+                    if 32 * wk as u32 != shipped.block {
+                        let other = mmq_launch(kind, rows, t, 0, wk);
+                        variants.push((other.name, other.block));
+                    }
+                }
+                for (name, block) in variants {
+                    let go = |gpu: &mut Gpu, i: usize| {
+                        launch(
+                            gpu,
+                            &name,
+                            (shipped.grid, block),
+                            copies[i % copies.len()].ptr,
+                            rows,
+                            cols,
+                            &q,
+                            (t, shipped.t8),
+                            dout.ptr,
+                        )
+                    };
+                    let us = super::time_us(gpu, 8, 50, true, go)?;
+                    let ops = 2.0 * (rows * cols * t) as f64;
+                    res.push((
+                        format!("{} {rows}x{cols}, {t} tokens ({name})", kind.name()),
+                        us,
+                        dev.len() as f64 / us / 1e3,
+                        ops / us / 1e6,
+                    ));
+                }
             }
         }
     }

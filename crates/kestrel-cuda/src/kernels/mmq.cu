@@ -100,85 +100,113 @@ struct PieceW {
     int P;
 };
 
-// The pieces of unit u of row `row` (one for the 32-weight blocks, two for the K-quants), this
-// lane's words of each.
+// The raw words of unit u of one row that one lane needs (loaded a unit ahead of their use,
+// so a warp's next weight loads are in flight while it multiplies the current ones).
+template <int TY> struct Raw;
+template <> struct Raw<T_Q4_0> { int v; u16 d; };
+template <> struct Raw<T_Q5_0> { u32 qh, qs; u16 d; };
+template <> struct Raw<T_Q8_0> { int2 v; u16 d; };
+template <> struct Raw<T_Q4_K> { uint4 hd; int2 v; };
+template <> struct Raw<T_Q6_K> { int l0, l1, h0, h1; uint2 sv; u16 d; };
+
 template <int TY>
-__device__ __forceinline__ void unit_words(const u8* __restrict__ W, u64 nblk, int row, int bpr,
-                                           int u, int tid, PieceW* p) {
-    if (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
+__device__ __forceinline__ Raw<TY> unit_load(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u,
+                                             int tid) {
+    Raw<TY> r;
+    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
         u64 blk = (u64)row * bpr + u;
         const u8* a = W + blk * Blk<TY>::A;
-        float d = h2f(((const u16*)(W + nblk * Blk<TY>::A))[blk]);
-        p[0].a0 = p[0].a1 = d;
-        p[0].P = u;
-        if (TY == T_Q8_0) {
-            int2 v = ((const int2*)a)[tid];
-            p[0].lo = v.x;
-            p[0].hi = v.y;
-            p[0].b = 0.f;
-        } else if (TY == T_Q4_0) {
-            // byte i holds weights i (low nibble) and 16 + i (high): word tid gives both halves
-            int v = ((const int*)a)[tid];
-            p[0].lo = v & 0x0F0F0F0F;
-            p[0].hi = (v >> 4) & 0x0F0F0F0F;
-            p[0].b = -8.f * d;
-        } else {  // Q5_0: qh (4 bytes) then qs (16 bytes)
-            const u32* q = (const u32*)a;
-            u32 qh = q[0], qs = q[1 + tid];
-            p[0].lo = (int)(qs & 0x0F0F0F0Fu) | spread4(qh >> (4 * tid));
-            p[0].hi = (int)((qs >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (16 + 4 * tid));
-            p[0].b = -16.f * d;
+        r.d = ((const u16*)(W + nblk * Blk<TY>::A))[blk];
+        if constexpr (TY == T_Q8_0) r.v = ((const int2*)a)[tid];
+        else if constexpr (TY == T_Q4_0) r.v = ((const int*)a)[tid];
+        else {  // Q5_0: qh (4 bytes) then qs (16 bytes)
+            r.qh = ((const u32*)a)[0];
+            r.qs = ((const u32*)a)[1 + tid];
         }
-    } else if (TY == T_Q4_K) {
-        // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c + 1 (high) of chunk c
-        // the block's header (d, dmin, the 12 scale bytes) in one 16-byte load
+    } else if constexpr (TY == T_Q4_K) {
+        // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c + 1 (high) of chunk c; the
+        // block's header (d, dmin, the 12 scale bytes) in one 16-byte load
         int b = u >> 2, c = u & 3;
         const u8* blk = W + ((u64)row * bpr + b) * 144;
-        uint4 hd = *(const uint4*)blk;
-        float d = h2f((u16)(hd.x & 0xFFFF)), dmin = h2f((u16)(hd.x >> 16));
-        int2 v = ((const int2*)(blk + 16 + 32 * c))[tid];
+        r.hd = *(const uint4*)blk;
+        r.v = ((const int2*)(blk + 16 + 32 * c))[tid];
+    } else {
+        // Q6_K unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
+        int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
+        u64 bi = (u64)row * bpr + b;
+        const u8* blk = W + bi * 208;
+        r.d = ((const u16*)(W + nblk * 208))[bi];
+        const int* ql = (const int*)(blk + 64 * n + 32 * pp);
+        const int* qh = (const int*)(blk + 128 + 32 * n);
+        r.l0 = ql[tid];
+        r.l1 = ql[4 + tid];
+        r.h0 = qh[tid];
+        r.h1 = qh[4 + tid];
+        r.sv = *(const uint2*)(blk + 192 + 8 * n);  // the half's 8 scales: sc(i) = scale 8n + i
+    }
+    return r;
+}
+
+// The pieces of unit u (one for the 32-weight blocks, two for the K-quants) from its raw words.
+template <int TY>
+__device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, PieceW* p) {
+    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
+        float d = h2f(r.d);
+        p[0].a0 = p[0].a1 = d;
+        p[0].P = u;
+        if constexpr (TY == T_Q8_0) {
+            p[0].lo = r.v.x;
+            p[0].hi = r.v.y;
+            p[0].b = 0.f;
+        } else if constexpr (TY == T_Q4_0) {
+            // byte i holds weights i (low nibble) and 16 + i (high): word tid gives both halves
+            p[0].lo = r.v & 0x0F0F0F0F;
+            p[0].hi = (r.v >> 4) & 0x0F0F0F0F;
+            p[0].b = -8.f * d;
+        } else {
+            p[0].lo = (int)(r.qs & 0x0F0F0F0Fu) | spread4(r.qh >> (4 * tid));
+            p[0].hi = (int)((r.qs >> 4) & 0x0F0F0F0Fu) | spread4(r.qh >> (16 + 4 * tid));
+            p[0].b = -16.f * d;
+        }
+    } else if constexpr (TY == T_Q4_K) {
+        int b = u >> 2, c = u & 3;
+        float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int s, m;
-            scale_min_k4(2 * c + h, hd.y, hd.z, hd.w, s, m);
-            p[h].lo = (v.x >> (4 * h)) & 0x0F0F0F0F;
-            p[h].hi = (v.y >> (4 * h)) & 0x0F0F0F0F;
+            scale_min_k4(2 * c + h, r.hd.y, r.hd.z, r.hd.w, s, m);
+            p[h].lo = (r.v.x >> (4 * h)) & 0x0F0F0F0F;
+            p[h].hi = (r.v.y >> (4 * h)) & 0x0F0F0F0F;
             p[h].a0 = p[h].a1 = d * (float)s;
             p[h].b = -dmin * (float)m;
             p[h].P = b * 8 + 2 * c + h;
         }
-    } else if (TY == T_Q6_K) {
-        // unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
+    } else {
         int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
-        u64 bi = (u64)row * bpr + b;
-        const u8* blk = W + bi * 208;
-        float d = h2f(((const u16*)(W + nblk * 208))[bi]);
-        const int* ql = (const int*)(blk + 64 * n + 32 * pp);
-        const int* qh = (const int*)(blk + 128 + 32 * n);
-        // the half's 8 scales in one load: sc(i) = scale 8n + i
-        uint2 sv = *(const uint2*)(blk + 192 + 8 * n);
-        int l0 = ql[tid], l1 = ql[4 + tid], h0 = qh[tid], h1 = qh[4 + tid];
+        float d = h2f(r.d);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int q = pp + 2 * h;  // piece within the half
-            p[h].lo = __vsubss4(((l0 >> (4 * h)) & 0x0F0F0F0F) | (((h0 >> (2 * q)) & 0x03030303) << 4),
+            p[h].lo = __vsubss4(((r.l0 >> (4 * h)) & 0x0F0F0F0F) | (((r.h0 >> (2 * q)) & 0x03030303) << 4),
                                 0x20202020);
-            p[h].hi = __vsubss4(((l1 >> (4 * h)) & 0x0F0F0F0F) | (((h1 >> (2 * q)) & 0x03030303) << 4),
+            p[h].hi = __vsubss4(((r.l1 >> (4 * h)) & 0x0F0F0F0F) | (((r.h1 >> (2 * q)) & 0x03030303) << 4),
                                 0x20202020);
-            p[h].a0 = d * sbyte(sv, 2 * q);
-            p[h].a1 = d * sbyte(sv, 2 * q + 1);
+            p[h].a0 = d * sbyte(r.sv, 2 * q);
+            p[h].a1 = d * sbyte(r.sv, 2 * q + 1);
             p[h].b = 0.f;
             p[h].P = b * 8 + 4 * n + q;
         }
     }
 }
 
-template <int TY, int NJ, int EPI>
+// A block is WK warps over the same 16 rows, warp w taking units w, w + WK, ... With PF the
+// next unit's words are loaded before the current one is multiplied.
+template <int TY, int NJ, int WK, int PF, int EPI>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
                                     const float2* __restrict__ xd, int T8, int T,
                                     float* __restrict__ out, int old) {
     constexpr int PIECES = Blk<TY>::UNIT / 32;
-    __shared__ float red[4 * NJ * 4 * 32];
+    __shared__ float red[WK * NJ * 4 * 32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
     int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NJ;
     int ra = min(r0 + gid, rows - 1), rb = min(r0 + gid + 8, rows - 1);
@@ -188,11 +216,29 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
     float acc[NJ][4];
 #pragma unroll
     for (int j = 0; j < NJ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-#pragma unroll 2
-    for (int u = warp; u < units; u += 4) {
+    Raw<TY> na, nb;
+    if (PF && warp < units) {
+        na = unit_load<TY>(W, nblk, ra, bpr, warp, tid);
+        nb = unit_load<TY>(W, nblk, rb, bpr, warp, tid);
+    }
+    // unpipelined: two units unrolled (their loads hoisted together); pipelined: one at a time
+#pragma unroll (2 - PF)
+    for (int u = warp; u < units; u += WK) {
+        Raw<TY> ca, cb;
+        if (PF) {
+            ca = na;
+            cb = nb;
+            if (u + WK < units) {
+                na = unit_load<TY>(W, nblk, ra, bpr, u + WK, tid);
+                nb = unit_load<TY>(W, nblk, rb, bpr, u + WK, tid);
+            }
+        } else {
+            ca = unit_load<TY>(W, nblk, ra, bpr, u, tid);
+            cb = unit_load<TY>(W, nblk, rb, bpr, u, tid);
+        }
         PieceW pa[PIECES], pb[PIECES];
-        unit_words<TY>(W, nblk, ra, bpr, u, tid, pa);
-        unit_words<TY>(W, nblk, rb, bpr, u, tid, pb);
+        unit_words<TY>(ca, u, tid, pa);
+        unit_words<TY>(cb, u, tid, pb);
 #pragma unroll
         for (int k = 0; k < PIECES; k++) {
             const PieceW &A = pa[k], &B = pb[k];
@@ -231,14 +277,16 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
             }
         }
     }
-    // the four warps' partials: entry e = (j * 4 + i) * 32 + lane of each warp's slice
+    // the warps' partials: entry e = (j * 4 + i) * 32 + lane of each warp's slice
 #pragma unroll
     for (int j = 0; j < NJ; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) red[warp * NJ * 128 + (j * 4 + i) * 32 + lane] = acc[j][i];
     __syncthreads();
-    for (int e = threadIdx.x; e < NJ * 128; e += 128) {
-        float v = red[e] + red[NJ * 128 + e] + red[2 * NJ * 128 + e] + red[3 * NJ * 128 + e];
+    for (int e = threadIdx.x; e < NJ * 128; e += WK * 32) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < WK; w++) v += red[w * NJ * 128 + e];
         int l = e & 31, j = e >> 7, i = (e >> 5) & 3;
         int row = r0 + (l >> 2) + (i >= 2 ? 8 : 0);
         int t = t0 + 8 * j + 2 * (l & 3) + (i & 1);
@@ -250,16 +298,19 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
     }
 }
 
-// mmq_<type>_<NJ>_<epi>: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1 add (the
-// residual).
-#define MMQ1(NAME, TY, NJ, EPI)                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) mmq_##NAME##_##NJ##_##EPI(                 \
+// mmq_<type>_<NJ>_<epi>_w<WK>: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1 add
+// (the residual); WK warps a block split the row. Pipelined (one unit at a time, the next one's
+// words in flight) where that measured faster (docs/cuda.md: 8-16 tokens, and 8 warps); with 4
+// warps and 32-64 tokens two units unrolled, whose activation loads then overlap.
+#define MMQ1(NAME, TY, NJ, EPI, WK)                                                              \
+    extern "C" __global__ void __launch_bounds__(WK * 32) mmq_##NAME##_##NJ##_##EPI##_w##WK(     \
         const u8* W, int rows, int cols, const i8* xq, const float2* xd, int T8, int T,          \
-        float* out, int old) { GRID_DEP();                                                                   \
-        mmq<TY, NJ, EPI>(W, rows, cols, xq, xd, T8, T, out, old);                                \
+        float* out, int old) { GRID_DEP();                                                       \
+        mmq<TY, NJ, WK, (WK == 8 || NJ <= 2), EPI>(W, rows, cols, xq, xd, T8, T, out, old);      \
     }
-#define MMQ(NAME, TY) MMQ1(NAME, TY, 1, 0) MMQ1(NAME, TY, 1, 1) MMQ1(NAME, TY, 2, 0) MMQ1(NAME, TY, 2, 1) MMQ1(NAME, TY, 4, 0) \
-    MMQ1(NAME, TY, 4, 1) MMQ1(NAME, TY, 8, 0) MMQ1(NAME, TY, 8, 1)
+#define MMQ_NJ(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK) MMQ1(NAME, TY, NJ, 1, WK)
+#define MMQ(NAME, TY) MMQ_NJ(NAME, TY, 1, 8) MMQ_NJ(NAME, TY, 2, 4) MMQ_NJ(NAME, TY, 2, 8) \
+    MMQ_NJ(NAME, TY, 4, 4) MMQ_NJ(NAME, TY, 4, 8) MMQ_NJ(NAME, TY, 8, 4)
 MMQ(q4_0, T_Q4_0)
 MMQ(q5_0, T_Q5_0)
 MMQ(q8_0, T_Q8_0)
