@@ -1,5 +1,5 @@
 //! The int8 mat-mat cases (`kernels/mmq.cu`): every quantized type, token counts across the
-//! three tile widths and past one tile, both epilogues, a row count that leaves the last
+//! four tile widths and past one tile, both epilogues, every block shape of each tile, a row count that leaves the last
 //! 16-row block partial; and its speed lines.
 
 use super::ggml;
@@ -149,8 +149,9 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
     Ok(())
 }
 
-/// The mat-mat's speed on the 8B's decode shapes at 16, 32 and 64 tokens (batched decode of
+/// The mat-mat's speed on the 8B's decode shapes at 8, 16, 32 and 64 tokens (batched decode of
 /// that many sequences) and 512 (a prefill chunk's worth, for the comparison), Q4_K and Q6_K,
+/// in every block shape of the tile (the shipped one first),
 /// as 50 launches replayed from one CUDA graph with 8 copies of the weights rotating (the 50 MB
 /// L2 never holds them); beside it the GEMM path it replaces (the whole matrix dequantized to
 /// f16, then cuBLAS) at 32 and 512 tokens, as stream launches. Each line: (label, us per
@@ -197,20 +198,21 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                 let shipped = mmq_kernel(kind, rows, cols, t, 0);
                 let q = quantize(gpu, &dx, t, shipped.t8, cols)?;
                 let dout = gpu.alloc(t * rows * 4)?;
-                // the shipped kernel, then the other block shape where there is one
-                let mut variants = vec![(shipped.name.clone(), shipped.block)];
-                for &wk in mmq_block_shapes(t) {
-                    if 32 * wk as u32 != shipped.block {
-                        let other = mmq_launch(kind, rows, t, 0, wk);
-                        variants.push((other.name, other.block));
-                    }
-                }
-                for (name, block) in variants {
+                // every block shape, the shipped one first
+                let mut variants: Vec<MmqLaunch> = mmq_block_shapes(t)
+                    .iter()
+                    .map(|&wk| mmq_launch(kind, rows, t, 0, wk))
+                    .collect();
+                variants.sort_by_key(|v| v.block != shipped.block);
+                for MmqLaunch {
+                    name, grid, block, ..
+                } in variants
+                {
                     let go = |gpu: &mut Gpu, i: usize| {
                         launch(
                             gpu,
                             &name,
-                            (shipped.grid, block),
+                            (grid, block),
                             copies[i % copies.len()].ptr,
                             rows,
                             cols,

@@ -4,10 +4,10 @@
 // The weights' pieces (32 weights: value = a * q + b, a per 16 weights for Q6_K, as unit_acc
 // decodes them) go from device memory straight into mma.sync fragments, against the same int8
 // activation blocks the mat-vecs read; each piece's int32 dot (Q6_K: each half's) is scaled
-// into f32 accumulators by the piece's scales and the activation block's. A block is four warps
-// over the same 16 rows: warp w takes units w, w + 4, ... of the rows (K split four ways keeps
-// four warps' loads in flight on long rows) against every token of the tile (8 NJ tokens); the
-// block then sums the four partials. Grid: (rows / 16, T8 / (8 NJ)), rows rounded up; rows past
+// into f32 accumulators by the piece's scales and the activation block's. A block is WK (4 or 8)
+// warps over the same 16 rows: warp w takes units w, w + WK, ... of the rows (K split keeps
+// every warp's loads in flight on long rows) against every token of the tile (8 NJ tokens); the
+// block then sums the warps' partials. Grid: (rows / 16, T8 / (8 NJ)), rows rounded up; rows past
 // the end re-read the last one, and they and tokens past T are never stored.
 //
 // The activations come in a layout of their own (quantize_q_t below), piece-major: int8
