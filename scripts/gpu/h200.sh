@@ -173,7 +173,7 @@ for s in $STAGES; do
   esac
 done
 echo "=== summary ($(date +%T))"
-grep -h "FAIL\|op harness\|reference prompt\|GPU vs CPU\|perf mat-vec\|perf prompt\|dequantize" $OUT/*.log 2>/dev/null | head -40
+grep -h "FAIL\|op harness\|reference prompt\|GPU vs CPU\|perf mat-vec\|perf decode\|perf prompt\|dequantize" $OUT/*.log 2>/dev/null | head -40
 grep -h "| tg\|| pp" $OUT/bench-*.log $OUT/prefill-*.log 2>/dev/null
 grep -h "tok/s" $OUT/concurrent-*.log 2>/dev/null
 grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null

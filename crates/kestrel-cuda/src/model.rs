@@ -268,18 +268,19 @@ fn widest_input(cfg: &ModelConfig) -> usize {
 const WF16_ELEMS: usize = 32 << 20;
 
 /// Context ranges of decode attention at most (flash-decoding; a token's context takes one
-/// range per 32 positions up to this many).
+/// range per 32 positions up to this many; `kernels/attention.cu` merges up to 128).
 pub const DECODE_SPLITS: usize = 64;
+const _: () = assert!(DECODE_SPLITS <= 128);
 
-/// Context splits of a step's attention: [`DECODE_SPLITS`] for steps of up to [`MATVEC_MAX`]
-/// tokens (few sequences: the context is what there is to spread), one above (every token
-/// and head already a block).
+/// (token, context range) results the decode attention's scratch holds.
+const SPLIT_SLOTS: usize = MATVEC_MAX * DECODE_SPLITS;
+
+/// Context ranges of a step's decode attention per token: [`DECODE_SPLITS`] for steps of up to
+/// [`MATVEC_MAX`] tokens (few sequences: the context is what there is to spread), fewer as the
+/// step grows (32 sequences at a context of 4096 still spread each over 16 blocks), one from
+/// [`SPLIT_SLOTS`] tokens on. A short context takes fewer (one range per 32 positions).
 pub fn decode_splits(t: usize) -> usize {
-    if t <= MATVEC_MAX {
-        DECODE_SPLITS
-    } else {
-        1
-    }
+    (SPLIT_SLOTS / t.max(1)).clamp(1, DECODE_SPLITS)
 }
 
 impl Scratch {
@@ -296,7 +297,8 @@ impl Scratch {
                 + hybrid_floats(cfg)) as u64;
         let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3;
         let act16 = t * widest * 2;
-        let partial = (Self::partial_floats(cfg) + MATVEC_MAX * cfg.n_heads) as u64 * 4;
+        let partial =
+            (Self::partial_floats(cfg) + max_batch.max(MATVEC_MAX) * cfg.n_heads) as u64 * 4;
         4 * f32s
             + q8
             + act16
@@ -305,10 +307,10 @@ impl Scratch {
             + 4 * (STEP_SECTIONS as u64 * t + max_table as u64)
     }
 
-    /// Decode attention's per-range results (steps of several ranges: up to [`MATVEC_MAX`]
-    /// tokens).
+    /// Decode attention's per-range results (a step's tokens x [`decode_splits`] of them at
+    /// most [`SPLIT_SLOTS`]), `head_dim + 4` floats each.
     fn partial_floats(cfg: &ModelConfig) -> usize {
-        MATVEC_MAX * DECODE_SPLITS * cfg.n_heads * (cfg.head_dim + 2)
+        SPLIT_SLOTS * cfg.n_heads * (cfg.head_dim + 4)
     }
 
     fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: usize, max_table: usize) -> Result<Self> {
@@ -350,7 +352,7 @@ impl Scratch {
             wf16: gpu.alloc(WF16_ELEMS * 2)?,
             wf16_elems: WF16_ELEMS,
             partial: f(Self::partial_floats(cfg))?,
-            attn_count: f(MATVEC_MAX * cfg.n_heads)?,
+            attn_count: f(t.max(MATVEC_MAX) * cfg.n_heads)?,
             step_in: f(STEP_SECTIONS * t + max_table)?,
             ids: Sub { ptr: 0 },
             pos: Sub { ptr: 0 },

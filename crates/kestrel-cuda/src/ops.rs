@@ -35,19 +35,16 @@ pub struct Pending {
     pub stage: u8,
 }
 
-/// The decode attention kernel for a head size (`kernels/attention.cu`): LPP lanes hold one
-/// position's head vector, EPL = head_dim / LPP dims each.
+/// The decode attention kernel for a head size (`kernels/attention.cu`, `attn_decode_h<HD>`).
 pub fn attn_kernel(head_dim: usize) -> Result<String> {
-    let (epl, lpp) = match head_dim {
-        d if d % 16 == 0 && (16..=128).contains(&d) => (d / 8, 8),
-        192 | 256 => (head_dim / 16, 16),
-        d => {
-            return Err(CudaError::Unsupported(format!(
-                "attention heads of {d} dims (multiples of 16 up to 128, 192 and 256 on the GPU)"
-            )))
+    match head_dim {
+        d if d % 16 == 0 && (16..=128).contains(&d) || d == 192 || d == 256 => {
+            Ok(format!("attn_decode_h{d}"))
         }
-    };
-    Ok(format!("attn_decode_e{epl}_l{lpp}"))
+        d => Err(CudaError::Unsupported(format!(
+            "attention heads of {d} dims (multiples of 16 up to 128, 192 and 256 on the GPU)"
+        ))),
+    }
 }
 
 /// Blocks of the decode attention kernel per (token, context range): per KV head, its query

@@ -215,7 +215,7 @@ impl DecodeScratch {
         let count = gpu.alloc(counts * 4)?;
         gpu.write(count.ptr, &vec![0u8; counts * 4])?;
         Ok(Self {
-            partial: gpu.alloc(s.t() * s.nh * splits * (s.hd + 2) * 4)?,
+            partial: gpu.alloc(s.t() * s.nh * splits * (s.hd + 4) * 4)?,
             count,
         })
     }
@@ -252,6 +252,12 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
         (4, 4, 256, 70, 3, 64),
         (16, 4, 256, 9000, 1, 64),
         (40, 8, 128, 95, 8, 64),
+        (6, 2, 48, 900, 2, 64),
+        (10, 2, 80, 129, 4, 64),
+        (8, 1, 192, 2000, 1, 64),
+        (32, 8, 128, 3000, 6, 1),
+        (32, 8, 128, 16384, 1, 128),
+        (32, 8, 128, 2000, 32, 16),
     ] {
         let s = Step::new(nh, nkv, hd, &[(len, t)], rng);
         let (kc, vc, q) = random_cache(&s, rng);
@@ -352,6 +358,74 @@ pub fn check_flash(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> R
         });
     }
     Ok(())
+}
+
+/// (what, us, GB/s of K/V read): the decode kernel on one token at a long context of the real
+/// shapes, up to [`crate::model::DECODE_SPLITS`] ranges (and twice as many beside it), and on
+/// 32 sequences' tokens with one range each beside the ranges the model gives them; mean of 20
+/// after a warm-up.
+pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
+    let ns = crate::model::DECODE_SPLITS;
+    let mut res = Vec::new();
+    for (nh, nkv, hd, len, t, splits, label) in [
+        (
+            32usize,
+            8usize,
+            128usize,
+            16384usize,
+            1usize,
+            ns,
+            "Qwen3-8B heads",
+        ),
+        (32, 8, 128, 16384, 1, 2 * ns, "Qwen3-8B heads"),
+        (32, 8, 128, 4096, 1, ns, "Qwen3-8B heads"),
+        (32, 8, 128, 1024, 1, ns, "Qwen3-8B heads"),
+        (32, 8, 128, 4096, 32, 1, "Qwen3-8B heads"),
+        (
+            32,
+            8,
+            128,
+            4096,
+            32,
+            crate::model::decode_splits(32),
+            "Qwen3-8B heads",
+        ),
+        (32, 8, 128, 256, 32, 1, "Qwen3-8B heads"),
+        (
+            32,
+            8,
+            128,
+            256,
+            32,
+            crate::model::decode_splits(32),
+            "Qwen3-8B heads",
+        ),
+        (16, 4, 256, 16384, 1, ns, "Qwen3.5-9B heads"),
+        (16, 4, 256, 16384, 1, 2 * ns, "Qwen3.5-9B heads"),
+        (14, 2, 64, 16384, 1, ns, "Qwen2.5-0.5B heads"),
+    ] {
+        // t tokens: t sequences of `len` each (the batched decode step)
+        let s = Step::new(nh, nkv, hd, &vec![(len, 1); t], rng);
+        let (kc, vc, q) = random_cache(&s, rng);
+        let d = upload(gpu, &s, &q, &kc, &vc)?;
+        let scratch = DecodeScratch::new(gpu, &s, splits)?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        launch_decode(gpu, &s, &d, &scratch, splits, None)?;
+        let e0 = gpu.stream.record_event(timing)?;
+        for _ in 0..20 {
+            launch_decode(gpu, &s, &d, &scratch, splits, None)?;
+        }
+        let e1 = gpu.stream.record_event(timing)?;
+        e1.synchronize()?;
+        let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / 20.0;
+        let bytes = (t * len * nkv * hd * 2 * 2) as f64;
+        res.push((
+            format!("{label} ({nh}/{nkv} of {hd}), {t} x context {len}, up to {splits} ranges"),
+            us,
+            bytes / us / 1e3,
+        ));
+    }
+    Ok(res)
 }
 
 /// (what, decode kernel us, prompt kernel us, TFLOP/s of the prompt kernel): one prompt chunk

@@ -13,7 +13,7 @@ mod mmq;
 mod rows;
 use crate::error::{CudaError, Result};
 use crate::weights::Kind;
-pub use attention::{check_attention, check_flash, perf_flash};
+pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
 pub use deltanet::check_deltanet;
 use kestrel_gguf::GgmlType;

@@ -1,7 +1,7 @@
 // Decode attention over the paged f16 KV cache (flash-decoding, grouped): one block of 4 warps
-// per (KV head, group of up to 4 of its query heads, token, context split) reads each K/V row
+// per (KV head, group of up to 4 of its query heads, token, context range) reads each K/V row
 // once for the whole group (GQA: the query heads of a KV head share its rows), keeps an online
-// softmax per head, and the block that finishes a (token, group) last merges the splits,
+// softmax per head, and the block that finishes a (token, group) last merges the ranges,
 // writes the output and quantizes it for the output projection: one kernel, no combine pass.
 //
 // A token's context 0..=pos is cut into ns = min(n_splits, ceil(len / 32)) equal ranges:
@@ -9,206 +9,264 @@
 // (one range writes its result directly). ns is computed on the device from the position, so
 // one captured graph serves every step of a decode.
 //
-// Lanes: LPP lanes hold one position's head vector, EPL = head_dim / LPP contiguous dims each
-// (16-byte loads); a warp takes 2 * 32 / LPP positions per step (two per lane group, their K
-// and V loads issued together).
+// A range is read in tiles of TP positions (8 KiB of K for heads of 128), double-buffered in
+// shared memory by cp.async: the next tile's rows are in flight while the block works on this
+// one (their block-table entries looked up a tile earlier still), and no register holds a
+// load in flight (the grouped form that kept a lane group's
+// accumulators for 4 heads in registers ran at 2 blocks an SM and read K/V at ~1 TB/s). Per
+// tile: (1) a thread per (head, position) scores q . k from shared memory, (2) a warp per head
+// folds the scores into its running max and sum, (3) a thread per (head, 4 dims) adds the
+// weighted V rows to its accumulators.
 //
 // Cache layout: row = block_id * block_size + pos % block_size, each row [n_kv * hd] f16; a
 // token's block table is tables[tbl_off[t] ..]. partial[((t * n_heads + h) * n_splits + s) *
-// (hd + 2)] = {m, l, acc[hd]}; count[t * gridDim.x + blockIdx.x] counts finished ranges (zero
-// between launches: the merging block resets it).
+// (hd + 4)] = {m, l, -, -, acc[hd]} (acc 16-byte aligned); count[t * gridDim.x + blockIdx.x]
+// counts finished ranges (zero between launches: the merging block resets it).
 
-#define ATT_WARPS 4
+#define ATT_THREADS 128
 #define ATT_GQ 4       // query heads per block at most
 #define ATT_MINLEN 32  // positions per context range at least
+#define ATT_MAXSPLITS 128  // context ranges at most (the merge keeps their factors in shared memory)
 
-template <int N>
-__device__ __forceinline__ void load_raw(const u16* p, u32* r) {  // N halves as N / 2 words
-    if constexpr (N % 8 == 0) {
-#pragma unroll
-        for (int c = 0; c < N / 8; c++) {
-            uint4 v = ((const uint4*)p)[c];
-            r[4 * c] = v.x; r[4 * c + 1] = v.y; r[4 * c + 2] = v.z; r[4 * c + 3] = v.w;
-        }
-    } else {
-#pragma unroll
-        for (int c = 0; c < N / 2; c++) r[c] = ((const u32*)p)[c];
-    }
-}
 __device__ __forceinline__ float lo_h(u32 w) { return h2f((u16)(w & 0xFFFF)); }
 __device__ __forceinline__ float hi_h(u32 w) { return h2f((u16)(w >> 16)); }
 
-template <int LPP>
-__device__ __forceinline__ float group_sum(float v) {  // over the LPP lanes of a position
-#pragma unroll
-    for (int o = 1; o < LPP; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+// 16 bytes global -> shared without a register; `ok` false fills zeros (rows past the range:
+// their V must be finite, it is multiplied by a zero weight).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(ok ? 16 : 0));
 }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
-template <int EPL, int LPP>
+template <int HD>
+struct AttnTile {
+    static constexpr int TP = HD <= 64 ? 64 : (HD <= 128 ? 32 : 16);  // positions a tile
+    static constexpr int RS = HD + 8;  // halves a shared row: 16 bytes of padding keep the
+                                       // rows of 8 lanes' 16-byte reads on distinct banks
+    static constexpr int CPR = HD / 8;  // 16-byte pieces a row
+    static constexpr int R = (ATT_GQ * HD / 4 + ATT_THREADS - 1) / ATT_THREADS;  // (head, 4 dims) items a thread
+    static constexpr int LPT = (TP * CPR + ATT_THREADS - 1) / ATT_THREADS;  // 16-byte pieces a thread loads a tile
+    static constexpr int PS = HD + 4;  // floats of a range's result in partial
+};
+
+template <int HD>
 __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n_heads, int n_kv,
                                               const u16* __restrict__ kc, const u16* __restrict__ vc,
                                               int block_size, const int* pos, const int* tbl_off,
                                               const int* tables, int n_splits, float scale, float* partial,
                                               int* count, float* out, i8* xq, float2* xd) {
-    constexpr int HD = EPL * LPP, PPG = 32 / LPP;  // head size, lane groups per warp
+    using A = AttnTile<HD>;
+    constexpr int TP = A::TP, RS = A::RS, CPR = A::CPR, R = A::R, LPT = A::LPT, PS = A::PS;
     const int G = n_heads / n_kv, subs = (G + ATT_GQ - 1) / ATT_GQ, per = (G + subs - 1) / subs;
     const int kvh = blockIdx.x / subs, sub = blockIdx.x % subs;
     const int h0 = kvh * G + sub * per, nq = min(per, G - sub * per);
-    const int t = blockIdx.y, s = blockIdx.z;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane / LPP, gl = lane % LPP;
+    const int t = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
     const int len = pos[t] + 1;
     const int ns = min(n_splits, (len + ATT_MINLEN - 1) / ATT_MINLEN);
     if (s >= ns) return;
     const int chunk = (len + ns - 1) / ns;
     const int p0 = s * chunk, p1 = min(len, p0 + chunk);
+    const int ntiles = (p1 - p0 + TP - 1) / TP;
     const int kv_dim = n_kv * HD;
 
-    float qr[ATT_GQ][EPL], acc[ATT_GQ][EPL], m[ATT_GQ], l[ATT_GQ];
-#pragma unroll
-    for (int j = 0; j < ATT_GQ; j++) {
-        const float* q = Q + ((u64)t * n_heads + h0 + min(j, nq - 1)) * HD + gl * EPL;
-#pragma unroll
-        for (int e = 0; e < EPL; e++) { qr[j][e] = j < nq ? q[e] * scale : 0.f; acc[j][e] = 0.f; }
-        m[j] = -INFINITY;
-        l[j] = 0.f;
+    __shared__ __align__(16) u16 sk[2][TP * RS], sv[2][TP * RS];
+    __shared__ __align__(16) float sq[ATT_GQ * HD];  // the group's queries, scaled
+    __shared__ float sw[ATT_GQ][TP];                 // scores, then weights
+    __shared__ float scorr[ATT_GQ], sm[ATT_GQ], sl[ATT_GQ];
+    __shared__ int last;
+
+    for (int i = tid; i < ATT_GQ * HD; i += ATT_THREADS) {
+        int j = i / HD;
+        sq[i] = j < nq ? Q[((u64)t * n_heads + h0 + j) * HD + i % HD] * scale : 0.f;
     }
     const int* tbl = tables + tbl_off[t];
-    const u64 col = (u64)kvh * HD + gl * EPL;
-    for (int base = p0 + 2 * PPG * warp; base < p1; base += 2 * PPG * ATT_WARPS) {
-        int pa = base + g, pb = base + PPG + g;
-        bool oka = pa < p1, okb = pb < p1;
-        u32 ka[EPL / 2], kb[EPL / 2], va[EPL / 2], vb[EPL / 2];
-        u64 ra = oka ? (u64)tbl[pa / block_size] * block_size + pa % block_size : 0;
-        u64 rb = okb ? (u64)tbl[pb / block_size] * block_size + pb % block_size : 0;
-        load_raw<EPL>(kc + ra * kv_dim + col, ka);
-        load_raw<EPL>(kc + rb * kv_dim + col, kb);
-        load_raw<EPL>(vc + ra * kv_dim + col, va);
-        load_raw<EPL>(vc + rb * kv_dim + col, vb);
-        float fka[EPL], fkb[EPL];
+    const u64 col = (u64)kvh * HD;
+    // a tile's rows in two steps, a tile apart: this thread's pieces' cache rows from the block
+    // table (-1: past the range), then their copies into a buffer
+    auto lookup = [&](int it, int* rows) {
+        const int tp0 = p0 + it * TP;
 #pragma unroll
-        for (int c = 0; c < EPL / 2; c++) {
-            fka[2 * c] = lo_h(ka[c]); fka[2 * c + 1] = hi_h(ka[c]);
-            fkb[2 * c] = lo_h(kb[c]); fkb[2 * c + 1] = hi_h(kb[c]);
+        for (int k = 0; k < LPT; k++) {
+            const int i = tid + ATT_THREADS * k, p = tp0 + i / CPR;
+            rows[k] = i < TP * CPR && p < p1 ? tbl[p / block_size] * block_size + p % block_size : -1;
         }
+    };
+    auto issue = [&](const int* rows, int buf) {
 #pragma unroll
-        for (int j = 0; j < ATT_GQ; j++) {
-            if (j >= nq) break;
-            float da = 0.f, db = 0.f;
-#pragma unroll
-            for (int e = 0; e < EPL; e++) { da += qr[j][e] * fka[e]; db += qr[j][e] * fkb[e]; }
-            da = group_sum<LPP>(da);
-            db = group_sum<LPP>(db);
-            da = oka ? da : -INFINITY;
-            db = okb ? db : -INFINITY;
-            float m2 = fmaxf(m[j], fmaxf(da, db));
-            if (m2 == -INFINITY) continue;  // neither position is in range (whole lane group)
-            float corr = __expf(m[j] - m2), wa = __expf(da - m2), wb = __expf(db - m2);
-            l[j] = l[j] * corr + wa + wb;
-#pragma unroll
-            for (int c = 0; c < EPL / 2; c++) {
-                acc[j][2 * c] = acc[j][2 * c] * corr + wa * lo_h(va[c]) + wb * lo_h(vb[c]);
-                acc[j][2 * c + 1] = acc[j][2 * c + 1] * corr + wa * hi_h(va[c]) + wb * hi_h(vb[c]);
+        for (int k = 0; k < LPT; k++) {
+            const int i = tid + ATT_THREADS * k;
+            if (i < TP * CPR) {
+                const u64 g = (u64)max(rows[k], 0) * kv_dim + col + 8 * (i % CPR);
+                const int d = (i / CPR) * RS + 8 * (i % CPR);
+                cp_async16(&sk[buf][d], kc + g, rows[k] >= 0);
+                cp_async16(&sv[buf][d], vc + g, rows[k] >= 0);
             }
-            m[j] = m2;
+        }
+        cp_async_commit();
+    };
+
+    float acc[R][4], m_run = -INFINITY, l_run = 0.f;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
+    int rows[LPT];
+    lookup(0, rows);
+    issue(rows, 0);
+    lookup(1, rows);
+    for (int it = 0; it < ntiles; it++) {
+        const int buf = it & 1, tp0 = p0 + it * TP;
+        cp_async_wait_all();
+        __syncthreads();  // this tile landed for every thread; the last tile's readers are done
+        if (it + 1 < ntiles) {
+            issue(rows, buf ^ 1);
+            lookup(it + 2, rows);
+        }
+        const u16* K = sk[buf];
+        const u16* V = sv[buf];
+        // (1) scores: a thread per (head, position)
+        for (int i = tid; i < ATT_GQ * TP; i += ATT_THREADS) {
+            int j = i / TP, p = i % TP;
+            float sc = -INFINITY;
+            if (j < nq && tp0 + p < p1) {
+                const u16* kr = K + p * RS;
+                const float* qj = sq + j * HD;
+                float d0 = 0.f, d1 = 0.f;
+#pragma unroll
+                for (int c = 0; c < CPR; c++) {
+                    uint4 w = *(const uint4*)(kr + 8 * c);
+                    float4 qa = *(const float4*)(qj + 8 * c), qb = *(const float4*)(qj + 8 * c + 4);
+                    d0 += qa.x * lo_h(w.x) + qa.y * hi_h(w.x) + qa.z * lo_h(w.y) + qa.w * hi_h(w.y);
+                    d1 += qb.x * lo_h(w.z) + qb.y * hi_h(w.z) + qb.z * lo_h(w.w) + qb.w * hi_h(w.w);
+                }
+                sc = d0 + d1;
+            }
+            sw[j][p] = sc;
+        }
+        __syncthreads();
+        // (2) a warp per head: running max and sum, the tile's weights and the rescale
+        if (warp < nq) {
+            float mx = -INFINITY;
+            for (int p = lane; p < TP; p += 32) mx = fmaxf(mx, sw[warp][p]);
+            mx = warp_max(mx);
+            const float mn = fmaxf(m_run, mx), corr = __expf(m_run - mn);
+            float sum = 0.f;
+            for (int p = lane; p < TP; p += 32) {
+                float w = __expf(sw[warp][p] - mn);
+                sw[warp][p] = w;
+                sum += w;
+            }
+            l_run = l_run * corr + warp_sum(sum);
+            m_run = mn;
+            if (lane == 0) scorr[warp] = corr;
+        }
+        __syncthreads();
+        // (3) a thread per (head, 4 dims): acc = acc * corr + sum_p w_p v_p
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int k = tid + ATT_THREADS * r, j = k / (HD / 4), c = k % (HD / 4);
+            if (j < nq) {
+                const float cr = scorr[j];
+                float a0 = acc[r][0] * cr, a1 = acc[r][1] * cr, a2 = acc[r][2] * cr, a3 = acc[r][3] * cr;
+#pragma unroll 8
+                for (int p = 0; p < TP; p++) {
+                    const float w = sw[j][p];
+                    const uint2 v = *(const uint2*)(V + p * RS + 4 * c);
+                    a0 += w * lo_h(v.x); a1 += w * hi_h(v.x); a2 += w * lo_h(v.y); a3 += w * hi_h(v.y);
+                }
+                acc[r][0] = a0; acc[r][1] = a1; acc[r][2] = a2; acc[r][3] = a3;
+            }
         }
     }
-    // merge the warp's lane groups (lanes gl, gl + LPP, ... hold the same dims)
-#pragma unroll
-    for (int off = LPP; off < 32; off <<= 1) {
-#pragma unroll
-        for (int j = 0; j < ATT_GQ; j++) {
-            float mo = __shfl_xor_sync(0xffffffffu, m[j], off), lo = __shfl_xor_sync(0xffffffffu, l[j], off);
-            float M = fmaxf(m[j], mo);
-            float a = m[j] == -INFINITY ? 0.f : __expf(m[j] - M), b = mo == -INFINITY ? 0.f : __expf(mo - M);
-#pragma unroll
-            for (int e = 0; e < EPL; e++) acc[j][e] = acc[j][e] * a + __shfl_xor_sync(0xffffffffu, acc[j][e], off) * b;
-            l[j] = l[j] * a + lo * b;
-            m[j] = M;
-        }
-    }
-    // then the block's warps: per head its maximum, sum and accumulator
-    __shared__ float sm[ATT_WARPS][ATT_GQ], sl[ATT_WARPS][ATT_GQ], sacc[ATT_WARPS][ATT_GQ][HD];
-    __shared__ float bm[ATT_GQ], bl[ATT_GQ];
-    __shared__ int last;
-#pragma unroll
-    for (int j = 0; j < ATT_GQ; j++) {
-        if (lane == 0) { sm[warp][j] = m[j]; sl[warp][j] = l[j]; }
-        if (g == 0) {
-#pragma unroll
-            for (int e = 0; e < EPL; e++) sacc[warp][j][gl * EPL + e] = acc[j][e];
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < nq) {
-        int j = threadIdx.x;
-        float M = -INFINITY, L = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm[w][j]);
-        for (int w = 0; w < ATT_WARPS; w++) L += sm[w][j] == -INFINITY ? 0.f : sl[w][j] * __expf(sm[w][j] - M);
-        bm[j] = M;
-        bl[j] = L;
-    }
+    cp_async_wait_all();  // (an empty range's zero fills)
+    if (warp < nq && lane == 0) { sm[warp] = m_run; sl[warp] = l_run; }
     __syncthreads();
     const int qdim = n_heads * HD, n = nq * HD;
-    float* orow = out + (u64)t * qdim + (u64)h0 * HD;
+    float* so = sq;  // the queries are spent: the output is gathered here
     if (ns == 1) {  // one range: the block's result is the output
-        for (int b0 = 0; b0 < n; b0 += 32 * ATT_WARPS) {
-            int i = b0 + threadIdx.x, j = i / HD, e = i % HD;
-            float v = 0.f;
-            if (i < n) {
-                float a = 0.f;
-                for (int w = 0; w < ATT_WARPS; w++)
-                    a += sm[w][j] == -INFINITY ? 0.f : sacc[w][j][e] * __expf(sm[w][j] - bm[j]);
-                v = a / bl[j];
-                orow[i] = v;
-            }
-            if (xq != nullptr && b0 + 32 * warp < n) {
-                u64 c = ((u64)t * qdim + (u64)h0 * HD + b0 + 32 * warp) / 32;
-                quant32(v, xq + 32 * c, xd + c);
-            }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int k = tid + ATT_THREADS * r, j = k / (HD / 4), c = k % (HD / 4);
+            if (j < nq)
+#pragma unroll
+    #pragma unroll
+            for (int e = 0; e < 4; e++) so[j * HD + 4 * c + e] = acc[r][e] / sl[j];
         }
-        return;
-    }
-    // several ranges: store this one's, and the last block of the (token, group) merges them
-    for (int i = threadIdx.x; i < n; i += 32 * ATT_WARPS) {
-        int j = i / HD, e = i % HD;
-        float a = 0.f;
-        for (int w = 0; w < ATT_WARPS; w++)
-            a += sm[w][j] == -INFINITY ? 0.f : sacc[w][j][e] * __expf(sm[w][j] - bm[j]);
-        partial[(((u64)t * n_heads + h0 + j) * n_splits + s) * (HD + 2) + 2 + e] = a;
-    }
-    if (threadIdx.x < nq) {
-        float* p = partial + (((u64)t * n_heads + h0 + threadIdx.x) * n_splits + s) * (HD + 2);
-        p[0] = bm[threadIdx.x];
-        p[1] = bl[threadIdx.x];
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int* c = count + (u64)t * gridDim.x + blockIdx.x;
-        last = atomicAdd(c, 1) == ns - 1;
-        if (last) *c = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int b0 = 0; b0 < n; b0 += 32 * ATT_WARPS) {
-        int i = b0 + threadIdx.x, j = i / HD, e = i % HD;
-        float v = 0.f;
-        if (i < n) {
-            const float* p = partial + ((u64)t * n_heads + h0 + j) * n_splits * (HD + 2);
-            float M = -INFINITY, L = 0.f, a = 0.f;
-            for (int r = 0; r < ns; r++) M = fmaxf(M, __ldcg(p + r * (HD + 2)));
-            for (int r = 0; r < ns; r++) {
-                float mr = __ldcg(p + r * (HD + 2));
-                if (mr == -INFINITY) continue;
-                float f = __expf(mr - M);
-                L += __ldcg(p + r * (HD + 2) + 1) * f;
-                a += __ldcg(p + r * (HD + 2) + 2 + e) * f;
-            }
-            v = a / L;
-            orow[i] = v;
+    } else {
+        // several ranges: store this one's, and the last block of the (token, group) merges them
+        const u64 hs = (u64)n_splits * PS;  // a head's stride in partial
+        float* pb = partial + ((u64)t * n_heads + h0) * hs + (u64)s * PS;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int k = tid + ATT_THREADS * r, j = k / (HD / 4), c = k % (HD / 4);
+            if (j < nq) *(float4*)(pb + j * hs + 4 + 4 * c) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
         }
+        if (tid < nq) {
+            pb[tid * hs] = sm[tid];
+            pb[tid * hs + 1] = sl[tid];
+        }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int* cnt = count + (u64)t * gridDim.x + blockIdx.x;
+            last = atomicAdd(cnt, 1) == ns - 1;
+            if (last) *cnt = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // every range's max and sum at once, a warp per head's factors, then a thread per
+        // (head, 4 dims) sums the ranges' accumulators (independent 16-byte loads)
+        const float* ph = partial + ((u64)t * n_heads + h0) * hs;
+        // the ranges' maxima and sums where the K tiles were (spent)
+        float(*sf)[ATT_MAXSPLITS] = (float(*)[ATT_MAXSPLITS])&sk[0][0];
+        float(*sfl)[ATT_MAXSPLITS] = sf + ATT_GQ;
+        static_assert(sizeof(sk) >= 2 * ATT_GQ * ATT_MAXSPLITS * sizeof(float), "merge space");
+        for (int k = tid; k < nq * ns; k += ATT_THREADS) {
+            const int j = k / ns, q = k % ns;
+            sf[j][q] = __ldcg(ph + j * hs + q * PS);
+            sfl[j][q] = __ldcg(ph + j * hs + q * PS + 1);
+        }
+        __syncthreads();
+        if (warp < nq) {
+            float M = -INFINITY, L = 0.f;
+            for (int q = lane; q < ns; q += 32) M = fmaxf(M, sf[warp][q]);
+            M = warp_max(M);
+            for (int q = lane; q < ns; q += 32) {
+                const float mr = sf[warp][q], f = mr == -INFINITY ? 0.f : __expf(mr - M);
+                sf[warp][q] = f;
+                L += sfl[warp][q] * f;
+            }
+            L = warp_sum(L);
+            if (lane == 0) sl[warp] = L;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int k = tid + ATT_THREADS * r, j = k / (HD / 4), c = k % (HD / 4);
+            if (j >= nq) continue;
+            const float* pa = ph + j * hs + 4 + 4 * c;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+            for (int q = 0; q < ns; q++) {
+                const float f = sf[j][q];
+                const float4 v = __ldcg((const float4*)(pa + q * PS));
+                a.x += f * v.x; a.y += f * v.y; a.z += f * v.z; a.w += f * v.w;
+            }
+            const float il = 1.f / sl[j];
+            so[j * HD + 4 * c] = a.x * il;
+            so[j * HD + 4 * c + 1] = a.y * il;
+            so[j * HD + 4 * c + 2] = a.z * il;
+            so[j * HD + 4 * c + 3] = a.w * il;
+        }
+    }
+    __syncthreads();
+    float* orow = out + (u64)t * qdim + (u64)h0 * HD;
+    for (int b0 = 0; b0 < n; b0 += ATT_THREADS) {
+        const int i = b0 + tid;
+        const float v = i < n ? so[i] : 0.f;
+        if (i < n) orow[i] = v;
         if (xq != nullptr && b0 + 32 * warp < n) {
             u64 c = ((u64)t * qdim + (u64)h0 * HD + b0 + 32 * warp) / 32;
             quant32(v, xq + 32 * c, xd + c);
@@ -216,15 +274,14 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     }
 }
 
-// attn_decode_e<EPL>_l<LPP>: head size EPL * LPP. Grid (n_kv * ceil(G / ceil(G / ...)), t,
-// n_splits) as ops.rs computes it (`attn_groups`), 128 threads.
-#define ATTD(EPL, LPP)                                                                              \
-    extern "C" __global__ void __launch_bounds__(128) attn_decode_e##EPL##_l##LPP(                  \
+// attn_decode_h<HD>: heads of HD dims. Grid (n_kv * ceil(G / ceil(G / 4)), t, n_splits) as
+// ops.rs computes it (`attn_groups`), 128 threads.
+#define ATTD(HD)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_decode_h##HD(                    \
         const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc, int block_size,         \
         const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale,            \
         float* partial, int* count, float* out, i8* xq, float2* xd) { GRID_DEP();                  \
-        attn_decode_g<EPL, LPP>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits, \
-                                scale, partial, count, out, xq, xd);                                 \
+        attn_decode_g<HD>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits,     \
+                          scale, partial, count, out, xq, xd);                                       \
     }
-ATTD(2, 8) ATTD(4, 8) ATTD(6, 8) ATTD(8, 8) ATTD(10, 8) ATTD(12, 8) ATTD(14, 8) ATTD(16, 8)
-ATTD(12, 16) ATTD(16, 16)
+ATTD(16) ATTD(32) ATTD(48) ATTD(64) ATTD(80) ATTD(96) ATTD(112) ATTD(128) ATTD(192) ATTD(256)
