@@ -361,11 +361,11 @@ pub fn check_flash(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> R
 }
 
 /// (what, us, GB/s of K/V read): the decode kernel on one token at a long context of the real
-/// shapes, up to [`crate::model::DECODE_SPLITS`] ranges (and twice as many beside it), and on
+/// shapes, up to 64 ranges (and 128 beside it), and on
 /// 32 sequences' tokens with one range each beside the ranges the model gives them; mean of 20
 /// after a warm-up.
 pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
-    let ns = crate::model::DECODE_SPLITS;
+    let ns = 64;
     let mut res = Vec::new();
     for (nh, nkv, hd, len, t, splits, label) in [
         (
@@ -387,7 +387,7 @@ pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
             128,
             4096,
             32,
-            crate::model::decode_splits(32),
+            crate::model::decode_splits(32, 8),
             "Qwen3-8B heads",
         ),
         (32, 8, 128, 256, 32, 1, "Qwen3-8B heads"),
@@ -397,7 +397,7 @@ pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
             128,
             256,
             32,
-            crate::model::decode_splits(32),
+            crate::model::decode_splits(32, 8),
             "Qwen3-8B heads",
         ),
         (16, 4, 256, 16384, 1, ns, "Qwen3.5-9B heads"),
