@@ -927,3 +927,31 @@ impl kestrel_engine::StepModel for CudaModel {
         let _ = CudaModel::copy_block(self, src, dst, n_positions);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The decode attention's partial results are sized for SPLIT_SLOTS (token, range) pairs
+    /// (a step in one range writes none) and its kernel merges at most 128 ranges: no step
+    /// size or head layout may ask for more.
+    #[test]
+    fn decode_splits_stay_within_the_scratch_and_the_merge() {
+        for groups in 1..=64 {
+            for t in 1..=2048 {
+                let s = decode_splits(t, groups);
+                assert!(
+                    (1..=DECODE_SPLITS).contains(&s),
+                    "t {t} groups {groups}: {s}"
+                );
+                assert!(s == 1 || t * s <= SPLIT_SLOTS, "t {t} groups {groups}: {s}");
+            }
+        }
+        // the measured choices: the 8B's 8 groups 64 ranges, the 9B's 4 groups 128, 32
+        // sequences 16 each, one range from 512 tokens on
+        assert_eq!(decode_splits(1, 8), 64);
+        assert_eq!(decode_splits(1, 4), 128);
+        assert_eq!(decode_splits(32, 8), 16);
+        assert_eq!(decode_splits(512, 4), 1);
+    }
+}

@@ -520,7 +520,7 @@ impl Ops for CudaModel {
         let (part, count) = (s.partial.ptr, s.attn_count.ptr);
         let (ns, scale) = (n_splits as i32, 1.0 / (c.head_dim as f32).sqrt());
         // the kernel quantizes whole heads for the output projection: 32-wide blocks
-        let quant = t <= MATVEC_MAX && c.head_dim % 32 == 0;
+        let quant = t <= MATVEC_MAX && c.head_dim.is_multiple_of(32);
         let (xq, xd) = if quant { (s.xq.ptr, s.xd.ptr) } else { (0, 0) };
         let groups = attn_groups(c.n_heads, c.n_kv_heads) as u32;
         // SAFETY: as in flush.
