@@ -42,12 +42,16 @@ fn hf_config(dir: &Path) -> ModelConfig {
     ModelConfig::from_hf_json(&json).unwrap()
 }
 
-/// `kestrel quantize DIR OUT --type mix`, through the library.
+/// `kestrel quantize DIR OUT --type mix`, through the library. Each call writes its own file:
+/// the tests run at once, and two quantizing the same folder to one path raced (one read the
+/// file while the other was writing it).
 fn quantize_folder(arch: &str, mix: QuantMix) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = tiny_dir(arch);
     let store = TensorStore::from_hf_dir(&dir).unwrap();
     let plan = quantize::plan(&store, &hf_config(&dir), None, mix).unwrap();
-    let out = tmp(&format!("{arch}-{}.gguf", mix.name()));
+    let out = tmp(&format!("{arch}-{}-{n}.gguf", mix.name()));
     quantize::write_gguf(&store, &plan, &out, 2, &mut |_, _| {}).unwrap();
     out
 }
