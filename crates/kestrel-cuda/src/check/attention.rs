@@ -361,48 +361,25 @@ pub fn check_flash(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> R
 }
 
 /// (what, us, GB/s of K/V read): the decode kernel on one token at a long context of the real
-/// shapes, up to 64 ranges (and 128 beside it), and on
-/// 32 sequences' tokens with one range each beside the ranges the model gives them; mean of 20
-/// after a warm-up.
+/// shapes, up to 64 ranges (and 128 beside it), and on 32 sequences' tokens in one range each
+/// beside the ranges the model gives them; mean of 20 after a warm-up.
 pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
-    let ns = 64;
+    let (ns, batched) = (64, crate::model::decode_splits(32, 8));
+    let (q3, q35, q25) = ("Qwen3-8B heads", "Qwen3.5-9B heads", "Qwen2.5-0.5B heads");
     let mut res = Vec::new();
+    // (heads, KV heads, head size, context, tokens, ranges, what)
     for (nh, nkv, hd, len, t, splits, label) in [
-        (
-            32usize,
-            8usize,
-            128usize,
-            16384usize,
-            1usize,
-            ns,
-            "Qwen3-8B heads",
-        ),
-        (32, 8, 128, 16384, 1, 2 * ns, "Qwen3-8B heads"),
-        (32, 8, 128, 4096, 1, ns, "Qwen3-8B heads"),
-        (32, 8, 128, 1024, 1, ns, "Qwen3-8B heads"),
-        (32, 8, 128, 4096, 32, 1, "Qwen3-8B heads"),
-        (
-            32,
-            8,
-            128,
-            4096,
-            32,
-            crate::model::decode_splits(32, 8),
-            "Qwen3-8B heads",
-        ),
-        (32, 8, 128, 256, 32, 1, "Qwen3-8B heads"),
-        (
-            32,
-            8,
-            128,
-            256,
-            32,
-            crate::model::decode_splits(32, 8),
-            "Qwen3-8B heads",
-        ),
-        (16, 4, 256, 16384, 1, ns, "Qwen3.5-9B heads"),
-        (16, 4, 256, 16384, 1, 2 * ns, "Qwen3.5-9B heads"),
-        (14, 2, 64, 16384, 1, ns, "Qwen2.5-0.5B heads"),
+        (32, 8, 128, 16384, 1, ns, q3),
+        (32, 8, 128, 16384, 1, 2 * ns, q3),
+        (32, 8, 128, 4096, 1, ns, q3),
+        (32, 8, 128, 1024, 1, ns, q3),
+        (32, 8, 128, 4096, 32, 1, q3),
+        (32, 8, 128, 4096, 32, batched, q3),
+        (32, 8, 128, 256, 32, 1, q3),
+        (32, 8, 128, 256, 32, batched, q3),
+        (16, 4, 256, 16384, 1, ns, q35),
+        (16, 4, 256, 16384, 1, 2 * ns, q35),
+        (14, 2, 64, 16384, 1, ns, q25),
     ] {
         // t tokens: t sequences of `len` each (the batched decode step)
         let s = Step::new(nh, nkv, hd, &vec![(len, 1); t], rng);
