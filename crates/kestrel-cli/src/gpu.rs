@@ -211,19 +211,22 @@ fn feed(
     tokens: &[u32],
     start: usize,
     want: bool,
-) -> Result<Vec<f32>> {
-    Ok(m.forward(&[SeqIn {
+) -> Result<Option<u32>> {
+    let step = SeqIn {
         tokens,
         start,
         blocks: table,
         want_logits: want,
         all_logits: false,
         slot: 0,
-    }])?)
+        argmax_only: want,
+    };
+    Ok(m.forward_argmax(&[step])?.first().copied())
 }
 
 /// llama-bench's pp / tg / depth on the GPU: prompt-eval tok/s over P tokens and decode tok/s
-/// over N tokens (greedy, logits copied back every step), after D tokens of depth; median of
+/// over N tokens (greedy: the argmax picked on the GPU, one id copied back a step, as the
+/// engine does for greedy requests), after D tokens of depth; median of
 /// `reps` after one warm-up; decode beside the bandwidth limit (weight bytes per token / 4.65
 /// TB/s, the H200's measured read bandwidth), prefill beside the tensor cores' peak (the layers'
 /// matrix products at ~790 TFLOP/s, the H200's measured bf16 dense rate).
@@ -303,8 +306,8 @@ pub fn bench(
                 let mut tok = prompt(1, 3 + r as u64)[0];
                 let t = Instant::now();
                 for i in 0..n {
-                    let logits = feed(&mut m, &table, &[tok], d + i, true)?;
-                    tok = argmax(&logits);
+                    tok = feed(&mut m, &table, &[tok], d + i, true)?
+                        .ok_or_else(|| anyhow!("the step gave no token"))?;
                 }
                 let s = t.elapsed().as_secs_f64();
                 if r > 0 {
@@ -349,13 +352,13 @@ fn st_tensor(st: &safetensors::SafeTensors, name: &str) -> Result<(Vec<usize>, V
 
 /// Greedy continuation of `prompt` on the GPU (the sequence starts at position 0).
 fn gpu_greedy(m: &mut CudaModel, table: &[u32], prompt: &[u32], n: usize) -> Result<Vec<u32>> {
-    let mut logits = feed(m, table, prompt, 0, true)?;
+    let mut next = feed(m, table, prompt, 0, true)?;
     let mut out = Vec::new();
     for i in 0..n {
-        let t = argmax(&logits);
+        let t = next.ok_or_else(|| anyhow!("the step gave no token"))?;
         out.push(t);
         if i + 1 < n {
-            logits = feed(m, table, &[t], prompt.len() + i, true)?;
+            next = feed(m, table, &[t], prompt.len() + i, true)?;
         }
     }
     Ok(out)
@@ -458,6 +461,7 @@ pub fn check(
                     want_logits: true,
                     all_logits: true,
                     slot: 0,
+                    argmax_only: false,
                 }])?;
                 let worst = got
                     .iter()
@@ -486,6 +490,7 @@ pub fn check(
             want_logits: true,
             all_logits: true,
             slot: 0,
+            argmax_only: false,
         }])?;
         // worst |a - b| over each row's spread (max - min of b), and the largest |a - b|
         let spread_err = |a: &[f32], b: &[f32]| -> (f64, f32) {
@@ -599,6 +604,7 @@ pub fn logits(
         want_logits: true,
         all_logits: true,
         slot: 0,
+        argmax_only: false,
     }])?))
 }
 

@@ -203,6 +203,9 @@ pub struct Scratch {
     pub up: DevBuf,
     pub picked: DevBuf,
     pub logits: DevBuf,
+    /// The logits rows' argmax (`ops::ARGMAX_PARTS` (value, index) pairs a row, then one i32 a
+    /// row): what a greedy row downloads instead of its logits.
+    pub argmax: DevBuf,
     /// Hybrid models' buffers (see `Buf`); 16-byte placeholders for the others.
     pub qgate: DevBuf,
     pub gate: DevBuf,
@@ -307,6 +310,7 @@ impl Scratch {
         let partial =
             (Self::partial_floats(cfg) + max_batch.max(MATVEC_MAX) * cfg.n_heads) as u64 * 4;
         4 * f32s
+            + t * crate::ops::argmax_bytes_per_row()
             + q8
             + act16
             + WF16_ELEMS as u64 * 2
@@ -343,6 +347,7 @@ impl Scratch {
             up: f(t * cfg.ffn_dim)?,
             picked: f(t * cfg.dim)?,
             logits: gpu.alloc(t * cfg.vocab_size * 4)?,
+            argmax: gpu.alloc(t * crate::ops::argmax_bytes_per_row() as usize)?,
             qgate: f(t * 2 * gated)?,
             gate: f(t * gated)?,
             mixed: f(t * ch)?,
@@ -421,6 +426,9 @@ pub struct SeqIn<'a> {
     pub all_logits: bool,
     /// Recurrent-state slot (hybrid models; ignored by the others).
     pub slot: u32,
+    /// Only the argmax of the last token's logits is wanted (as the engine's `SeqStep`): the
+    /// step computes it on the GPU and downloads it instead of the row.
+    pub argmax_only: bool,
 }
 
 /// Which shared recipe the model runs.
@@ -614,14 +622,35 @@ impl CudaModel {
     /// One step over the new tokens of several sequences; returns the logits of those that
     /// want them, in order. Steps over `max_batch` tokens are cut into several passes.
     pub fn forward(&mut self, seqs: &[SeqIn]) -> Result<Vec<f32>> {
+        if seqs.iter().any(|s| s.argmax_only) {
+            return Err(CudaError::Other(
+                "forward returns whole rows: argmax_only steps take forward_argmax".into(),
+            ));
+        }
         let mut logits = vec![0.0; out_rows(seqs) * self.config.vocab_size];
-        self.forward_into(seqs, &mut logits)?;
+        self.forward_into(seqs, &mut logits, &mut Vec::new())?;
         Ok(logits)
     }
 
+    /// One step whose `argmax_only` sequences' next tokens (greedy decode) are returned, in
+    /// order; the GPU picks them, and no logits row is downloaded for them.
+    pub fn forward_argmax(&mut self, seqs: &[SeqIn]) -> Result<Vec<u32>> {
+        let mut logits = vec![0.0; out_rows(seqs) * self.config.vocab_size];
+        let mut picks = Vec::new();
+        self.forward_into(seqs, &mut logits, &mut picks)?;
+        Ok(picks.into_iter().flatten().collect())
+    }
+
     /// As [`CudaModel::forward`], the logits written into `out`: [`out_rows`] x vocab floats
-    /// (the engine's page-locked buffer, reused across steps).
-    pub fn forward_into(&mut self, seqs: &[SeqIn], out: &mut [f32]) -> Result<()> {
+    /// (the engine's page-locked buffer, reused across steps), and one entry per row pushed to
+    /// `picks`: the argmax of the rows of `argmax_only` sequences (their floats in `out` left
+    /// stale), None for the others.
+    pub fn forward_into(
+        &mut self,
+        seqs: &[SeqIn],
+        out: &mut [f32],
+        picks: &mut Vec<Option<u32>>,
+    ) -> Result<()> {
         let n = out_rows(seqs) * self.config.vocab_size;
         if out.len() != n {
             return Err(CudaError::Other(format!(
@@ -630,10 +659,17 @@ impl CudaModel {
             )));
         }
         let mut filled = 0;
-        self.forward_rows(seqs, out, &mut filled)
+        picks.clear();
+        self.forward_rows(seqs, out, &mut filled, picks)
     }
 
-    fn forward_rows(&mut self, seqs: &[SeqIn], out: &mut [f32], filled: &mut usize) -> Result<()> {
+    fn forward_rows(
+        &mut self,
+        seqs: &[SeqIn],
+        out: &mut [f32],
+        filled: &mut usize,
+        picks: &mut Vec<Option<u32>>,
+    ) -> Result<()> {
         self.gpu.bind()?;
         let (vocab, bs) = (self.config.vocab_size, self.kv.block_size);
         for s in seqs {
@@ -657,7 +693,7 @@ impl CudaModel {
         }
         let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if total <= self.max_batch {
-            return self.pass(seqs, out, filled);
+            return self.pass(seqs, out, filled, picks);
         }
         // Too many tokens for one pass: sequence by sequence, in chunks of max_batch.
         for s in seqs {
@@ -672,17 +708,24 @@ impl CudaModel {
                     want_logits: s.want_logits && j == n,
                     all_logits: s.all_logits,
                     slot: s.slot,
+                    argmax_only: s.argmax_only,
                 };
-                self.pass(&[part], out, filled)?;
+                self.pass(&[part], out, filled, picks)?;
                 i = j;
             }
         }
         Ok(())
     }
 
-    /// One pass of at most `max_batch` tokens; its logits are written at `out[*filled..]`, and
-    /// `filled` moves past them.
-    fn pass(&mut self, seqs: &[SeqIn], out: &mut [f32], filled: &mut usize) -> Result<()> {
+    /// One pass of at most `max_batch` tokens; its logits are written at `out[*filled..]` (and
+    /// its rows' picks pushed to `picks`), and `filled` moves past them.
+    fn pass(
+        &mut self,
+        seqs: &[SeqIn],
+        out: &mut [f32],
+        filled: &mut usize,
+        picks: &mut Vec<Option<u32>>,
+    ) -> Result<()> {
         let bs = self.kv.block_size;
         let mut ids = Vec::new();
         let mut pos = Vec::new();
@@ -690,6 +733,8 @@ impl CudaModel {
         let mut tbl_off = Vec::new();
         let mut tables: Vec<i32> = Vec::new();
         let mut pick = Vec::new();
+        // per row of logits: whether its argmax alone goes back
+        let mut argmax = Vec::new();
         let (mut seq_t0, mut seq_len, mut seq_slot) = (Vec::new(), Vec::new(), Vec::new());
         for s in seqs {
             if self.state.n_slots > 0 {
@@ -716,10 +761,12 @@ impl CudaModel {
                 tbl_off.push(off);
                 if s.all_logits {
                     pick.push(ids.len() as i32 - 1);
+                    argmax.push(false);
                 }
             }
             if s.want_logits && !s.all_logits && !s.tokens.is_empty() {
                 pick.push(ids.len() as i32 - 1);
+                argmax.push(s.argmax_only);
             }
         }
         let t = ids.len();
@@ -769,7 +816,7 @@ impl CudaModel {
             .get_mut(at..end)
             .ok_or_else(|| CudaError::Other("logits past the step's buffer".into()))?;
         *filled = end;
-        self.gpu.read(self.scratch.logits.ptr, rows)
+        self.download_logits(rows, &argmax, picks)
     }
 
     fn run_recipe(&mut self) -> Result<()> {
@@ -905,10 +952,14 @@ impl kestrel_engine::StepModel for CudaModel {
                 want_logits: s.want_logits,
                 all_logits: s.all_logits,
                 slot: s.slot,
+                argmax_only: s.argmax_only && !s.all_logits,
             })
             .collect();
         let out = logits.fill(out_rows(&s) * self.config.vocab_size)?;
-        CudaModel::forward_into(self, &s, out).map_err(|e| e.to_string())
+        let mut picks = Vec::new();
+        CudaModel::forward_into(self, &s, out, &mut picks).map_err(|e| e.to_string())?;
+        logits.set_picks(picks);
+        Ok(())
     }
     fn logits_memory(&self) -> Option<Box<dyn kestrel_engine::LogitsMemory>> {
         Some(Box::new(crate::device::PinnedLogits::new(

@@ -9,6 +9,7 @@
 //!   (`qkv_epilogue`) when the next other operation arrives.
 //! - The residual add is the mat-vec's epilogue (`matmul_add`), SwiGLU the gate/up mat-vec's.
 
+use crate::device::Gpu;
 use crate::error::{CudaError, Result};
 pub use crate::matmul::{warps_per_row, MVX_MATS};
 use crate::model::{AttnDev, CudaModel, DeltaNetDev, LayerDev, MixerDev};
@@ -77,6 +78,15 @@ pub fn takes_flash(t: usize, n_seqs: usize) -> bool {
 /// Whether the A/B switch `var` is on: on unless set to `0`, read once per process into `cell`.
 pub(crate) fn switch_on(cell: &'static std::sync::OnceLock<bool>, var: &str) -> bool {
     *cell.get_or_init(|| std::env::var(var).map_or(true, |v| v != "0"))
+}
+
+/// Parts of a logits row that the argmax kernels reduce separately (one block each) before
+/// merging them: a row of 152k-248k floats is read by 32 blocks, not one.
+pub const ARGMAX_PARTS: usize = 32;
+
+/// Scratch bytes of the argmax per logits row: the parts' (value, index) pairs and the pick.
+pub fn argmax_bytes_per_row() -> u64 {
+    (ARGMAX_PARTS * 8 + 4) as u64
 }
 
 pub(crate) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
@@ -575,4 +585,80 @@ impl Ops for CudaModel {
         self.wrote(out);
         Ok(())
     }
+}
+
+/// The logits' way back to the host.
+impl CudaModel {
+    /// Brings a pass's `argmax.len()` logits rows to the host: the rows flagged in `argmax` as
+    /// their argmax (picked on the GPU, pushed to `picks`; their floats in `out` left stale),
+    /// the others whole (one copy per run of them, `None` in `picks`).
+    pub(crate) fn download_logits(
+        &mut self,
+        out: &mut [f32],
+        argmax: &[bool],
+        picks: &mut Vec<Option<u32>>,
+    ) -> Result<()> {
+        let (rows, vocab) = (argmax.len(), self.config.vocab_size);
+        if !argmax.contains(&true) {
+            picks.extend(std::iter::repeat_n(None, rows));
+            return self.gpu.read(self.scratch.logits.ptr, out);
+        }
+        let ids = self.argmax_rows(rows)?;
+        let mut r = 0;
+        while r < rows {
+            if argmax[r] {
+                r += 1;
+                continue;
+            }
+            let end = (r..rows).find(|&i| argmax[i]).unwrap_or(rows);
+            let src = self.scratch.logits.ptr + (r * vocab * 4) as u64;
+            self.gpu.read(src, &mut out[r * vocab..end * vocab])?;
+            r = end;
+        }
+        picks.extend(argmax.iter().zip(ids).map(|(&a, id)| a.then_some(id)));
+        Ok(())
+    }
+
+    /// The argmax of each of the first `rows` rows of the logits buffer.
+    pub(crate) fn argmax_rows(&mut self, rows: usize) -> Result<Vec<u32>> {
+        let part = self.scratch.argmax.ptr;
+        let ids = part + (self.scratch.max_batch * ARGMAX_PARTS * 8) as u64;
+        let n = self.config.vocab_size;
+        launch_argmax(&mut self.gpu, self.scratch.logits.ptr, rows, n, part, ids)?;
+        let mut got = vec![0i32; rows];
+        self.gpu.read(ids, &mut got)?;
+        Ok(got.into_iter().map(|i| i as u32).collect())
+    }
+}
+
+/// Launches the argmax of `rows` rows of `n` floats at `x` into `ids` (one i32 a row), with
+/// `rows` x [`ARGMAX_PARTS`] (value, index) pairs of scratch at `part` (`kernels/elementwise.cu`:
+/// `argmax_part`, `argmax_merge`).
+pub fn launch_argmax(
+    gpu: &mut Gpu,
+    x: u64,
+    rows: usize,
+    n: usize,
+    part: u64,
+    ids: u64,
+) -> Result<()> {
+    let (parts, n) = (ARGMAX_PARTS as i32, n as i32);
+    let (fp, fm) = (gpu.func("argmax_part")?, gpu.func("argmax_merge")?);
+    // SAFETY: the callers' buffers: x holds rows x n floats, part rows x parts pairs, ids
+    // rows ints.
+    unsafe {
+        gpu.stream
+            .launch_builder(&fp)
+            .arg(&x)
+            .arg(&n)
+            .arg(&part)
+            .launch(cfg((ARGMAX_PARTS as u32, rows as u32, 1), 256))?;
+        gpu.stream
+            .launch_builder(&fm)
+            .arg(&part)
+            .arg(&parts)
+            .arg(&ids)
+            .launch(cfg((rows as u32, 1, 1), 32))?;
+    }
+    Ok(())
 }

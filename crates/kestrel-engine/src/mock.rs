@@ -5,6 +5,10 @@
 //! position, so it can check that the engine only reads positions that were written, and it
 //! records every step (including the full context each sequence saw) for assertions.
 //!
+//! With [`MockModel::with_device_argmax`] it plays a GPU that picks greedy rows itself: rows of
+//! `argmax_only` steps come back as their argmax, their floats poisoned (a planted maximum on
+//! another token), so an engine that read them would pick wrong.
+//!
 //! With [`MockModel::with_state_slots`] it plays a hybrid model: each state slot holds the
 //! tokens it has consumed, a step starting at 0 clears its slot, and every other step fails
 //! unless its slot holds exactly the context before `start` — so a resume from a wrong
@@ -25,6 +29,7 @@ pub struct RecordedSeq {
     pub start: usize,
     pub blocks: Vec<u32>,
     pub want_logits: bool,
+    pub argmax_only: bool,
     /// Tokens read back from the KV blocks for positions [0, start), then `tokens`.
     pub context: Vec<u32>,
 }
@@ -51,6 +56,8 @@ pub struct MockModel {
     delay: Duration,
     /// Recurrent state per slot: the tokens consumed (`None`: never written).
     states: Vec<Option<Vec<u32>>>,
+    /// Rows of `argmax_only` steps come back as picks (see the module doc).
+    device_argmax: bool,
 }
 
 impl MockModel {
@@ -69,7 +76,14 @@ impl MockModel {
             fail_on_token: None,
             delay: Duration::ZERO,
             states: Vec::new(),
+            device_argmax: false,
         }
+    }
+
+    /// Gives the argmax of `argmax_only` rows as picks, their floats poisoned (module doc).
+    pub fn with_device_argmax(mut self) -> Self {
+        self.device_argmax = true;
+        self
     }
 
     /// Plays a hybrid model with `n` recurrent-state slots (see the module doc).
@@ -166,10 +180,12 @@ impl StepModel for MockModel {
                 start: s.start,
                 blocks: s.blocks.to_vec(),
                 want_logits: s.want_logits,
+                argmax_only: s.argmax_only,
                 context,
             });
         }
         let mut logits = Vec::new();
+        let mut picks = Vec::new();
         for s in seqs {
             for (i, &t) in s.tokens.iter().enumerate() {
                 let pos = s.start + i;
@@ -184,11 +200,20 @@ impl StepModel for MockModel {
             if s.want_logits {
                 let from = if s.all_logits { 0 } else { s.tokens.len() - 1 };
                 for (i, &last) in s.tokens.iter().enumerate().skip(from) {
+                    let row = logits.len();
                     self.logits_at(s.start + i, last, &mut logits);
+                    let pick = (self.device_argmax && s.argmax_only && !s.all_logits)
+                        .then(|| (self.next)(s.start + i, last) % self.vocab as u32);
+                    if let Some(id) = pick {
+                        let poison = (id as usize + 1) % self.vocab;
+                        logits[row + poison] = 1e6;
+                    }
+                    picks.push(pick);
                 }
             }
         }
         out.set_vec(logits)?;
+        out.set_picks(picks);
         self.log
             .lock()
             .unwrap_or_else(|e| e.into_inner())

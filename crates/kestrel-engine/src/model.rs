@@ -1,7 +1,7 @@
 //! What the scheduler needs from a model: [`StepModel`] (the contract of docs/engine-api.md).
 
 /// One sequence's share of a forward step.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct SeqStep<'a> {
     /// New tokens to run (a prefill chunk, or the one token of a decode step).
     pub tokens: &'a [u32],
@@ -19,6 +19,12 @@ pub struct SeqStep<'a> {
     /// ignored otherwise). The slot holds the state after positions `[0, start)`; a step with
     /// `start == 0` starts from the empty state (the model clears the slot).
     pub slot: u32,
+    /// Only the argmax of the last token's logits is needed (greedy sampling that reads
+    /// nothing else: no penalties, no log-probabilities). A model may then give the argmax
+    /// ([`Logits::set_picks`]) and leave the row's floats unwritten: a GPU saves the row's
+    /// download and the host's pass over it. Set only together with `want_logits`, never
+    /// with `all_logits`.
+    pub argmax_only: bool,
 }
 
 /// Host memory that a step's logits are written into. A `Vec` by default; a GPU backend gives
@@ -57,13 +63,16 @@ impl LogitsMemory for Vec<f32> {
     }
 }
 
-/// A step's logits: `vocab_size` floats per row, rows in the order of the step's sequences.
+/// A step's logits: `vocab_size` floats per row, rows in the order of the step's sequences
+/// (and, for rows whose step was `argmax_only`, possibly the model's own argmax instead).
 /// The engine keeps one across steps, so a step of as many rows as the last writes over the
 /// same memory (32 rows of a 248k vocabulary are 32 MB: allocating and zeroing them each step
 /// costs more than the GPU's whole step).
 pub struct Logits {
     mem: Box<dyn LogitsMemory>,
     len: usize,
+    /// Per row, the argmax the model computed itself (rows of `argmax_only` steps), else None.
+    picks: Vec<Option<u32>>,
 }
 
 impl Default for Logits {
@@ -74,17 +83,32 @@ impl Default for Logits {
 
 impl Logits {
     pub fn with_memory(mem: Box<dyn LogitsMemory>) -> Self {
-        Logits { mem, len: 0 }
+        Logits {
+            mem,
+            len: 0,
+            picks: Vec::new(),
+        }
     }
     /// The logits of the last step.
     pub fn rows(&self) -> &[f32] {
         &self.mem.as_slice()[..self.len]
     }
-    /// Makes the logits `n` floats long and returns them to be written (stale contents).
+    /// Makes the logits `n` floats long and returns them to be written (stale contents); no
+    /// row has a pick until [`Logits::set_picks`].
     pub fn fill(&mut self, n: usize) -> Result<&mut [f32], String> {
         self.mem.reserve(n)?;
         self.len = n;
+        self.picks.clear();
         Ok(&mut self.mem.as_mut_slice()[..n])
+    }
+    /// The argmax of row `row` as the model computed it (only rows of `argmax_only` steps may
+    /// have one; their floats are then stale).
+    pub fn pick(&self, row: usize) -> Option<u32> {
+        self.picks.get(row).copied().flatten()
+    }
+    /// Sets the rows' picks (one entry per row, in row order) after [`Logits::fill`].
+    pub fn set_picks(&mut self, picks: Vec<Option<u32>>) {
+        self.picks = picks;
     }
     /// Takes `v` as the step's logits.
     pub fn set(&mut self, v: &[f32]) -> Result<(), String> {
@@ -98,6 +122,7 @@ impl Logits {
         match self.mem.adopt(v) {
             Ok(()) => {
                 self.len = n;
+                self.picks.clear();
                 Ok(())
             }
             Err(v) => self.set(&v),

@@ -83,6 +83,13 @@ pub(crate) struct Scheduler<'t> {
     logits: Logits,
 }
 
+/// Whether a planned step of `seq` needs only the argmax of its logits row: a sampled row
+/// (not a verification) of a sequence that picks greedily and reads nothing else, and not the
+/// end of a hybrid model's prompt (`hybrid`: its snapshot keeps the prompt's last logits).
+fn argmax_only(p: &Planned, seq: &Sequence<'_>, hybrid: bool) -> bool {
+    p.want_logits && p.drafts == 0 && !(p.prefill && hybrid) && seq.argmax_suffices()
+}
+
 impl<'t> Scheduler<'t> {
     pub fn new(
         model: Box<dyn StepModel>,
@@ -280,6 +287,7 @@ impl<'t> Scheduler<'t> {
     /// The hot path: one `forward` over every planned sequence, then index and sample.
     fn run_forward(&mut self, plan: &[Planned], outcomes: &mut [Option<Outcome>]) {
         let bs = self.cfg.block_size;
+        let hybrid = self.running_slots > 0;
         let steps: Vec<SeqStep<'_>> = plan
             .iter()
             .map(|p| {
@@ -292,6 +300,7 @@ impl<'t> Scheduler<'t> {
                     want_logits: p.want_logits,
                     all_logits: p.drafts > 0,
                     slot: s.slot,
+                    argmax_only: argmax_only(p, s, hybrid),
                 }
             })
             .collect();
@@ -302,7 +311,7 @@ impl<'t> Scheduler<'t> {
             .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
         let t1 = Instant::now();
         drop(steps);
-        self.take_logits(plan, outcomes, result, logits.rows());
+        self.take_logits(plan, outcomes, result, &logits);
         self.logits = logits;
         self.counters.forward_ns += (t1 - t0).as_nanos() as u64;
         self.counters.sample_ns += t1.elapsed().as_nanos() as u64;
@@ -314,8 +323,9 @@ impl<'t> Scheduler<'t> {
         plan: &[Planned],
         outcomes: &mut [Option<Outcome>],
         result: Result<(), String>,
-        logits: &[f32],
+        step_logits: &Logits,
     ) {
+        let logits = step_logits.rows();
         let bs = self.cfg.block_size;
 
         let c = &mut self.counters;
@@ -358,7 +368,17 @@ impl<'t> Scheduler<'t> {
             Err(e) => return fail_all(outcomes, format!("model error: {e}")),
         }
 
-        let picks = self.sample_in_parallel(plan, logits, rows);
+        // the model's own argmax where it gave one (rows of argmax_only steps), then the
+        // others sampled here
+        let mut picks = vec![None; plan.len()];
+        let mut k = 0;
+        for (i, p) in plan.iter().enumerate() {
+            if argmax_only(p, &self.running[p.seq], self.running_slots > 0) {
+                picks[i] = step_logits.pick(k);
+            }
+            k += rows(p);
+        }
+        self.sample_in_parallel(plan, logits, rows, &mut picks);
         let mut k = 0;
         for (i, p) in plan.iter().enumerate() {
             let logits = &logits[k * self.vocab..(k + rows(p)) * self.vocab];
@@ -400,29 +420,33 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// With many sequences sampling in one step, each one's token drawn on its own thread (by
-    /// plan index; `None`: left to the step loop, which samples in order). A 248k vocabulary
-    /// is 1 MB of logits per sequence, read from memory the GPU just wrote: 32 of them one
-    /// after another took longer than the GPU's whole step. Each sequence keeps its own
-    /// sampler (and random state), so the picks are the same as in order.
+    /// With many sequences sampling in one step, each one's token drawn on its own thread
+    /// (into `picks` by plan index, where it has none yet; `None`: left to the step loop,
+    /// which samples in order). A 248k vocabulary is 1 MB of logits per sequence, read from
+    /// memory the GPU just wrote: 32 of them one after another took longer than the GPU's
+    /// whole step. Each sequence keeps its own sampler (and random state), so the picks are
+    /// the same as in order.
     fn sample_in_parallel(
         &mut self,
         plan: &[Planned],
         logits: &[f32],
         rows: impl Fn(&Planned) -> usize,
-    ) -> Vec<Option<u32>> {
+        picks: &mut [Option<u32>],
+    ) {
         const MIN_ROWS: usize = 4;
-        let mut picks = vec![None; plan.len()];
         let vocab = self.vocab;
+        let to_sample =
+            |i: usize, p: &Planned| p.want_logits && p.drafts == 0 && picks[i].is_none();
         let sampled = plan
             .iter()
-            .filter(|p| p.want_logits && p.drafts == 0)
+            .enumerate()
+            .filter(|&(i, p)| to_sample(i, p))
             .count();
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(sampled / 2);
         if sampled < MIN_ROWS || threads < 2 {
-            return picks;
+            return;
         }
         // (plan index, the sequence's sampler and history, its logits row): disjoint borrows
         let mut by_seq: Vec<Option<&mut Sequence<'t>>> =
@@ -430,7 +454,7 @@ impl<'t> Scheduler<'t> {
         let mut work = Vec::with_capacity(sampled);
         let mut k = 0;
         for (i, p) in plan.iter().enumerate() {
-            if p.want_logits && p.drafts == 0 {
+            if to_sample(i, p) {
                 if let (Some(seq), Some(row)) = (
                     by_seq.get_mut(p.seq).and_then(Option::take),
                     logits.get(k * vocab..(k + 1) * vocab),
@@ -459,7 +483,6 @@ impl<'t> Scheduler<'t> {
                 }
             }
         });
-        picks
     }
 
     /// Removes cancelled requests (queued or running). A running one keeps what it computed

@@ -100,6 +100,12 @@ impl<'t> Sequence<'t> {
         }
     }
 
+    /// Whether this sequence's next token is the plain argmax of its logits and nothing else
+    /// reads them (greedy, no penalties, no log-probabilities).
+    pub fn argmax_suffices(&self) -> bool {
+        self.sampler.argmax_suffices() && self.logprobs.is_none()
+    }
+
     /// Samples the next token from `logits`, streams it, and says whether the request is done.
     pub fn on_logits(&mut self, logits: &[f32], eog: &[u32]) -> Option<FinishReason> {
         let id = self.sampler.sample(logits, &self.tokens);

@@ -642,6 +642,70 @@ fn logprobs_report_chosen_and_top() {
 }
 
 #[test]
+fn greedy_rows_take_the_models_own_argmax_and_the_others_read_their_logits() {
+    // A model that picks greedy rows itself and poisons their floats: plain greedy requests
+    // must take its picks (and ask for nothing else), while log-probabilities, penalties and
+    // temperature must read whole rows — all giving what the plain model gives.
+    let kinds = |i: u32, p: &[u32]| {
+        let mut r = req(p.to_vec(), 6);
+        match i % 4 {
+            0 => {}
+            1 => r.logprobs = Some(2),
+            2 => r.sampling.repeat_penalty = 1.3,
+            _ => {
+                r.sampling.temperature = 4.0;
+                r.sampling.top_k = 0;
+                r.sampling.seed = Some(7);
+            }
+        }
+        r
+    };
+    let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(300 + i, 5 + i as usize)).collect();
+    let run = |model: MockModel| {
+        let mut h = Harness::with_model(cfg(16, 512, 512, 8), model);
+        let mut cs: Vec<Client> = (0..8u32)
+            .map(|i| h.submit(kinds(i, &prompts[i as usize])))
+            .collect();
+        h.run();
+        // the tokens' events (ids, texts, log-probabilities); Done carries timings
+        let out: Vec<Vec<Event>> = cs
+            .iter_mut()
+            .map(|c| {
+                c.drain()
+                    .iter()
+                    .filter(|e| matches!(e, Event::Token { .. }))
+                    .cloned()
+                    .collect()
+            })
+            .collect();
+        (out, h)
+    };
+    let (plain, _) = run(MockModel::new(VOCAB, 64, 16, default_next));
+    let (picked, h) = run(MockModel::new(VOCAB, 64, 16, default_next).with_device_argmax());
+    assert_eq!(plain.iter().map(Vec::len).sum::<usize>(), 8 * 6);
+    assert_eq!(format!("{plain:?}"), format!("{picked:?}"));
+    let steps = h.steps();
+    // which sequence a recorded row is: its prompt
+    let asked: Vec<(usize, bool)> = steps
+        .iter()
+        .flatten()
+        .filter(|r| r.want_logits)
+        .map(|r| {
+            let i = prompts
+                .iter()
+                .position(|p| r.context.starts_with(p))
+                .unwrap();
+            (i, r.argmax_only)
+        })
+        .collect();
+    assert!(asked.iter().any(|&(i, a)| i % 4 == 0 && a));
+    for (i, a) in asked {
+        assert_eq!(a, i % 4 == 0, "sequence {i}");
+    }
+    h.finish();
+}
+
+#[test]
 fn model_error_fails_only_its_step_and_engine_continues() {
     let bad = prompt(140, 20);
     let poison = 499; // not produced by prompt() nor default_next

@@ -59,7 +59,7 @@ impl Sampler {
     /// 1, else top-k, top-p, min-p, temperature and a seeded draw. NaN
     /// logits count as `-inf`; empty `logits` give token 0.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        if self.params.is_greedy() && !self.penalties().is_active() {
+        if self.argmax_suffices() {
             // The chain would change nothing: the argmax straight over the logits, with no
             // candidate list built (a 248k vocabulary costs 2 MB of writes per token).
             return greedy::argmax_logits(logits).unwrap_or(0);
@@ -70,6 +70,13 @@ impl Sampler {
             dist::sample(&self.cands, &mut self.rng)
         };
         picked.unwrap_or(0)
+    }
+
+    /// Whether [`Sampler::sample`] is the plain argmax of the logits (greedy, no penalties):
+    /// then nothing else is read and no state changes, so the argmax may come from elsewhere
+    /// (a GPU's, over the logits it holds).
+    pub fn argmax_suffices(&self) -> bool {
+        self.params.is_greedy() && !self.penalties().is_active()
     }
 
     /// Runs the chain up to the draw, leaving the candidates to draw from in `self.cands`;

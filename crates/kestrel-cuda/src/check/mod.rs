@@ -19,7 +19,7 @@ pub use deltanet::check_deltanet;
 use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
 pub use mmq::{check_mmq, perf_mmq};
-pub use rows::{check_epilogue, check_gemm_embed, check_norm};
+pub use rows::{check_argmax, check_epilogue, check_gemm_embed, check_norm};
 
 /// A small xorshift generator: inputs differ per case, and a case can be rerun from its seed.
 pub struct Rng(u64);
@@ -193,6 +193,7 @@ pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
     check_mvx(gpu, &mut rng, &mut out)?;
     check_mmq(gpu, &mut rng, &mut out)?;
     check_norm(gpu, &mut rng, &mut out)?;
+    check_argmax(gpu, &mut rng, &mut out)?;
     check_epilogue(gpu, &mut rng, &mut out)?;
     check_attention(gpu, &mut rng, &mut out)?;
     check_flash(gpu, &mut rng, &mut out)?;

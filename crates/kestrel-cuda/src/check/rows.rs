@@ -59,6 +59,60 @@ pub fn check_norm(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Re
     Ok(())
 }
 
+/// The logits' argmax on the GPU against the sampler's own (`greedy::argmax_logits`: ties to
+/// the lowest id, NaN as -inf): rows of the real vocabularies with planted ties, NaN, and a row
+/// of nothing but -inf / NaN. The error is the count of rows picked differently.
+pub fn check_argmax(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
+    use kestrel_sampler::processors::greedy::argmax_logits;
+    for (rows, n) in [(1usize, 151_936usize), (32, 248_320), (5, 1000), (3, 17)] {
+        let mut x = rng.vec(rows * n, 8.0);
+        for (r, row) in x.chunks_exact_mut(n).enumerate() {
+            let pick = |rng: &mut Rng| (rng.next() % n as u64) as usize;
+            match r % 5 {
+                // the maximum at two places: the lower index wins
+                0 => {
+                    let (a, b) = (pick(rng), pick(rng));
+                    row[a] = 100.0;
+                    row[b] = 100.0;
+                }
+                1 => {
+                    let a = pick(rng);
+                    row[a] = f32::NAN;
+                    row[pick(rng)] = f32::INFINITY;
+                }
+                2 => row.fill(f32::NEG_INFINITY),
+                3 => {
+                    row.fill(f32::NAN);
+                    let a = pick(rng);
+                    row[a] = f32::NEG_INFINITY;
+                }
+                _ => {}
+            }
+        }
+        let want: Vec<u32> = x
+            .chunks_exact(n)
+            .map(|r| argmax_logits(r).unwrap_or(0))
+            .collect();
+        let dx = gpu.upload_f32(&x)?;
+        let part = gpu.alloc(rows * crate::ops::ARGMAX_PARTS * 8)?;
+        let ids = gpu.alloc(rows * 4)?;
+        crate::ops::launch_argmax(gpu, dx.ptr, rows, n, part.ptr, ids.ptr)?;
+        let mut got = vec![0i32; rows];
+        gpu.read(ids.ptr, &mut got)?;
+        let wrong = got
+            .iter()
+            .zip(&want)
+            .filter(|(&g, &w)| g as u32 != w)
+            .count();
+        out.push(CaseResult {
+            op: format!("argmax [{rows}x{n}]"),
+            err: wrong as f64,
+            tol: 0.0,
+        });
+    }
+    Ok(())
+}
+
 /// Bias + per-head norm + RoPE + KV write against the CPU ops; both RoPE layouts.
 pub fn check_epilogue(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     for (neox, nh, nkv, hd, t) in [

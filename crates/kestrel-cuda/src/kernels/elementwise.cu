@@ -275,3 +275,71 @@ extern "C" __global__ void swiglu(float* gate, const float* up, u64 total) { GRI
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i < total) gate[i] = silu(gate[i]) * up[i];
 }
+
+// The argmax of each of a step's logits rows (n floats each), picked as the host's sampler
+// picks: the highest value, ties to the lowest index, NaN counting as -inf (a row of nothing
+// but -inf / NaN gives 0). Greedy rows then download one int instead of the row. Two launches:
+// argmax_part, grid (parts, rows), 256 threads: the best (value, index) of each part of each
+// row into part[row * parts + p]; argmax_merge, grid (rows), 32 threads: a row's parts into
+// out[row].
+__device__ __forceinline__ void argmax_keep(float& v, int& i, float ov, int oi) {
+    if (ov > v || (ov == v && oi < i)) {
+        v = ov;
+        i = oi;
+    }
+}
+
+__device__ __forceinline__ void argmax_warp(float& v, int& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        argmax_keep(v, i, ov, oi);
+    }
+}
+
+#define ARGMAX_NONE 0x7fffffff
+
+extern "C" __global__ void __launch_bounds__(256) argmax_part(const float* x, int n, float2* part) { GRID_DEP();
+    int parts = gridDim.x, per = (n + parts - 1) / parts;
+    int lo = blockIdx.x * per, hi = min(n, lo + per);
+    const float* xr = x + (u64)blockIdx.y * n;
+    float bv = -INFINITY;
+    int bi = ARGMAX_NONE;
+    // a thread's indices rise, so a later equal value never replaces an earlier one
+#pragma unroll 4
+    for (int i = lo + threadIdx.x; i < hi; i += 256) {
+        float v = xr[i];
+        v = v != v ? -INFINITY : v;
+        if (v > bv || bi == ARGMAX_NONE) {
+            bv = v;
+            bi = i;
+        }
+    }
+    argmax_warp(bv, bi);
+    __shared__ float sv[8];
+    __shared__ int si[8];
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (l == 0) {
+        sv[w] = bv;
+        si[w] = bi;
+    }
+    __syncthreads();
+    if (w == 0) {
+        bv = l < 8 ? sv[l] : -INFINITY;
+        bi = l < 8 ? si[l] : ARGMAX_NONE;
+        argmax_warp(bv, bi);
+        if (l == 0) part[(u64)blockIdx.y * parts + blockIdx.x] = make_float2(bv, __int_as_float(bi));
+    }
+}
+
+extern "C" __global__ void argmax_merge(const float2* part, int parts, int* out) { GRID_DEP();
+    float bv = -INFINITY;
+    int bi = ARGMAX_NONE;
+    for (int p = threadIdx.x; p < parts; p += 32) {
+        float2 e = part[(u64)blockIdx.x * parts + p];
+        argmax_keep(bv, bi, e.x, __float_as_int(e.y));
+    }
+    argmax_warp(bv, bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi == ARGMAX_NONE ? 0 : bi;
+}

@@ -99,6 +99,7 @@ impl Scheduler<'_> {
                         want_logits: true,
                         all_logits: false,
                         slot: 0,
+                        argmax_only: false,
                     }
                 })
                 .collect();
@@ -165,6 +166,7 @@ impl Scheduler<'_> {
                     want_logits: false,
                     all_logits: false,
                     slot: 0,
+                    argmax_only: false,
                 }
             })
             .collect();

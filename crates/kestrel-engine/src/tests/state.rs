@@ -6,10 +6,13 @@
 use super::*;
 use crate::paged::SNAPSHOTS_PER_SEQUENCE;
 
-/// A hybrid mock: `running` sequences, `snapshots` snapshot slots, `n_blocks` KV blocks.
+/// A hybrid mock: `running` sequences, `snapshots` snapshot slots, `n_blocks` KV blocks. It
+/// picks greedy rows itself (`with_device_argmax`: their floats poisoned), so a prompt's end,
+/// whose logits the end-of-prompt snapshot keeps, must have asked for the whole row.
 fn hybrid(chunk: usize, running: usize, snapshots: usize, n_blocks: usize) -> Harness {
-    let model =
-        MockModel::new(VOCAB, n_blocks, 16, default_next).with_state_slots(running + snapshots);
+    let model = MockModel::new(VOCAB, n_blocks, 16, default_next)
+        .with_state_slots(running + snapshots)
+        .with_device_argmax();
     Harness::with_model(cfg(16, chunk, 512.max(running), running), model)
 }
 
