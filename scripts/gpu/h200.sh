@@ -21,6 +21,7 @@
 # (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
 # tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu;
 # AB_ENV="VAR=value,VAR2=value+VAR3=value": tg128 again with each setting (small, big, hybrid);
+# SCEN_AB (same form): the concurrent scenario again with each setting;
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
 # `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
@@ -72,7 +73,13 @@ ab() {  # ab MODEL: tg128 again with each comma-separated setting of $AB_ENV (A/
   return 0
 }
 concurrent() {  # concurrent MODEL SHAPE: aggregate decode of 1/8/32 sequences through the engine
+  # (again with each setting of $SCEN_AB, as AB_ENV)
   $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee $OUT/concurrent-$2.log
+  local e
+  for e in $(echo "${SCEN_AB:-}" | tr ',' ' '); do
+    echo "--- $e" | tee -a $OUT/concurrent-$2.log
+    env $(echo $e | tr '+' ' ') $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee -a $OUT/concurrent-$2.log
+  done
 }
 profile() {  # profile MODEL NAME [BENCH ARGS]: per-kernel times (ncu, clocks left alone) of the
   # first $PROF kernels of a bench, by default eager decode steps
@@ -175,7 +182,7 @@ done
 echo "=== summary ($(date +%T))"
 grep -h "FAIL\|op harness\|reference prompt\|GPU vs CPU\|perf mat-vec\|perf decode\|perf prompt\|dequantize" $OUT/*.log 2>/dev/null | head -40
 grep -h "| tg\|| pp" $OUT/bench-*.log $OUT/prefill-*.log 2>/dev/null
-grep -h "tok/s" $OUT/concurrent-*.log 2>/dev/null
+grep -h "tok/s\|^---" $OUT/concurrent-*.log 2>/dev/null
 grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null
 # everything in one file (the device tool brings back a bounded number of files)
 for f in $OUT/gpu.txt $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/peer*; do

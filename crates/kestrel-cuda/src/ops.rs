@@ -591,15 +591,17 @@ impl Ops for CudaModel {
 impl CudaModel {
     /// Brings a pass's `argmax.len()` logits rows to the host: the rows flagged in `argmax` as
     /// their argmax (picked on the GPU, pushed to `picks`; their floats in `out` left stale),
-    /// the others whole (one copy per run of them, `None` in `picks`).
+    /// the others whole (one copy per run of them, `None` in `picks`). `KESTREL_CUDA_ARGMAX=0`
+    /// downloads every row whole and leaves the picks to the host (A/B figures).
     pub(crate) fn download_logits(
         &mut self,
         out: &mut [f32],
         argmax: &[bool],
         picks: &mut Vec<Option<u32>>,
     ) -> Result<()> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let (rows, vocab) = (argmax.len(), self.config.vocab_size);
-        if !argmax.contains(&true) {
+        if !argmax.contains(&true) || !switch_on(&ON, "KESTREL_CUDA_ARGMAX") {
             picks.extend(std::iter::repeat_n(None, rows));
             return self.gpu.read(self.scratch.logits.ptr, out);
         }
