@@ -143,8 +143,8 @@ pub struct MmqLaunch {
 
 /// The quantized mat-mat for a step of `t` tokens over a `rows` x `cols` matrix with epilogue
 /// `epi` (0 store, 1 add): token tiles of 8, 16, 32 or 64 (the smallest that holds the step;
-/// longer steps take several tiles of 64), blocks of 16 rows whose warps split the row
-/// ([`mmq_warps`]).
+/// longer steps take several tiles of 64), blocks of 16 or 32 rows whose warps split the row
+/// ([`mmq_shape`]).
 pub fn mmq_kernel(
     kind: crate::weights::Kind,
     rows: usize,
@@ -152,46 +152,66 @@ pub fn mmq_kernel(
     t: usize,
     epi: u32,
 ) -> MmqLaunch {
-    mmq_launch(kind, rows, t, epi, mmq_warps(kind, rows, cols, t))
+    mmq_launch(kind, rows, t, epi, mmq_shape(kind, rows, cols, t))
 }
 
-/// [`mmq_kernel`] with `wk` warps a block (one of [`mmq_block_shapes`]).
+/// A mat-mat block: `warps` warps splitting the units of `tiles` x 16 rows (each warp takes
+/// every tile: an activation fragment feeds `tiles` mma).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmqShape {
+    pub warps: usize,
+    pub tiles: usize,
+}
+
+/// [`mmq_kernel`] in block shape `shape` (one of [`mmq_block_shapes`]).
 pub fn mmq_launch(
     kind: crate::weights::Kind,
     rows: usize,
     t: usize,
     epi: u32,
-    wk: usize,
+    shape: MmqShape,
 ) -> MmqLaunch {
     let tile = mmq_tile(t);
+    let MmqShape { warps, tiles } = shape;
+    let sfx = if tiles == 2 { "_r2" } else { "" };
     MmqLaunch {
-        name: format!("mmq_{}_{}_{epi}_w{wk}", kind.name(), tile / 8),
-        grid: (rows.div_ceil(16) as u32, t.div_ceil(tile) as u32, 1),
-        block: 32 * wk as u32,
+        name: format!("mmq_{}_{}_{epi}_w{warps}{sfx}", kind.name(), tile / 8),
+        grid: (rows.div_ceil(16 * tiles) as u32, t.div_ceil(tile) as u32, 1),
+        block: 32 * warps as u32,
         t8: t.next_multiple_of(tile),
     }
 }
 
-/// Warps a block of the mat-mat for `t` tokens comes in (`kernels/mmq.cu` builds these).
-pub fn mmq_block_shapes(t: usize) -> &'static [usize] {
+/// The block shapes a mat-mat of `kind` for `t` tokens comes in (`kernels/mmq.cu` builds these):
+/// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; two row tiles a warp for the K-quants from
+/// 16 tokens (4 warps, and 8 at 32).
+pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
+    use crate::weights::Kind;
+    let one = |warps| MmqShape { warps, tiles: 1 };
+    let two = |warps| MmqShape { warps, tiles: 2 };
+    let k_quant = matches!(kind, Kind::Q4K | Kind::Q6K);
     match mmq_tile(t) {
-        8 => &[8],
-        64 => &[4],
-        _ => &[4, 8],
+        8 => vec![one(8)],
+        16 if k_quant => vec![one(4), one(8), two(4)],
+        32 if k_quant => vec![one(4), one(8), two(4), two(8)],
+        64 if k_quant => vec![one(4), two(4)],
+        64 => vec![one(4)],
+        _ => vec![one(4), one(8)],
     }
 }
 
-/// Warps of a mat-mat block, each taking every 4th / 8th unit of the block's 16 rows
-/// (`gpu-check --perf`, H200, 2026-12-03: docs/cuda.md). Eight (pipelined) for 8 tokens, and
+/// The block shape of a mat-mat (`gpu-check --perf`, H200, 2026-12-03: docs/cuda.md): warps
+/// each taking every 4th / 8th unit of the block's rows. Eight (pipelined) for 8 tokens, and
 /// for 16-32 tokens where rows are long (128+ units) or few (4,096): their grid is too small
 /// to keep loads in flight with four. Four for many short rows at 16-32 tokens, and at 64.
-pub fn mmq_warps(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> usize {
-    match mmq_tile(t) {
+pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
+    let warps = match mmq_tile(t) {
         8 => 8,
         64 => 4,
         _ if cols / unit_cols(kind) >= 128 || rows <= 4096 => 8,
         _ => 4,
-    }
+    };
+    MmqShape { warps, tiles: 1 }
 }
 
 /// Fewest tokens for which a quantized matmul takes the mat-mat: from 5 tokens the mat-vecs run

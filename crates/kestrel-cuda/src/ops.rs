@@ -16,6 +16,7 @@ use crate::model::{AttnDev, CudaModel, DeltaNetDev, LayerDev, MixerDev};
 use crate::weights::DevMatrix;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use kestrel_models::backend::{Buf, Ops, Param, W};
+use kestrel_sampler::processors::greedy::argmax_logits;
 
 /// Tokens up to which matmuls run as mat-vec kernels (and a step can be a CUDA graph).
 pub const MATVEC_MAX: usize = 8;
@@ -592,7 +593,7 @@ impl CudaModel {
     /// Brings a pass's `argmax.len()` logits rows to the host: the rows flagged in `argmax` as
     /// their argmax (picked on the GPU, pushed to `picks`; their floats in `out` left stale),
     /// the others whole (one copy per run of them, `None` in `picks`). `KESTREL_CUDA_ARGMAX=0`
-    /// downloads every row whole and leaves the picks to the host (A/B figures).
+    /// downloads every row whole and picks on the host (A/B figures).
     pub(crate) fn download_logits(
         &mut self,
         out: &mut [f32],
@@ -601,9 +602,21 @@ impl CudaModel {
     ) -> Result<()> {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let (rows, vocab) = (argmax.len(), self.config.vocab_size);
-        if !argmax.contains(&true) || !switch_on(&ON, "KESTREL_CUDA_ARGMAX") {
+        if !argmax.contains(&true) {
             picks.extend(std::iter::repeat_n(None, rows));
             return self.gpu.read(self.scratch.logits.ptr, out);
+        }
+        if !switch_on(&ON, "KESTREL_CUDA_ARGMAX") {
+            // the A/B's other side: every row whole, the picks made on the host
+            self.gpu.read(self.scratch.logits.ptr, out)?;
+            let host_argmax = |row: &[f32]| argmax_logits(row).unwrap_or(0);
+            picks.extend(
+                argmax
+                    .iter()
+                    .zip(out.chunks_exact(vocab))
+                    .map(|(&a, row)| a.then(|| host_argmax(row))),
+            );
+            return Ok(());
         }
         let ids = self.argmax_rows(rows)?;
         let mut r = 0;

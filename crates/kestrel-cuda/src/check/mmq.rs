@@ -112,13 +112,13 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                         })
                         .collect();
                     // every block shape, whichever the matrix would take
-                    for &wk in mmq_block_shapes(t) {
+                    for shape in mmq_block_shapes(kind, t) {
                         let MmqLaunch {
                             name,
                             grid,
                             block,
                             t8,
-                        } = mmq_launch(kind, rows, t, epi, wk);
+                        } = mmq_launch(kind, rows, t, epi, shape);
                         let dout = gpu.upload_f32(&base)?;
                         let q = quantize(gpu, &dx, t, t8, cols)?;
                         launch(
@@ -199,11 +199,11 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                 let q = quantize(gpu, &dx, t, shipped.t8, cols)?;
                 let dout = gpu.alloc(t * rows * 4)?;
                 // every block shape, the shipped one first
-                let mut variants: Vec<MmqLaunch> = mmq_block_shapes(t)
-                    .iter()
-                    .map(|&wk| mmq_launch(kind, rows, t, 0, wk))
+                let mut variants: Vec<MmqLaunch> = mmq_block_shapes(kind, t)
+                    .into_iter()
+                    .map(|shape| mmq_launch(kind, rows, t, 0, shape))
                     .collect();
-                variants.sort_by_key(|v| v.block != shipped.block);
+                variants.sort_by_key(|v| v.name != shipped.name);
                 for MmqLaunch {
                     name, grid, block, ..
                 } in variants

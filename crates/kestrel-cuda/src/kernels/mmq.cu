@@ -199,96 +199,121 @@ __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, Pie
     }
 }
 
-// A block is WK warps over the same 16 rows, warp w taking units w, w + WK, ... With PF the
-// next unit's words are loaded before the current one is multiplied.
-template <int TY, int NJ, int WK, int PF, int EPI>
+// A block is WK warps over the same 16 MR rows (MR tiles of 16), warp w taking units w, w + WK,
+// ... With PF the next unit's words are loaded before the current one is multiplied. With MR = 2
+// each activation fragment (and its scales) feeds two mma, one per tile: half the activation
+// loads per weight.
+template <int TY, int NJ, int WK, int PF, int MR, int EPI>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
                                     const float2* __restrict__ xd, int T8, int T,
                                     float* __restrict__ out, int old) {
     constexpr int PIECES = Blk<TY>::UNIT / 32;
-    __shared__ float red[WK * NJ * 4 * 32];
+    __shared__ float red[WK * NJ * MR * 4 * 32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
-    int r0 = blockIdx.x * 16, t0 = blockIdx.y * 8 * NJ;
-    int ra = min(r0 + gid, rows - 1), rb = min(r0 + gid + 8, rows - 1);
+    int r0 = blockIdx.x * 16 * MR, t0 = blockIdx.y * 8 * NJ;
+    int ra[MR], rb[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        ra[m] = min(r0 + 16 * m + gid, rows - 1);
+        rb[m] = min(r0 + 16 * m + gid + 8, rows - 1);
+    }
     int bpr = cols / Blk<TY>::QK;
     u64 nblk = (u64)rows * bpr;
     int units = cols / Blk<TY>::UNIT;
-    float acc[NJ][4];
+    float acc[NJ][MR][4];
 #pragma unroll
-    for (int j = 0; j < NJ; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    Raw<TY> na, nb;
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) acc[j][m][0] = acc[j][m][1] = acc[j][m][2] = acc[j][m][3] = 0.f;
+    Raw<TY> na[MR], nb[MR];
     if (PF && warp < units) {
-        na = unit_load<TY>(W, nblk, ra, bpr, warp, tid);
-        nb = unit_load<TY>(W, nblk, rb, bpr, warp, tid);
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            na[m] = unit_load<TY>(W, nblk, ra[m], bpr, warp, tid);
+            nb[m] = unit_load<TY>(W, nblk, rb[m], bpr, warp, tid);
+        }
     }
     // unpipelined: two units unrolled (their loads hoisted together); pipelined: one at a time
 #pragma unroll (2 - PF)
     for (int u = warp; u < units; u += WK) {
-        Raw<TY> ca, cb;
-        if (PF) {
-            ca = na;
-            cb = nb;
-            if (u + WK < units) {
-                na = unit_load<TY>(W, nblk, ra, bpr, u + WK, tid);
-                nb = unit_load<TY>(W, nblk, rb, bpr, u + WK, tid);
+        Raw<TY> ca[MR], cb[MR];
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            if (PF) {
+                ca[m] = na[m];
+                cb[m] = nb[m];
+                if (u + WK < units) {
+                    na[m] = unit_load<TY>(W, nblk, ra[m], bpr, u + WK, tid);
+                    nb[m] = unit_load<TY>(W, nblk, rb[m], bpr, u + WK, tid);
+                }
+            } else {
+                ca[m] = unit_load<TY>(W, nblk, ra[m], bpr, u, tid);
+                cb[m] = unit_load<TY>(W, nblk, rb[m], bpr, u, tid);
             }
-        } else {
-            ca = unit_load<TY>(W, nblk, ra, bpr, u, tid);
-            cb = unit_load<TY>(W, nblk, rb, bpr, u, tid);
         }
-        PieceW pa[PIECES], pb[PIECES];
-        unit_words<TY>(ca, u, tid, pa);
-        unit_words<TY>(cb, u, tid, pb);
+        PieceW pa[MR][PIECES], pb[MR][PIECES];
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            unit_words<TY>(ca[m], u, tid, pa[m]);
+            unit_words<TY>(cb[m], u, tid, pb[m]);
+        }
 #pragma unroll
         for (int k = 0; k < PIECES; k++) {
-            const PieceW &A = pa[k], &B = pb[k];
-            int P = A.P;
+            int P = pa[0][k].P;
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 // this lane's B token t0 + 8j + gid; its C tokens t0 + 8j + 2tid and the next
                 const i8* xp = xq + ((u64)P * T8 + t0 + 8 * j + gid) * 32;
                 float4 dd = *(const float4*)(xd + (u64)P * T8 + t0 + 8 * j + 2 * tid);
                 float2 d0 = make_float2(dd.x, dd.y), d1 = make_float2(dd.z, dd.w);
-                float c[4];
-                if (Halves<TY>::V) {
-                    float ch[4];
-                    mma_k16(c, A.lo, B.lo, ((const int*)xp)[tid]);
-                    mma_k16(ch, A.hi, B.hi, ((const int*)xp)[4 + tid]);
-                    acc[j][0] += d0.x * (A.a0 * c[0] + A.a1 * ch[0]) + A.b * d0.y;
-                    acc[j][1] += d1.x * (A.a0 * c[1] + A.a1 * ch[1]) + A.b * d1.y;
-                    acc[j][2] += d0.x * (B.a0 * c[2] + B.a1 * ch[2]) + B.b * d0.y;
-                    acc[j][3] += d1.x * (B.a0 * c[3] + B.a1 * ch[3]) + B.b * d1.y;
+                int b0, b1;
+                if (Halves<TY>::V || TY == T_Q4_0 || TY == T_Q5_0) {
+                    b0 = ((const int*)xp)[tid];
+                    b1 = ((const int*)xp)[4 + tid];
                 } else {
-                    int b0, b1;
-                    if (TY == T_Q4_0 || TY == T_Q5_0) {
-                        b0 = ((const int*)xp)[tid];
-                        b1 = ((const int*)xp)[4 + tid];
+                    int2 v = ((const int2*)xp)[tid];
+                    b0 = v.x;
+                    b1 = v.y;
+                }
+#pragma unroll
+                for (int m = 0; m < MR; m++) {
+                    const PieceW &A = pa[m][k], &B = pb[m][k];
+                    float* a = acc[j][m];
+                    float c[4];
+                    if (Halves<TY>::V) {
+                        float ch[4];
+                        mma_k16(c, A.lo, B.lo, b0);
+                        mma_k16(ch, A.hi, B.hi, b1);
+                        a[0] += d0.x * (A.a0 * c[0] + A.a1 * ch[0]) + A.b * d0.y;
+                        a[1] += d1.x * (A.a0 * c[1] + A.a1 * ch[1]) + A.b * d1.y;
+                        a[2] += d0.x * (B.a0 * c[2] + B.a1 * ch[2]) + B.b * d0.y;
+                        a[3] += d1.x * (B.a0 * c[3] + B.a1 * ch[3]) + B.b * d1.y;
                     } else {
-                        int2 v = ((const int2*)xp)[tid];
-                        b0 = v.x;
-                        b1 = v.y;
+                        mma_k32(c, A.lo, B.lo, A.hi, B.hi, b0, b1);
+                        a[0] += d0.x * A.a0 * c[0] + A.b * d0.y;
+                        a[1] += d1.x * A.a0 * c[1] + A.b * d1.y;
+                        a[2] += d0.x * B.a0 * c[2] + B.b * d0.y;
+                        a[3] += d1.x * B.a0 * c[3] + B.b * d1.y;
                     }
-                    mma_k32(c, A.lo, B.lo, A.hi, B.hi, b0, b1);
-                    acc[j][0] += d0.x * A.a0 * c[0] + A.b * d0.y;
-                    acc[j][1] += d1.x * A.a0 * c[1] + A.b * d1.y;
-                    acc[j][2] += d0.x * B.a0 * c[2] + B.b * d0.y;
-                    acc[j][3] += d1.x * B.a0 * c[3] + B.b * d1.y;
                 }
             }
         }
     }
-    // the warps' partials: entry e = (j * 4 + i) * 32 + lane of each warp's slice
+    // the warps' partials: entry e = ((j * MR + m) * 4 + i) * 32 + lane of each warp's slice
+    constexpr int SLICE = NJ * MR * 128;
 #pragma unroll
     for (int j = 0; j < NJ; j++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) red[warp * NJ * 128 + (j * 4 + i) * 32 + lane] = acc[j][i];
+        for (int m = 0; m < MR; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp * SLICE + ((j * MR + m) * 4 + i) * 32 + lane] = acc[j][m][i];
     __syncthreads();
-    for (int e = threadIdx.x; e < NJ * 128; e += WK * 32) {
+    for (int e = threadIdx.x; e < SLICE; e += WK * 32) {
         float v = 0.f;
 #pragma unroll
-        for (int w = 0; w < WK; w++) v += red[w * NJ * 128 + e];
-        int l = e & 31, j = e >> 7, i = (e >> 5) & 3;
-        int row = r0 + (l >> 2) + (i >= 2 ? 8 : 0);
+        for (int w = 0; w < WK; w++) v += red[w * SLICE + e];
+        int l = e & 31, i = (e >> 5) & 3, jm = e >> 7, j = jm / MR, m = jm % MR;
+        int row = r0 + 16 * m + (l >> 2) + (i >= 2 ? 8 : 0);
         int t = t0 + 8 * j + 2 * (l & 3) + (i & 1);
         if (row < rows && t < T) {
             float* o = out + (u64)t * old + row;
@@ -298,21 +323,28 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
     }
 }
 
-// mmq_<type>_<NJ>_<epi>_w<WK>: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1 add
-// (the residual); WK warps a block split the row. Pipelined (one unit at a time, the next one's
-// words in flight) where that measured faster (docs/cuda.md: 8-16 tokens, and 8 warps); with 4
-// warps and 32-64 tokens two units unrolled, whose activation loads then overlap.
-#define MMQ1(NAME, TY, NJ, EPI, WK)                                                              \
-    extern "C" __global__ void __launch_bounds__(WK * 32) mmq_##NAME##_##NJ##_##EPI##_w##WK(     \
+// mmq_<type>_<NJ>_<epi>_w<WK>[_r2]: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1
+// add (the residual); WK warps a block split the row; _r2: two 16-row tiles a warp. Pipelined
+// (one unit at a time, the next one's words in flight) where that measured faster
+// (docs/cuda.md: 8-16 tokens, and 8 warps); with 4 warps and 32-64 tokens two units unrolled,
+// whose activation loads then overlap.
+#define MMQ1(NAME, TY, NJ, EPI, WK, MR, SFX)                                                     \
+    extern "C" __global__ void __launch_bounds__(WK * 32) mmq_##NAME##_##NJ##_##EPI##_w##WK##SFX( \
         const u8* W, int rows, int cols, const i8* xq, const float2* xd, int T8, int T,          \
         float* out, int old) { GRID_DEP();                                                       \
-        mmq<TY, NJ, WK, (WK == 8 || NJ <= 2), EPI>(W, rows, cols, xq, xd, T8, T, out, old);      \
+        mmq<TY, NJ, WK, (WK == 8 || NJ <= 2), MR, EPI>(W, rows, cols, xq, xd, T8, T, out, old);  \
     }
-#define MMQ_NJ(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK) MMQ1(NAME, TY, NJ, 1, WK)
+#define MMQ_NJ(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK, 1, ) MMQ1(NAME, TY, NJ, 1, WK, 1, )
+#define MMQ_NJ2(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK, 2, _r2) MMQ1(NAME, TY, NJ, 1, WK, 2, _r2)
 #define MMQ(NAME, TY) MMQ_NJ(NAME, TY, 1, 8) MMQ_NJ(NAME, TY, 2, 4) MMQ_NJ(NAME, TY, 2, 8) \
     MMQ_NJ(NAME, TY, 4, 4) MMQ_NJ(NAME, TY, 4, 8) MMQ_NJ(NAME, TY, 8, 4)
+// the K-quants of Q4_K_M files also come with two row tiles a warp at 16-64 tokens
+#define MMQ_R2(NAME, TY) MMQ_NJ2(NAME, TY, 2, 4) MMQ_NJ2(NAME, TY, 4, 4) MMQ_NJ2(NAME, TY, 4, 8) \
+    MMQ_NJ2(NAME, TY, 8, 4)
 MMQ(q4_0, T_Q4_0)
 MMQ(q5_0, T_Q5_0)
 MMQ(q8_0, T_Q8_0)
 MMQ(q4_k, T_Q4_K)
 MMQ(q6_k, T_Q6_K)
+MMQ_R2(q4_k, T_Q4_K)
+MMQ_R2(q6_k, T_Q6_K)
