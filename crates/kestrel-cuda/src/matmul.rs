@@ -204,14 +204,22 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 /// each taking every 4th / 8th unit of the block's rows. Eight (pipelined) for 8 tokens, and
 /// for 16-32 tokens where rows are long (128+ units) or few (4,096): their grid is too small
 /// to keep loads in flight with four. Four for many short rows at 16-32 tokens, and at 64.
+/// Two row tiles a warp (K-quants) where the grid keeps 128+ blocks of 32 rows: at 32 tokens
+/// on 4,096 rows (Q4_K 4096x12288 51.2 -> 39.7 us, 4096x4096 19.5 -> 16.0; Q6_K 70.6 -> 54.0,
+/// 23.1 -> 21.3; on 12,288 rows they lost: 37.0 -> 41.6), and at 64 tokens for Q4_K (12288x4096
+/// 98.9 -> 64.0, 4096x12288 148 -> 77.5; Q6_K lost there).
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
-    let warps = match mmq_tile(t) {
-        8 => 8,
-        64 => 4,
-        _ if cols / unit_cols(kind) >= 128 || rows <= 4096 => 8,
-        _ => 4,
+    use crate::weights::Kind;
+    let two_tiles_fill = rows.div_ceil(32) >= 128;
+    let (warps, tiles) = match mmq_tile(t) {
+        8 => (8, 1),
+        64 if kind == Kind::Q4K && two_tiles_fill => (4, 2),
+        64 => (4, 1),
+        32 if matches!(kind, Kind::Q4K | Kind::Q6K) && two_tiles_fill && rows <= 4096 => (8, 2),
+        _ if cols / unit_cols(kind) >= 128 || rows <= 4096 => (8, 1),
+        _ => (4, 1),
     };
-    MmqShape { warps, tiles: 1 }
+    MmqShape { warps, tiles }
 }
 
 /// Fewest tokens for which a quantized matmul takes the mat-mat: from 5 tokens the mat-vecs run
@@ -619,4 +627,35 @@ pub(crate) fn dequant_f16(
             .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Kind;
+
+    /// Every shape the mat-mat picks is one `kernels/mmq.cu` builds (and the harness checks):
+    /// a picked shape outside the list would be a kernel missing at run time.
+    #[test]
+    fn picked_mmq_shapes_are_built_ones() {
+        for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
+            for rows in [896, 1024, 1536, 4096, 6144, 12288, 151_936] {
+                for cols in [1024, 4096, 12288] {
+                    for t in MMQ_MIN..=MMQ_MAX {
+                        let s = mmq_shape(kind, rows, cols, t);
+                        assert!(
+                            mmq_block_shapes(kind, t).contains(&s),
+                            "{kind:?} {rows}x{cols} t {t}: {s:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // the measured picks: the 8B's 4096-row matrices on two tiles at 32 tokens, its
+        // 12288-row ones not
+        let two = MmqShape { warps: 8, tiles: 2 };
+        assert_eq!(mmq_shape(Kind::Q4K, 4096, 12288, 32), two);
+        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 32).tiles, 1);
+        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64).tiles, 1);
+    }
 }
