@@ -204,13 +204,15 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 /// each taking every 4th / 8th unit of the block's rows. Eight (pipelined) for 8 tokens, and
 /// for 16-32 tokens where rows are long (128+ units) or few (4,096): their grid is too small
 /// to keep loads in flight with four. Four for many short rows at 16-32 tokens, and at 64.
-/// Two row tiles a warp (K-quants) where the grid keeps 128+ blocks of 32 rows: at 32 tokens
+/// Two row tiles a warp (K-quants) where the grid keeps 128+ blocks of 32 rows of 4,096+
+/// columns (the shapes measured): at 32 tokens
 /// on 4,096 rows (Q4_K 4096x12288 51.2 -> 39.7 us, 4096x4096 19.5 -> 16.0; Q6_K 70.6 -> 54.0,
 /// 23.1 -> 21.3; on 12,288 rows they lost: 37.0 -> 41.6), and at 64 tokens for Q4_K (12288x4096
 /// 98.9 -> 64.0, 4096x12288 148 -> 77.5; Q6_K lost there).
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     use crate::weights::Kind;
-    let two_tiles_fill = rows.div_ceil(32) >= 128;
+    // measured on rows of 64+ units (4,096+ columns) only
+    let two_tiles_fill = rows.div_ceil(32) >= 128 && cols / unit_cols(kind) >= 64;
     let (warps, tiles) = match mmq_tile(t) {
         8 => (8, 1),
         64 if kind == Kind::Q4K && two_tiles_fill => (4, 2),
@@ -657,5 +659,7 @@ mod tests {
         assert_eq!(mmq_shape(Kind::Q4K, 4096, 12288, 32), two);
         assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 32).tiles, 1);
         assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64).tiles, 1);
+        // short rows (the 0.8B's 4096x1024 q + gate) not measured: one tile
+        assert_eq!(mmq_shape(Kind::Q4K, 4096, 1024, 32).tiles, 1);
     }
 }
