@@ -180,7 +180,9 @@ for s in $STAGES; do
   esac
 done
 echo "=== summary ($(date +%T))"
-grep -h "FAIL\|op harness\|reference prompt\|GPU vs CPU\|perf mat-vec\|perf decode\|perf prompt\|dequantize" $OUT/*.log 2>/dev/null | head -40
+# failures first and never cut (a FAIL line past the perf lines was lost to head before)
+grep -H "FAIL" $OUT/*.log 2>/dev/null
+grep -h "serve check\|op harness\|reference prompt\|GPU vs CPU\|perf mat-vec\|perf decode\|perf prompt\|dequantize" $OUT/*.log 2>/dev/null | head -40
 grep -h "| tg\|| pp" $OUT/bench-*.log $OUT/prefill-*.log 2>/dev/null
 grep -h "tok/s\|^---" $OUT/concurrent-*.log 2>/dev/null
 grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null
