@@ -13,7 +13,8 @@
 //!   slots live in device memory, in [`model`]).
 //! - [`model`]: weights + paged KV pool + scratch on the device, the forward pass, CUDA graphs
 //!   for decode, and the engine's `StepModel`; `graph`: a captured step with programmatic
-//!   (early-launch) edges between its kernels.
+//!   (early-launch) edges between its kernels; `scratch`: the activation and step buffers
+//!   sized for a step, and decode attention's context ranges.
 //! - [`plan`]: the GPU memory plan. [`check`]: every op against the CPU, and whole models.
 
 pub mod check;
@@ -27,6 +28,7 @@ pub mod model;
 pub mod ops;
 pub mod plan;
 pub mod probe;
+mod scratch;
 pub mod weights;
 
 pub use device::{parse_ordinal, Gpu};
