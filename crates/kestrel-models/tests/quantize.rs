@@ -20,6 +20,32 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// A file a test wrote, removed when the test is done with it (and its folder once empty):
+/// every run left its quantized files behind in the temp folder before.
+struct Written(PathBuf);
+
+impl std::ops::Deref for Written {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Written {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Written {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir(dir); // fails while other tests' files are there
+        }
+    }
+}
+
 fn reference(arch: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
     let bytes = std::fs::read(tiny_dir(arch).join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -45,7 +71,7 @@ fn hf_config(dir: &Path) -> ModelConfig {
 /// `kestrel quantize DIR OUT --type mix`, through the library. Each call writes its own file:
 /// the tests run at once, and two quantizing the same folder to one path raced (one read the
 /// file while the other was writing it).
-fn quantize_folder(arch: &str, mix: QuantMix) -> PathBuf {
+fn quantize_folder(arch: &str, mix: QuantMix) -> Written {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = tiny_dir(arch);
@@ -53,7 +79,7 @@ fn quantize_folder(arch: &str, mix: QuantMix) -> PathBuf {
     let plan = quantize::plan(&store, &hf_config(&dir), None, mix).unwrap();
     let out = tmp(&format!("{arch}-{}-{n}.gguf", mix.name()));
     quantize::write_gguf(&store, &plan, &out, 2, &mut |_, _| {}).unwrap();
-    out
+    Written(out)
 }
 
 /// How far q8_0 (8-bit weights and activations) moves the tiny models' logits (scale ~3):
