@@ -244,6 +244,14 @@ pub fn out_rows(seqs: &[SeqIn]) -> usize {
         .sum()
 }
 
+/// Where a step's passes leave their rows: the logits (`filled` floats written so far) and
+/// one pick per row (see [`CudaModel::forward_into`]).
+struct StepOut<'a> {
+    logits: &'a mut [f32],
+    filled: usize,
+    picks: &'a mut Vec<Option<u32>>,
+}
+
 /// A captured decode step: (tokens, rows of logits, sequences) -> graph.
 struct Graphs(HashMap<(usize, usize, usize), crate::graph::StepGraph>);
 // SAFETY: graphs are launched only by the model's owner, with the context bound (Gpu::bind).
@@ -452,18 +460,16 @@ impl CudaModel {
                 out.len()
             )));
         }
-        let mut filled = 0;
         picks.clear();
-        self.forward_rows(seqs, out, &mut filled, picks)
+        let mut out = StepOut {
+            logits: out,
+            filled: 0,
+            picks,
+        };
+        self.forward_rows(seqs, &mut out)
     }
 
-    fn forward_rows(
-        &mut self,
-        seqs: &[SeqIn],
-        out: &mut [f32],
-        filled: &mut usize,
-        picks: &mut Vec<Option<u32>>,
-    ) -> Result<()> {
+    fn forward_rows(&mut self, seqs: &[SeqIn], out: &mut StepOut) -> Result<()> {
         self.gpu.bind()?;
         let (vocab, bs) = (self.config.vocab_size, self.kv.block_size);
         for s in seqs {
@@ -487,7 +493,7 @@ impl CudaModel {
         }
         let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if total <= self.max_batch {
-            return self.pass(seqs, out, filled, picks);
+            return self.pass(seqs, out);
         }
         // Too many tokens for one pass: sequence by sequence, in chunks of max_batch.
         for s in seqs {
@@ -504,22 +510,15 @@ impl CudaModel {
                     slot: s.slot,
                     argmax_only: s.argmax_only,
                 };
-                self.pass(&[part], out, filled, picks)?;
+                self.pass(&[part], out)?;
                 i = j;
             }
         }
         Ok(())
     }
 
-    /// One pass of at most `max_batch` tokens; its logits are written at `out[*filled..]` (and
-    /// its rows' picks pushed to `picks`), and `filled` moves past them.
-    fn pass(
-        &mut self,
-        seqs: &[SeqIn],
-        out: &mut [f32],
-        filled: &mut usize,
-        picks: &mut Vec<Option<u32>>,
-    ) -> Result<()> {
+    /// One pass of at most `max_batch` tokens; its rows go to `out` after those already there.
+    fn pass(&mut self, seqs: &[SeqIn], out: &mut StepOut) -> Result<()> {
         let bs = self.kv.block_size;
         let mut ids = Vec::new();
         let mut pos = Vec::new();
@@ -605,12 +604,13 @@ impl CudaModel {
         } else {
             self.run_recipe()?;
         }
-        let (at, end) = (*filled, *filled + n_out * self.config.vocab_size);
+        let (at, end) = (out.filled, out.filled + n_out * self.config.vocab_size);
         let rows = out
+            .logits
             .get_mut(at..end)
             .ok_or_else(|| CudaError::Other("logits past the step's buffer".into()))?;
-        *filled = end;
-        self.download_logits(rows, &argmax, picks)
+        out.filled = end;
+        self.download_logits(rows, &argmax, out.picks)
     }
 
     fn run_recipe(&mut self) -> Result<()> {
