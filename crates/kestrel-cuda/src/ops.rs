@@ -619,16 +619,10 @@ impl CudaModel {
             return Ok(());
         }
         let ids = self.argmax_rows(rows)?;
-        let mut r = 0;
-        while r < rows {
-            if argmax[r] {
-                r += 1;
-                continue;
-            }
-            let end = (r..rows).find(|&i| argmax[i]).unwrap_or(rows);
-            let src = self.scratch.logits.ptr + (r * vocab * 4) as u64;
-            self.gpu.read(src, &mut out[r * vocab..end * vocab])?;
-            r = end;
+        for run in whole_row_runs(argmax) {
+            let src = self.scratch.logits.ptr + (run.start * vocab * 4) as u64;
+            self.gpu
+                .read(src, &mut out[run.start * vocab..run.end * vocab])?;
         }
         picks.extend(argmax.iter().zip(ids).map(|(&a, id)| a.then_some(id)));
         Ok(())
@@ -644,6 +638,19 @@ impl CudaModel {
         self.gpu.read(ids, &mut got)?;
         Ok(got.into_iter().map(|i| i as u32).collect())
     }
+}
+
+/// The runs of consecutive rows not flagged in `argmax`: what downloads whole, one copy each.
+fn whole_row_runs(argmax: &[bool]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for run in argmax.chunk_by(|a, b| a == b) {
+        if !run[0] {
+            runs.push(start..start + run.len());
+        }
+        start += run.len();
+    }
+    runs
 }
 
 /// Launches the argmax of `rows` rows of `n` floats at `x` into `ids` (one i32 a row), with
@@ -676,4 +683,18 @@ pub fn launch_argmax(
             .launch(cfg((rows as u32, 1, 1), 32))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::whole_row_runs;
+
+    #[test]
+    fn whole_rows_download_in_runs_between_the_picked_ones() {
+        let (t, f) = (true, false);
+        assert!(whole_row_runs(&[t, t]).is_empty());
+        assert_eq!(whole_row_runs(&[f, f, f]), vec![0..3]);
+        assert_eq!(whole_row_runs(&[t, f, f, t, f]), vec![1..3, 4..5]);
+        assert_eq!(whole_row_runs(&[f, t, t, f]), vec![0..1, 3..4]);
+    }
 }
