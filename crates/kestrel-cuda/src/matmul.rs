@@ -137,8 +137,32 @@ pub struct MmqLaunch {
     pub grid: (u32, u32, u32),
     /// Threads a block: 32 per warp splitting the rows' units.
     pub block: u32,
+    /// Dynamic shared memory a block (the staged kernels' rings), bytes.
+    pub smem: u32,
     /// The step's tokens rounded up to the tile (the padded count of its activation layout).
     pub t8: usize,
+}
+
+impl MmqLaunch {
+    /// The kernel, allowed the dynamic shared memory it takes (above the default 48 KiB).
+    pub fn func(&self, gpu: &mut crate::device::Gpu) -> Result<cudarc::driver::CudaFunction> {
+        let f = gpu.func(&self.name)?;
+        if self.smem > 48 << 10 {
+            use cudarc::driver::sys::CUfunction_attribute_enum as A;
+            f.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.smem as i32,
+            )?;
+        }
+        Ok(f)
+    }
+
+    pub fn config(&self) -> cudarc::driver::LaunchConfig {
+        cudarc::driver::LaunchConfig {
+            shared_mem_bytes: self.smem,
+            ..crate::ops::cfg(self.grid, self.block)
+        }
+    }
 }
 
 /// The quantized mat-mat for a step of `t` tokens over a `rows` x `cols` matrix with epilogue
@@ -156,11 +180,14 @@ pub fn mmq_kernel(
 }
 
 /// A mat-mat block: `warps` warps splitting the units of `tiles` x 16 rows (each warp takes
-/// every tile: an activation fragment feeds `tiles` mma).
+/// every tile: an activation fragment feeds `tiles` mma); `stages` > 0: the staged kernel
+/// (K-quants), each warp streaming its units through a ring of that many stages of shared
+/// memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmqShape {
     pub warps: usize,
     pub tiles: usize,
+    pub stages: usize,
 }
 
 /// [`mmq_kernel`] in block shape `shape` (one of [`mmq_block_shapes`]).
@@ -172,56 +199,113 @@ pub fn mmq_launch(
     shape: MmqShape,
 ) -> MmqLaunch {
     let tile = mmq_tile(t);
-    let MmqShape { warps, tiles } = shape;
-    let sfx = if tiles == 2 { "_r2" } else { "" };
+    let MmqShape {
+        warps,
+        tiles,
+        stages,
+    } = shape;
+    let nj = tile / 8;
+    let (name, smem) = if stages > 0 {
+        // kernels/mmq.cu's Stage: the rows' records, then two pieces of activations
+        let record = if kind == crate::weights::Kind::Q4K {
+            48
+        } else {
+            80
+        };
+        let stage = tiles * 16 * record + 2 * tile * 32 + 2 * tile * 8;
+        let reduce = warps * nj * tiles * 128 * 4;
+        (
+            format!(
+                "mmqs_{}_{nj}_{epi}_w{warps}_r{tiles}_s{stages}",
+                kind.name()
+            ),
+            (warps * stages * stage).max(reduce) as u32,
+        )
+    } else {
+        let sfx = if tiles == 2 { "_r2" } else { "" };
+        (format!("mmq_{}_{nj}_{epi}_w{warps}{sfx}", kind.name()), 0)
+    };
     MmqLaunch {
-        name: format!("mmq_{}_{}_{epi}_w{warps}{sfx}", kind.name(), tile / 8),
+        name,
         grid: (rows.div_ceil(16 * tiles) as u32, t.div_ceil(tile) as u32, 1),
         block: 32 * warps as u32,
+        smem,
         t8: t.next_multiple_of(tile),
     }
 }
 
 /// The block shapes a mat-mat of `kind` for `t` tokens comes in (`kernels/mmq.cu` builds these):
-/// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; two row tiles a warp for the K-quants from
-/// 16 tokens (4 warps, and 8 at 32).
+/// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; for the K-quants also two row tiles a warp at
+/// 64 tokens and the staged kernels at 16-64.
 pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
     use crate::weights::Kind;
-    let one = |warps| MmqShape { warps, tiles: 1 };
-    let two = |warps| MmqShape { warps, tiles: 2 };
+    let one = |warps| MmqShape {
+        warps,
+        tiles: 1,
+        stages: 0,
+    };
+    let staged = |warps, tiles, stages| MmqShape {
+        warps,
+        tiles,
+        stages,
+    };
     let k_quant = matches!(kind, Kind::Q4K | Kind::Q6K);
     match mmq_tile(t) {
         8 => vec![one(8)],
-        16 if k_quant => vec![one(4), one(8), two(4)],
-        32 if k_quant => vec![one(4), one(8), two(4), two(8)],
-        64 if k_quant => vec![one(4), two(4)],
+        64 if k_quant => vec![
+            one(4),
+            MmqShape {
+                warps: 4,
+                tiles: 2,
+                stages: 0,
+            },
+            staged(4, 2, 3),
+            staged(8, 1, 3),
+            staged(16, 1, 2),
+        ],
         64 => vec![one(4)],
+        16 if k_quant => vec![one(4), one(8), staged(8, 2, 3), staged(16, 2, 2)],
+        32 if k_quant => vec![
+            one(4),
+            one(8),
+            staged(8, 2, 3),
+            staged(4, 2, 4),
+            staged(16, 2, 2),
+        ],
         _ => vec![one(4), one(8)],
     }
 }
 
-/// The block shape of a mat-mat (`gpu-check --perf`, H200, 2026-12-03: docs/cuda.md): warps
-/// each taking every 4th / 8th unit of the block's rows. Eight (pipelined) for 8 tokens, and
-/// for 16-32 tokens where rows are long (128+ units) or few (4,096): their grid is too small
-/// to keep loads in flight with four. Four for many short rows at 16-32 tokens, and at 64.
-/// Two row tiles a warp (K-quants) where the grid keeps 128+ blocks of 32 rows of 4,096+
-/// columns (the shapes measured): at 32 tokens
-/// on 4,096 rows (Q4_K 4096x12288 51.2 -> 39.7 us, 4096x4096 19.5 -> 16.0; Q6_K 70.6 -> 54.0,
-/// 23.1 -> 21.3; on 12,288 rows they lost: 37.0 -> 41.6), and at 64 tokens for Q4_K (12288x4096
-/// 98.9 -> 64.0, 4096x12288 148 -> 77.5; Q6_K lost there).
+/// The block shape of a mat-mat (`gpu-check --perf`, H200: docs/cuda.md has the tables).
+/// On rows of 4,096+ columns (64+ units of a K-quant: the shapes measured) the staged kernels,
+/// each warp streaming its units through shared memory, from 16 tokens: 8 warps where rows are
+/// few (<= 4,096: their grid is one block an SM), 4 on more rows at 32 tokens and for Q6_K at
+/// 64 (three blocks an SM); the register kernel with two row tiles stays faster for Q4_K at 64
+/// tokens on many rows, and the one-tile register kernels at 16 tokens on many rows (within 3%)
+/// and on short rows (not measured staged). The register kernels: eight warps (pipelined) at 8
+/// tokens, and for 16-32 tokens where rows are long (128+ units) or few; four for many short
+/// rows and at 64.
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     use crate::weights::Kind;
-    // measured on rows of 64+ units (4,096+ columns) only
-    let two_tiles_fill = rows.div_ceil(32) >= 128 && cols / unit_cols(kind) >= 64;
-    let (warps, tiles) = match mmq_tile(t) {
-        8 => (8, 1),
-        64 if kind == Kind::Q4K && two_tiles_fill => (4, 2),
-        64 => (4, 1),
-        32 if matches!(kind, Kind::Q4K | Kind::Q6K) && two_tiles_fill && rows <= 4096 => (8, 2),
-        _ if cols / unit_cols(kind) >= 128 || rows <= 4096 => (8, 1),
-        _ => (4, 1),
+    let staged = matches!(kind, Kind::Q4K | Kind::Q6K) && cols / unit_cols(kind) >= 64;
+    let few = rows <= 4096;
+    let (warps, tiles, stages) = match mmq_tile(t) {
+        8 => (8, 1, 0),
+        16 if staged && few => (8, 2, 3),
+        32 if staged && few => (8, 2, 3),
+        32 if staged => (4, 2, 4),
+        64 if staged && few => (8, 1, 3),
+        64 if staged && kind == Kind::Q6K => (4, 2, 3),
+        64 if staged => (4, 2, 0),
+        64 => (4, 1, 0),
+        _ if cols / unit_cols(kind) >= 128 || few => (8, 1, 0),
+        _ => (4, 1, 0),
     };
-    MmqShape { warps, tiles }
+    MmqShape {
+        warps,
+        tiles,
+        stages,
+    }
 }
 
 /// Fewest tokens for which a quantized matmul takes the mat-mat: from 5 tokens the mat-vecs run
@@ -484,16 +568,11 @@ impl CudaModel {
             let m = self.matrix(w)?;
             (m.kind, m.rows, m.cols, m.buf.ptr)
         };
-        let MmqLaunch {
-            name,
-            grid,
-            block,
-            t8,
-        } = mmq_kernel(kind, wrows, wcols, t, add as u32);
-        self.quantize_t(x, t8)?;
-        let f = self.gpu.func(&name)?;
+        let launch = mmq_kernel(kind, wrows, wcols, t, add as u32);
+        self.quantize_t(x, launch.t8)?;
+        let f = launch.func(&mut self.gpu)?;
         let (q, qd) = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
-        let (r, c, t8i, ti) = (wrows as i32, wcols as i32, t8 as i32, t as i32);
+        let (r, c, t8i, ti) = (wrows as i32, wcols as i32, launch.t8 as i32, t as i32);
         // SAFETY: as in flush; the mat-mat's 8-bit copy holds `t8` tokens of `wcols`.
         unsafe {
             self.gpu
@@ -508,7 +587,7 @@ impl CudaModel {
                 .arg(&ti)
                 .arg(&out)
                 .arg(&r)
-                .launch(cfg(grid, block))?;
+                .launch(launch.config())?;
         }
         Ok(())
     }
@@ -653,13 +732,20 @@ mod tests {
                 }
             }
         }
-        // the measured picks: the 8B's 4096-row matrices on two tiles at 32 tokens, its
-        // 12288-row ones not
-        let two = MmqShape { warps: 8, tiles: 2 };
-        assert_eq!(mmq_shape(Kind::Q4K, 4096, 12288, 32), two);
-        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 32).tiles, 1);
-        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64).tiles, 1);
-        // short rows (the 0.8B's 4096x1024 q + gate) not measured: one tile
-        assert_eq!(mmq_shape(Kind::Q4K, 4096, 1024, 32).tiles, 1);
+        // the measured picks (the 8B's shapes): staged from 16 tokens on 4096+ columns, 8
+        // warps on 4096 rows; Q4_K's 12288 rows at 64 tokens on the two-tile register kernel
+        let shape = |warps, tiles, stages| MmqShape {
+            warps,
+            tiles,
+            stages,
+        };
+        assert_eq!(mmq_shape(Kind::Q4K, 4096, 12288, 32), shape(8, 2, 3));
+        assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 32), shape(4, 2, 4));
+        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 16), shape(4, 1, 0));
+        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64), shape(8, 1, 3));
+        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 64), shape(4, 2, 0));
+        assert_eq!(mmq_shape(Kind::Q4K, 4096, 4096, 8), shape(8, 1, 0));
+        // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
+        assert_eq!(mmq_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
     }
 }

@@ -39,12 +39,11 @@ fn quantize(
     Ok((dq, dd))
 }
 
-/// Launches `name` on `grid` of `block` threads: out (+)= W . x over `t` tokens.
+/// Launches `mmq`: out (+)= W . x over `t` tokens.
 #[allow(clippy::too_many_arguments)]
 fn launch(
     gpu: &mut Gpu,
-    name: &str,
-    (grid, block): ((u32, u32, u32), u32),
+    mmq: &MmqLaunch,
     w: u64,
     rows: usize,
     cols: usize,
@@ -52,7 +51,7 @@ fn launch(
     (t, t8): (usize, usize),
     out: u64,
 ) -> Result<()> {
-    let f = gpu.func(name)?;
+    let f = mmq.func(gpu)?;
     let (r, c, ti, t8i) = (rows as i32, cols as i32, t as i32, t8 as i32);
     // SAFETY: w holds rows x cols of the kernel's type in the device layout; q holds t rows of
     // 8-bit blocks; out holds t rows of `rows` floats.
@@ -68,7 +67,7 @@ fn launch(
             .arg(&ti)
             .arg(&out)
             .arg(&r)
-            .launch(cfg(grid, block))?;
+            .launch(mmq.config())?;
     }
     Ok(())
 }
@@ -113,29 +112,15 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                         .collect();
                     // every block shape, whichever the matrix would take
                     for shape in mmq_block_shapes(kind, t) {
-                        let MmqLaunch {
-                            name,
-                            grid,
-                            block,
-                            t8,
-                        } = mmq_launch(kind, rows, t, epi, shape);
+                        let mmq = mmq_launch(kind, rows, t, epi, shape);
                         let dout = gpu.upload_f32(&base)?;
-                        let q = quantize(gpu, &dx, t, t8, cols)?;
-                        launch(
-                            gpu,
-                            &name,
-                            (grid, block),
-                            dw.ptr,
-                            rows,
-                            cols,
-                            &q,
-                            (t, t8),
-                            dout.ptr,
-                        )?;
+                        let q = quantize(gpu, &dx, t, mmq.t8, cols)?;
+                        launch(gpu, &mmq, dw.ptr, rows, cols, &q, (t, mmq.t8), dout.ptr)?;
                         let got = gpu.read_f32(dout.ptr, t * rows)?;
                         out.push(CaseResult {
                             op: format!(
-                                "mat-mat {name} [{rows}x{cols}] tokens {t} epilogue {}",
+                                "mat-mat {} [{rows}x{cols}] tokens {t} epilogue {}",
+                                mmq.name,
                                 ["store", "add"][epi as usize]
                             ),
                             err: rel_err(&got, &expect),
@@ -204,15 +189,11 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                     .map(|shape| mmq_launch(kind, rows, t, 0, shape))
                     .collect();
                 variants.sort_by_key(|v| v.name != shipped.name);
-                for MmqLaunch {
-                    name, grid, block, ..
-                } in variants
-                {
+                for mmq in variants {
                     let go = |gpu: &mut Gpu, i: usize| {
                         launch(
                             gpu,
-                            &name,
-                            (grid, block),
+                            &mmq,
                             copies[i % copies.len()].ptr,
                             rows,
                             cols,
@@ -224,7 +205,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                     let us = super::time_us(gpu, 8, 50, true, go)?;
                     let ops = 2.0 * (rows * cols * t) as f64;
                     res.push((
-                        format!("{} {rows}x{cols}, {t} tokens ({name})", kind.name()),
+                        format!("{} {rows}x{cols}, {t} tokens ({})", kind.name(), mmq.name),
                         us,
                         dev.len() as f64 / us / 1e3,
                         ops / us / 1e6,

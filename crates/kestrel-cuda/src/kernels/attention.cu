@@ -31,15 +31,6 @@
 __device__ __forceinline__ float lo_h(u32 w) { return h2f((u16)(w & 0xFFFF)); }
 __device__ __forceinline__ float hi_h(u32 w) { return h2f((u16)(w >> 16)); }
 
-// 16 bytes global -> shared without a register; `ok` false fills zeros (rows past the range:
-// their V must be finite, it is multiplied by a zero weight).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
 template <int HD>
 struct AttnTile {
     static constexpr int TP = HD <= 64 ? 64 : (HD <= 128 ? 32 : 16);  // positions a tile

@@ -199,6 +199,76 @@ __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, Pie
     }
 }
 
+// One piece (k) of a unit against one 8-token activation fragment: the B words at xp (this
+// lane's token), the scales dd = (d, d * sum) of this lane's two C tokens; acc[m] the MR row
+// tiles' accumulators of this fragment.
+template <int TY, int MR, int PIECES>
+__device__ __forceinline__ void piece_mma(float (*acc)[4], const PieceW (*pa)[PIECES], const PieceW (*pb)[PIECES],
+                                          int k, const i8* xp, float4 dd, int tid) {
+    float2 d0 = make_float2(dd.x, dd.y), d1 = make_float2(dd.z, dd.w);
+    int b0, b1;
+    if (Halves<TY>::V || TY == T_Q4_0 || TY == T_Q5_0) {
+        b0 = ((const int*)xp)[tid];
+        b1 = ((const int*)xp)[4 + tid];
+    } else {
+        int2 v = ((const int2*)xp)[tid];
+        b0 = v.x;
+        b1 = v.y;
+    }
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        const PieceW &A = pa[m][k], &B = pb[m][k];
+        float* a = acc[m];
+        float c[4];
+        if (Halves<TY>::V) {
+            float ch[4];
+            mma_k16(c, A.lo, B.lo, b0);
+            mma_k16(ch, A.hi, B.hi, b1);
+            a[0] += d0.x * (A.a0 * c[0] + A.a1 * ch[0]) + A.b * d0.y;
+            a[1] += d1.x * (A.a0 * c[1] + A.a1 * ch[1]) + A.b * d1.y;
+            a[2] += d0.x * (B.a0 * c[2] + B.a1 * ch[2]) + B.b * d0.y;
+            a[3] += d1.x * (B.a0 * c[3] + B.a1 * ch[3]) + B.b * d1.y;
+        } else {
+            mma_k32(c, A.lo, B.lo, A.hi, B.hi, b0, b1);
+            a[0] += d0.x * A.a0 * c[0] + A.b * d0.y;
+            a[1] += d1.x * A.a0 * c[1] + A.b * d1.y;
+            a[2] += d0.x * B.a0 * c[2] + B.b * d0.y;
+            a[3] += d1.x * B.a0 * c[3] + B.b * d1.y;
+        }
+    }
+}
+
+// The block's WK warps' partial sums (acc, each warp over its share of the units) added in
+// shared memory `red` (WK * NJ * MR * 128 floats) and stored (EPI 0) or added (1) to
+// out[t][row] for the block's 16 MR rows from r0 and 8 NJ tokens from t0.
+template <int NJ, int WK, int MR, int EPI>
+__device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int r0, int t0, int rows, int T,
+                                           float* __restrict__ out, int old) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // entry e = ((j * MR + m) * 4 + i) * 32 + lane of each warp's slice
+    constexpr int SLICE = NJ * MR * 128;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int m = 0; m < MR; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp * SLICE + ((j * MR + m) * 4 + i) * 32 + lane] = acc[j][m][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < SLICE; e += WK * 32) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < WK; w++) v += red[w * SLICE + e];
+        int l = e & 31, i = (e >> 5) & 3, jm = e >> 7, j = jm / MR, m = jm % MR;
+        int row = r0 + 16 * m + (l >> 2) + (i >= 2 ? 8 : 0);
+        int t = t0 + 8 * j + 2 * (l & 3) + (i & 1);
+        if (row < rows && t < T) {
+            float* o = out + (u64)t * old + row;
+            if (EPI == 0) *o = v;
+            else *o += v;
+        }
+    }
+}
+
 // A block is WK warps over the same 16 MR rows (MR tiles of 16), warp w taking units w, w + WK,
 // ... With PF the next unit's words are loaded before the current one is multiplied. With MR = 2
 // each activation fragment (and its scales) feeds two mma, one per tile: half the activation
@@ -265,62 +335,173 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
                 // this lane's B token t0 + 8j + gid; its C tokens t0 + 8j + 2tid and the next
                 const i8* xp = xq + ((u64)P * T8 + t0 + 8 * j + gid) * 32;
                 float4 dd = *(const float4*)(xd + (u64)P * T8 + t0 + 8 * j + 2 * tid);
-                float2 d0 = make_float2(dd.x, dd.y), d1 = make_float2(dd.z, dd.w);
-                int b0, b1;
-                if (Halves<TY>::V || TY == T_Q4_0 || TY == T_Q5_0) {
-                    b0 = ((const int*)xp)[tid];
-                    b1 = ((const int*)xp)[4 + tid];
-                } else {
-                    int2 v = ((const int2*)xp)[tid];
-                    b0 = v.x;
-                    b1 = v.y;
-                }
-#pragma unroll
-                for (int m = 0; m < MR; m++) {
-                    const PieceW &A = pa[m][k], &B = pb[m][k];
-                    float* a = acc[j][m];
-                    float c[4];
-                    if (Halves<TY>::V) {
-                        float ch[4];
-                        mma_k16(c, A.lo, B.lo, b0);
-                        mma_k16(ch, A.hi, B.hi, b1);
-                        a[0] += d0.x * (A.a0 * c[0] + A.a1 * ch[0]) + A.b * d0.y;
-                        a[1] += d1.x * (A.a0 * c[1] + A.a1 * ch[1]) + A.b * d1.y;
-                        a[2] += d0.x * (B.a0 * c[2] + B.a1 * ch[2]) + B.b * d0.y;
-                        a[3] += d1.x * (B.a0 * c[3] + B.a1 * ch[3]) + B.b * d1.y;
-                    } else {
-                        mma_k32(c, A.lo, B.lo, A.hi, B.hi, b0, b1);
-                        a[0] += d0.x * A.a0 * c[0] + A.b * d0.y;
-                        a[1] += d1.x * A.a0 * c[1] + A.b * d1.y;
-                        a[2] += d0.x * B.a0 * c[2] + B.b * d0.y;
-                        a[3] += d1.x * B.a0 * c[3] + B.b * d1.y;
-                    }
-                }
+                piece_mma<TY, MR, PIECES>(acc[j], pa, pb, k, xp, dd, tid);
             }
         }
     }
-    // the warps' partials: entry e = ((j * MR + m) * 4 + i) * 32 + lane of each warp's slice
-    constexpr int SLICE = NJ * MR * 128;
+    mmq_reduce<NJ, WK, MR, EPI>(acc, red, r0, t0, rows, T, out, old);
+}
+
+// The staged mat-mat (K-quants): the same block and fragments as mmq, but each warp streams
+// its units through a ring of S stages in shared memory by cp.async (S - 1 units in flight
+// while it multiplies one), the weights' bytes of its 16 MR rows and the unit's two pieces of
+// activations for the block's 8 NJ tokens together. mmq keeps one unit in flight in registers
+// and loads the activations when it multiplies: a warp then waits a memory round trip a unit.
+// A stage: the rows' records (Q4_K: the 16-byte header and the unit's 32 quant bytes; Q6_K:
+// 32 ql, 32 qh, 8 scale and the 4-byte word holding d), then per piece its tokens' 32 int8
+// (TW x 32) and after both pieces their (d, d * sum).
+template <int TY, int NJ, int MR>
+struct Stage {
+    enum {
+        RB = TY == T_Q4_K ? 48 : 80,
+        TW = 8 * NJ,
+        WB = MR * 16 * RB,
+        XQ = 2 * TW * 32,
+        BYTES = WB + XQ + 2 * TW * 8,
+    };
+};
+
+// Piece k (0, 1) of unit u of a K-quant row, as unit_words numbers it.
+template <int TY>
+__device__ __forceinline__ int unit_piece(int u, int k) {
+    if (TY == T_Q4_K) return (u >> 2) * 8 + 2 * (u & 3) + k;
+    return (u >> 2) * 8 + 4 * ((u >> 1) & 1) + (u & 1) + 2 * k;
+}
+
+// The warp's copies of unit u's weight bytes for rows r0.. (clamped to the last row) into `st`.
+template <int TY, int MR>
+__device__ __forceinline__ void stage_weights(u8* st, const u8* __restrict__ W, u64 nblk, int r0, int rows,
+                                              int bpr, int u, int lane) {
+    int b = u >> 2;
+    if constexpr (TY == T_Q4_K) {
+        int c = u & 3;
+#pragma unroll
+        for (int i = lane; i < MR * 48; i += 32) {  // 16 MR rows x 3 pieces of 16 bytes
+            int rec = i / 3, part = i - 3 * rec;
+            const u8* blk = W + ((u64)min(r0 + rec, rows - 1) * bpr + b) * 144;
+            cp_async16(st + rec * 48 + 16 * part, part == 0 ? blk : blk + 16 * part + 32 * c);
+        }
+    } else {
+        int n = (u >> 1) & 1, pp = u & 1;
+#pragma unroll
+        for (int i = lane; i < MR * 64; i += 32) {  // 16 MR rows x (2 of ql, 2 of qh)
+            int rec = i >> 2, part = i & 3;
+            const u8* blk = W + ((u64)min(r0 + rec, rows - 1) * bpr + b) * 208;
+            cp_async16(st + rec * 80 + 16 * part,
+                       part < 2 ? blk + 64 * n + 32 * pp + 16 * part : blk + 128 + 32 * n + 16 * (part - 2));
+        }
+#pragma unroll
+        for (int i = lane; i < MR * 32; i += 32) {  // 16 MR rows x (scales, d)
+            int rec = i >> 1;
+            u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
+            if (i & 1) cp_async4(st + rec * 80 + 72, W + nblk * 208 + ((2 * bi) & ~(u64)3));
+            else cp_async8(st + rec * 80 + 64, W + bi * 208 + 192 + 8 * n);
+        }
+    }
+}
+
+// The warp's copies of unit u's two pieces of activations for tokens t0.. into `st`.
+template <int TY, int NJ, int MR>
+__device__ __forceinline__ void stage_acts(u8* st, const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                           int T8, int t0, int u, int lane) {
+    using G = Stage<TY, NJ, MR>;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        u64 P = unit_piece<TY>(u, k);
+        const u8* q = (const u8*)(xq + (P * T8 + t0) * 32);
+        const u8* d = (const u8*)(xd + P * T8 + t0);
+#pragma unroll
+        for (int i = lane; i < G::TW * 2; i += 32) cp_async16(st + G::WB + k * G::TW * 32 + 16 * i, q + 16 * i);
+        if (lane < G::TW / 2) cp_async16(st + G::WB + G::XQ + k * G::TW * 8 + 16 * lane, d + 16 * lane);
+    }
+}
+
+// One lane's words of a staged row record (dhi: d is the word's high half).
+template <int TY>
+__device__ __forceinline__ Raw<TY> unit_record(const u8* rec, int tid, int dhi) {
+    Raw<TY> r;
+    if constexpr (TY == T_Q4_K) {
+        r.hd = *(const uint4*)rec;
+        r.v = ((const int2*)(rec + 16))[tid];
+    } else {
+        const int* w = (const int*)rec;
+        r.l0 = w[tid];
+        r.l1 = w[4 + tid];
+        r.h0 = w[8 + tid];
+        r.h1 = w[12 + tid];
+        r.sv = *(const uint2*)(rec + 64);
+        u32 dw = *(const u32*)(rec + 72);
+        r.d = (u16)(dhi ? dw >> 16 : dw & 0xFFFF);
+    }
+    return r;
+}
+
+template <int TY, int NJ, int WK, int MR, int S, int EPI>
+__device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
+                                           const float2* __restrict__ xd, int T8, int T, float* __restrict__ out,
+                                           int old) {
+    using G = Stage<TY, NJ, MR>;
+    extern __shared__ __align__(16) u8 smem[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+    int r0 = blockIdx.x * 16 * MR, t0 = blockIdx.y * 8 * NJ;
+    int bpr = cols / 256, units = cols / 64;
+    u64 nblk = (u64)rows * bpr;
+    u8* ring = smem + warp * S * G::BYTES;
+    int n = units > warp ? (units - warp + WK - 1) / WK : 0;  // this warp's units: warp + i WK
+    // the weights first: no kernel writes them, so they need not wait for the one before
+#pragma unroll
+    for (int s = 0; s < S - 1; s++)
+        if (s < n) stage_weights<TY, MR>(ring + s * G::BYTES, W, nblk, r0, rows, bpr, warp + s * WK, lane);
+    GRID_DEP();
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n) stage_acts<TY, NJ, MR>(ring + s * G::BYTES, xq, xd, T8, t0, warp + s * WK, lane);
+        cp_async_commit();
+    }
+    // this lane's records and the parity of its rows' first block (Q6_K's d: two to a word)
+    int ra[MR], rb[MR];
+#pragma unroll
+    for (int m = 0; m < MR; m++) {
+        ra[m] = (u64)min(r0 + 16 * m + gid, rows - 1) * bpr & 1;
+        rb[m] = (u64)min(r0 + 16 * m + gid + 8, rows - 1) * bpr & 1;
+    }
+    float acc[NJ][MR][4];
 #pragma unroll
     for (int j = 0; j < NJ; j++)
 #pragma unroll
-        for (int m = 0; m < MR; m++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) red[warp * SLICE + ((j * MR + m) * 4 + i) * 32 + lane] = acc[j][m][i];
-    __syncthreads();
-    for (int e = threadIdx.x; e < SLICE; e += WK * 32) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < WK; w++) v += red[w * SLICE + e];
-        int l = e & 31, i = (e >> 5) & 3, jm = e >> 7, j = jm / MR, m = jm % MR;
-        int row = r0 + 16 * m + (l >> 2) + (i >= 2 ? 8 : 0);
-        int t = t0 + 8 * j + 2 * (l & 3) + (i & 1);
-        if (row < rows && t < T) {
-            float* o = out + (u64)t * old + row;
-            if (EPI == 0) *o = v;
-            else *o += v;
+        for (int m = 0; m < MR; m++) acc[j][m][0] = acc[j][m][1] = acc[j][m][2] = acc[j][m][3] = 0.f;
+    for (int i = 0; i < n; i++) {
+        // unit i + S - 1 into the slot unit i - 1 left (S - 1 units in flight while i multiplies)
+        int nx = i + S - 1;
+        if (nx < n) {
+            u8* d = ring + (nx % S) * G::BYTES;
+            stage_weights<TY, MR>(d, W, nblk, r0, rows, bpr, warp + nx * WK, lane);
+            stage_acts<TY, NJ, MR>(d, xq, xd, T8, t0, warp + nx * WK, lane);
         }
+        cp_async_commit();
+        cp_async_wait<S - 1>();
+        __syncwarp();
+        const u8* st = ring + (i % S) * G::BYTES;
+        int u = warp + i * WK, bodd = (u >> 2) & 1;
+        PieceW pa[MR][2], pb[MR][2];
+#pragma unroll
+        for (int m = 0; m < MR; m++) {
+            unit_words<TY>(unit_record<TY>(st + (16 * m + gid) * G::RB, tid, ra[m] ^ bodd), u, tid, pa[m]);
+            unit_words<TY>(unit_record<TY>(st + (16 * m + gid + 8) * G::RB, tid, rb[m] ^ bodd), u, tid, pb[m]);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++)
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const i8* xp = (const i8*)(st + G::WB + (k * G::TW + 8 * j + gid) * 32);
+                float4 dd = *(const float4*)(st + G::WB + G::XQ + (k * G::TW + 8 * j + 2 * tid) * 8);
+                piece_mma<TY, MR, 2>(acc[j], pa, pb, k, xp, dd, tid);
+            }
+        __syncwarp();
     }
+    cp_async_wait_all();
+    __syncthreads();  // every warp is done with its ring: the reduction reuses the memory
+    mmq_reduce<NJ, WK, MR, EPI>(acc, (float*)smem, r0, t0, rows, T, out, old);
 }
 
 // mmq_<type>_<NJ>_<epi>_w<WK>[_r2]: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1
@@ -338,9 +519,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
 #define MMQ_NJ2(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK, 2, _r2) MMQ1(NAME, TY, NJ, 1, WK, 2, _r2)
 #define MMQ(NAME, TY) MMQ_NJ(NAME, TY, 1, 8) MMQ_NJ(NAME, TY, 2, 4) MMQ_NJ(NAME, TY, 2, 8) \
     MMQ_NJ(NAME, TY, 4, 4) MMQ_NJ(NAME, TY, 4, 8) MMQ_NJ(NAME, TY, 8, 4)
-// the K-quants of Q4_K_M files also come with two row tiles a warp at 16-64 tokens
-#define MMQ_R2(NAME, TY) MMQ_NJ2(NAME, TY, 2, 4) MMQ_NJ2(NAME, TY, 4, 4) MMQ_NJ2(NAME, TY, 4, 8) \
-    MMQ_NJ2(NAME, TY, 8, 4)
+// the K-quants of Q4_K_M files also come with two row tiles a warp at 64 tokens (12,288-row Q4_K)
+#define MMQ_R2(NAME, TY) MMQ_NJ2(NAME, TY, 8, 4)
 MMQ(q4_0, T_Q4_0)
 MMQ(q5_0, T_Q5_0)
 MMQ(q8_0, T_Q8_0)
@@ -348,3 +528,20 @@ MMQ(q4_k, T_Q4_K)
 MMQ(q6_k, T_Q6_K)
 MMQ_R2(q4_k, T_Q4_K)
 MMQ_R2(q6_k, T_Q6_K)
+
+// mmqs_<type>_<NJ>_<epi>_w<WK>_r<MR>_s<S>: the staged mat-mat (dynamic shared memory:
+// max(WK S Stage::BYTES, the reduction's WK NJ MR 512 bytes), as matmul::mmq_launch sizes it).
+#define MMQS1(NAME, TY, NJ, EPI, WK, MR, S)                                                           \
+    extern "C" __global__ void __launch_bounds__(WK * 32) mmqs_##NAME##_##NJ##_##EPI##_w##WK##_r##MR##_s##S( \
+        const u8* W, int rows, int cols, const i8* xq, const float2* xd, int T8, int T, float* out,   \
+        int old) {                                                                                  \
+        mmq_staged<TY, NJ, WK, MR, S, EPI>(W, rows, cols, xq, xd, T8, T, out, old);                 \
+    }
+#define MMQS(NAME, TY, NJ, WK, MR, S) MMQS1(NAME, TY, NJ, 0, WK, MR, S) MMQS1(NAME, TY, NJ, 1, WK, MR, S)
+// the shapes matmul::mmq_block_shapes lists: 16 and 32 tokens on 8 warps (3 stages) and 32 on 4
+// (4 stages); 64 on 4 warps of two tiles and 8 of one (3 stages); 16 warps of 2 stages at each
+#define MMQS_ALL(NAME, TY) MMQS(NAME, TY, 2, 8, 2, 3) MMQS(NAME, TY, 2, 16, 2, 2) \
+    MMQS(NAME, TY, 4, 8, 2, 3) MMQS(NAME, TY, 4, 4, 2, 4) MMQS(NAME, TY, 4, 16, 2, 2) \
+    MMQS(NAME, TY, 8, 4, 2, 3) MMQS(NAME, TY, 8, 8, 1, 3) MMQS(NAME, TY, 8, 16, 1, 2)
+MMQS_ALL(q4_k, T_Q4_K)
+MMQS_ALL(q6_k, T_Q6_K)
