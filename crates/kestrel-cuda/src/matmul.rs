@@ -222,8 +222,8 @@ pub fn mmq_launch(
             (warps * stages * stage).max(reduce) as u32,
         )
     } else {
-        let sfx = if tiles == 2 { "_r2" } else { "" };
-        (format!("mmq_{}_{nj}_{epi}_w{warps}{sfx}", kind.name()), 0)
+        debug_assert_eq!(tiles, 1, "the register kernels take one row tile");
+        (format!("mmq_{}_{nj}_{epi}_w{warps}", kind.name()), 0)
     };
     MmqLaunch {
         name,
@@ -234,77 +234,72 @@ pub fn mmq_launch(
     }
 }
 
-/// The block shapes a mat-mat of `kind` for `t` tokens comes in (`kernels/mmq.cu` builds these):
-/// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; for the K-quants also two row tiles a warp at
-/// 64 tokens and the staged kernels at 16-64.
-pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
-    use crate::weights::Kind;
-    let one = |warps| MmqShape {
-        warps,
-        tiles: 1,
-        stages: 0,
-    };
-    let staged = |warps, tiles, stages| MmqShape {
-        warps,
-        tiles,
-        stages,
-    };
-    let k_quant = matches!(kind, Kind::Q4K | Kind::Q6K);
-    match mmq_tile(t) {
-        8 => vec![one(8)],
-        64 if k_quant => vec![
-            one(4),
-            MmqShape {
-                warps: 4,
-                tiles: 2,
-                stages: 0,
-            },
-            staged(4, 2, 3),
-            staged(8, 1, 3),
-            staged(16, 1, 2),
-        ],
-        64 => vec![one(4)],
-        16 if k_quant => vec![one(4), one(8), staged(8, 2, 3), staged(16, 2, 2)],
-        32 if k_quant => vec![
-            one(4),
-            one(8),
-            staged(8, 2, 3),
-            staged(4, 2, 4),
-            staged(16, 2, 2),
-        ],
-        _ => vec![one(4), one(8)],
+impl MmqShape {
+    /// The register kernel's block (one row tile).
+    const fn regs(warps: usize) -> Self {
+        Self {
+            warps,
+            tiles: 1,
+            stages: 0,
+        }
+    }
+
+    /// The staged kernel's block.
+    const fn staged(warps: usize, tiles: usize, stages: usize) -> Self {
+        Self {
+            warps,
+            tiles,
+            stages,
+        }
     }
 }
 
-/// The block shape of a mat-mat (`gpu-check --perf`, H200: docs/cuda.md has the tables).
-/// On rows of 4,096+ columns (64+ units of a K-quant: the shapes measured) the staged kernels,
-/// each warp streaming its units through shared memory, from 16 tokens: 8 warps where rows are
-/// few (<= 4,096: their grid is one block an SM), 4 on more rows at 32 tokens and for Q6_K at
-/// 64 (three blocks an SM); the register kernel with two row tiles stays faster for Q4_K at 64
-/// tokens on many rows, and the one-tile register kernels at 16 tokens on many rows (within 3%)
-/// and on short rows (not measured staged). The register kernels: eight warps (pipelined) at 8
-/// tokens, and for 16-32 tokens where rows are long (128+ units) or few; four for many short
-/// rows and at 64.
+/// The block shapes a mat-mat of `kind` for `t` tokens comes in (`kernels/mmq.cu` builds these):
+/// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; for the K-quants the staged kernels at 16-64
+/// tokens instead of the register kernel's 8 warps at 64.
+pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
+    use crate::weights::Kind;
+    let (regs, staged) = (MmqShape::regs, MmqShape::staged);
+    let k_quant = matches!(kind, Kind::Q4K | Kind::Q6K);
+    match mmq_tile(t) {
+        8 => vec![regs(8)],
+        16 if k_quant => vec![regs(4), regs(8), staged(16, 2, 2)],
+        32 if k_quant => vec![
+            regs(4),
+            regs(8),
+            staged(16, 2, 2),
+            staged(8, 2, 3),
+            staged(4, 2, 4),
+        ],
+        64 if k_quant => vec![regs(4), staged(16, 1, 2), staged(4, 2, 3)],
+        64 => vec![regs(4)],
+        _ => vec![regs(4), regs(8)],
+    }
+}
+
+/// The block shape of a mat-mat (`gpu-check --perf`, H200, 2026-12-03 17:42 call: docs/cuda.md
+/// has the tables). On rows of 4,096+ columns (64+ units of a K-quant: the shapes measured) the
+/// staged kernels, each warp streaming its units through shared memory: where rows are few
+/// (<= 4,096, one block an SM) 16 warps (Q6_K at 32 tokens: 8), and at 64 tokens on Q4_K's
+/// many rows; on many rows 4 warps of two row tiles at 32 tokens, and for Q6_K at 64 (several
+/// blocks an SM). The register kernels elsewhere: at 8 tokens on 8 warps (staged lost there), at
+/// 16 tokens on many rows (4 warps, within 3%), and on short rows (not measured staged): 8 warps
+/// where rows are long (128+ units) or few, else 4.
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     use crate::weights::Kind;
-    let staged = matches!(kind, Kind::Q4K | Kind::Q6K) && cols / unit_cols(kind) >= 64;
+    let (regs, staged) = (MmqShape::regs, MmqShape::staged);
+    let long = matches!(kind, Kind::Q4K | Kind::Q6K) && cols / unit_cols(kind) >= 64;
     let few = rows <= 4096;
-    let (warps, tiles, stages) = match mmq_tile(t) {
-        8 => (8, 1, 0),
-        16 if staged && few => (8, 2, 3),
-        32 if staged && few => (8, 2, 3),
-        32 if staged => (4, 2, 4),
-        64 if staged && few => (8, 1, 3),
-        64 if staged && kind == Kind::Q6K => (4, 2, 3),
-        64 if staged => (4, 2, 0),
-        64 => (4, 1, 0),
-        _ if cols / unit_cols(kind) >= 128 || few => (8, 1, 0),
-        _ => (4, 1, 0),
-    };
-    MmqShape {
-        warps,
-        tiles,
-        stages,
+    match mmq_tile(t) {
+        8 => regs(8),
+        32 if long && few && kind == Kind::Q6K => staged(8, 2, 3),
+        16 | 32 if long && few => staged(16, 2, 2),
+        32 if long => staged(4, 2, 4),
+        64 if long && (few || kind == Kind::Q4K) => staged(16, 1, 2),
+        64 if long => staged(4, 2, 3),
+        64 => regs(4),
+        _ if cols / unit_cols(kind) >= 128 || few => regs(8),
+        _ => regs(4),
     }
 }
 
@@ -732,18 +727,19 @@ mod tests {
                 }
             }
         }
-        // the measured picks (the 8B's shapes): staged from 16 tokens on 4096+ columns, 8
-        // warps on 4096 rows; Q4_K's 12288 rows at 64 tokens on the two-tile register kernel
+        // the measured picks (the 8B's shapes)
         let shape = |warps, tiles, stages| MmqShape {
             warps,
             tiles,
             stages,
         };
-        assert_eq!(mmq_shape(Kind::Q4K, 4096, 12288, 32), shape(8, 2, 3));
+        assert_eq!(mmq_shape(Kind::Q4K, 4096, 12288, 32), shape(16, 2, 2));
+        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 32), shape(8, 2, 3));
         assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 32), shape(4, 2, 4));
         assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 16), shape(4, 1, 0));
-        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64), shape(8, 1, 3));
-        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 64), shape(4, 2, 0));
+        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64), shape(16, 1, 2));
+        assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 64), shape(4, 2, 3));
+        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 64), shape(16, 1, 2));
         assert_eq!(mmq_shape(Kind::Q4K, 4096, 4096, 8), shape(8, 1, 0));
         // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
         assert_eq!(mmq_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));

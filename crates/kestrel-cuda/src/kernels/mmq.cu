@@ -504,30 +504,25 @@ __device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, i
     mmq_reduce<NJ, WK, MR, EPI>(acc, (float*)smem, r0, t0, rows, T, out, old);
 }
 
-// mmq_<type>_<NJ>_<epi>_w<WK>[_r2]: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1
-// add (the residual); WK warps a block split the row; _r2: two 16-row tiles a warp. Pipelined
-// (one unit at a time, the next one's words in flight) where that measured faster
-// (docs/cuda.md: 8-16 tokens, and 8 warps); with 4 warps and 32-64 tokens two units unrolled,
-// whose activation loads then overlap.
-#define MMQ1(NAME, TY, NJ, EPI, WK, MR, SFX)                                                     \
-    extern "C" __global__ void __launch_bounds__(WK * 32) mmq_##NAME##_##NJ##_##EPI##_w##WK##SFX( \
+// mmq_<type>_<NJ>_<epi>_w<WK>: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1 add
+// (the residual); WK warps a block split the row, one 16-row tile (the staged kernels below take
+// two where that pays). Pipelined (one unit at a time, the next one's words in flight) where
+// that measured faster (docs/cuda.md: 8-16 tokens, and 8 warps); with 4 warps and 32-64 tokens
+// two units unrolled, whose activation loads then overlap.
+#define MMQ1(NAME, TY, NJ, EPI, WK)                                                              \
+    extern "C" __global__ void __launch_bounds__(WK * 32) mmq_##NAME##_##NJ##_##EPI##_w##WK(     \
         const u8* W, int rows, int cols, const i8* xq, const float2* xd, int T8, int T,          \
         float* out, int old) { GRID_DEP();                                                       \
-        mmq<TY, NJ, WK, (WK == 8 || NJ <= 2), MR, EPI>(W, rows, cols, xq, xd, T8, T, out, old);  \
+        mmq<TY, NJ, WK, (WK == 8 || NJ <= 2), 1, EPI>(W, rows, cols, xq, xd, T8, T, out, old);   \
     }
-#define MMQ_NJ(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK, 1, ) MMQ1(NAME, TY, NJ, 1, WK, 1, )
-#define MMQ_NJ2(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK, 2, _r2) MMQ1(NAME, TY, NJ, 1, WK, 2, _r2)
+#define MMQ_NJ(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK) MMQ1(NAME, TY, NJ, 1, WK)
 #define MMQ(NAME, TY) MMQ_NJ(NAME, TY, 1, 8) MMQ_NJ(NAME, TY, 2, 4) MMQ_NJ(NAME, TY, 2, 8) \
     MMQ_NJ(NAME, TY, 4, 4) MMQ_NJ(NAME, TY, 4, 8) MMQ_NJ(NAME, TY, 8, 4)
-// the K-quants of Q4_K_M files also come with two row tiles a warp at 64 tokens (12,288-row Q4_K)
-#define MMQ_R2(NAME, TY) MMQ_NJ2(NAME, TY, 8, 4)
 MMQ(q4_0, T_Q4_0)
 MMQ(q5_0, T_Q5_0)
 MMQ(q8_0, T_Q8_0)
 MMQ(q4_k, T_Q4_K)
 MMQ(q6_k, T_Q6_K)
-MMQ_R2(q4_k, T_Q4_K)
-MMQ_R2(q6_k, T_Q6_K)
 
 // mmqs_<type>_<NJ>_<epi>_w<WK>_r<MR>_s<S>: the staged mat-mat (dynamic shared memory:
 // max(WK S Stage::BYTES, the reduction's WK NJ MR 512 bytes), as matmul::mmq_launch sizes it).
@@ -538,10 +533,9 @@ MMQ_R2(q6_k, T_Q6_K)
         mmq_staged<TY, NJ, WK, MR, S, EPI>(W, rows, cols, xq, xd, T8, T, out, old);                 \
     }
 #define MMQS(NAME, TY, NJ, WK, MR, S) MMQS1(NAME, TY, NJ, 0, WK, MR, S) MMQS1(NAME, TY, NJ, 1, WK, MR, S)
-// the shapes matmul::mmq_block_shapes lists: 16 and 32 tokens on 8 warps (3 stages) and 32 on 4
-// (4 stages); 64 on 4 warps of two tiles and 8 of one (3 stages); 16 warps of 2 stages at each
-#define MMQS_ALL(NAME, TY) MMQS(NAME, TY, 2, 8, 2, 3) MMQS(NAME, TY, 2, 16, 2, 2) \
-    MMQS(NAME, TY, 4, 8, 2, 3) MMQS(NAME, TY, 4, 4, 2, 4) MMQS(NAME, TY, 4, 16, 2, 2) \
-    MMQS(NAME, TY, 8, 4, 2, 3) MMQS(NAME, TY, 8, 8, 1, 3) MMQS(NAME, TY, 8, 16, 1, 2)
+// the shapes matmul::mmq_block_shapes lists: 16 warps of 2 stages (16-64 tokens), 8 warps of 3
+// (32), 4 warps of 4 (32) and of 3 (64)
+#define MMQS_ALL(NAME, TY) MMQS(NAME, TY, 2, 16, 2, 2) MMQS(NAME, TY, 4, 16, 2, 2) \
+    MMQS(NAME, TY, 4, 8, 2, 3) MMQS(NAME, TY, 4, 4, 2, 4) MMQS(NAME, TY, 8, 16, 1, 2) MMQS(NAME, TY, 8, 4, 2, 3)
 MMQS_ALL(q4_k, T_Q4_K)
 MMQS_ALL(q6_k, T_Q6_K)
