@@ -69,7 +69,7 @@ pub fn isa_cap() -> Backend {
 }
 
 /// Whether CPUID names AMD as the vendor: some prefetch settings are tuned per vendor, as
-/// measured (the weight stream's in [`repack::weight_prefetch_ahead`], the K/V cache's in
+/// measured (the weight stream's in [`weight_prefetch_ahead`], the K/V cache's in
 /// decode attention).
 pub fn cpu_is_amd() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -94,4 +94,41 @@ pub fn avx512_available() -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
+}
+
+/// How many bytes ahead of its reads a decode kernel (one to four tokens) prefetches the weight
+/// stream into L2, every line: `KESTREL_WEIGHT_PREFETCH=BYTES` (0 turns it off). The hardware
+/// prefetchers stop at 4 KiB pages and keep too few lines in flight for one core to reach the
+/// memory's bandwidth on Intel server cores. Measured (BENCHMARKS.md, eleventh session): on the
+/// Xeon, 4 KiB ahead took the 1.5B's decode from 13.3–13.5 to 21.1–21.2 tok/s (8 KiB: 20.9); on
+/// the AMD EPYC VM it made decode slower (ninth session), so AMD CPUs default to 0 and others
+/// to 4096.
+pub fn weight_prefetch_ahead() -> usize {
+    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *AHEAD.get_or_init(|| {
+        let default = if cpu_is_amd() { 0 } else { 4096 };
+        std::env::var("KESTREL_WEIGHT_PREFETCH")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    })
+}
+
+/// Prefetches `len` bytes from `ahead` bytes past `p` into L2, a line at a time (nothing when
+/// `ahead` is 0). Addresses past the matrix are fine: a prefetch never faults.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead(p: *const u8, ahead: usize, len: usize) {
+    if ahead == 0 {
+        return;
+    }
+    let mut at = 0;
+    while at < len {
+        let q = p.wrapping_add(ahead + at);
+        // SAFETY: a prefetch is a hint and never faults, whatever the address.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(q as *const i8)
+        };
+        at += 64;
+    }
 }

@@ -48,7 +48,7 @@ pub fn kernels_summary() -> String {
         cpu::Backend::Generic => "portable (scalar)".to_string(),
         cpu::Backend::Avx2 => "AVX2".to_string(),
         cpu::Backend::Avx512Vnni => {
-            let ahead = crate::repack::weight_prefetch_ahead();
+            let ahead = crate::cpu::weight_prefetch_ahead();
             let prefetch = if ahead == 0 {
                 "no weight prefetch".to_string()
             } else {

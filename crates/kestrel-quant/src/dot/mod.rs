@@ -436,12 +436,12 @@ pub fn matvec(
         return Ok(());
     }
     let acts = [act];
-    let ahead = crate::repack::weight_prefetch_ahead();
+    let ahead = crate::cpu::weight_prefetch_ahead();
     for (r, o) in out.iter_mut().enumerate() {
         let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
         // The row `ahead` bytes on is on its way to L2 while this one is dotted.
         #[cfg(target_arch = "x86_64")]
-        crate::repack::prefetch_ahead(row.as_ptr(), ahead, row_bytes);
+        crate::cpu::prefetch_ahead(row.as_ptr(), ahead, row_bytes);
         group::<1>(backend, w, n, nb, row, &acts, std::slice::from_mut(o));
     }
     Ok(())

@@ -325,43 +325,6 @@ fn with_b_tiles<T>(len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
 
 pub use crate::cpu::avx512_available;
 
-/// How many bytes ahead of its reads a decode kernel (one to four tokens) prefetches the weight
-/// stream into L2, every line: `KESTREL_WEIGHT_PREFETCH=BYTES` (0 turns it off). The hardware
-/// prefetchers stop at 4 KiB pages and keep too few lines in flight for one core to reach the
-/// memory's bandwidth on Intel server cores. Measured (BENCHMARKS.md, eleventh session): on the
-/// Xeon, 4 KiB ahead took the 1.5B's decode from 13.3–13.5 to 21.1–21.2 tok/s (8 KiB: 20.9); on
-/// the AMD EPYC VM it made decode slower (ninth session), so AMD CPUs default to 0 and others
-/// to 4096.
-pub fn weight_prefetch_ahead() -> usize {
-    static AHEAD: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *AHEAD.get_or_init(|| {
-        let default = if crate::cpu_is_amd() { 0 } else { 4096 };
-        std::env::var("KESTREL_WEIGHT_PREFETCH")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(default)
-    })
-}
-
-/// Prefetches `len` bytes from `ahead` bytes past `p` into L2, a line at a time (nothing when
-/// `ahead` is 0). Addresses past the matrix are fine: a prefetch never faults.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) fn prefetch_ahead(p: *const u8, ahead: usize, len: usize) {
-    if ahead == 0 {
-        return;
-    }
-    let mut at = 0;
-    while at < len {
-        let q = p.wrapping_add(ahead + at);
-        // SAFETY: a prefetch is a hint and never faults, whatever the address.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(q as *const i8)
-        };
-        at += 64;
-    }
-}
-
 /// Zeroed bytes whose start is on a 64-byte boundary, so a group's 64-byte vectors never
 /// straddle two cache lines (a plain `Vec<u8>` of this size starts 16 bytes into a page).
 pub(crate) struct AlignedBytes {
@@ -412,7 +375,7 @@ mod tests {
         if std::env::var_os("KESTREL_WEIGHT_PREFETCH").is_some() {
             return; // set by hand: the default is not in play
         }
-        let ahead = weight_prefetch_ahead();
+        let ahead = crate::cpu::weight_prefetch_ahead();
         assert_eq!(ahead, if crate::cpu_is_amd() { 0 } else { 4096 });
         if avx512_available() {
             let summary = crate::kernels_summary();

@@ -250,7 +250,7 @@ impl Q32Repacked {
             // The weight stream is prefetched for decode (few tokens) reading the group from
             // memory; an unpacked Q5_0 group is already in L2.
             let ahead = if t_len <= 4 {
-                super::weight_prefetch_ahead()
+                crate::cpu::weight_prefetch_ahead()
             } else {
                 0
             };
@@ -391,7 +391,7 @@ mod avx512 {
             group_block_bytes(GgmlType::Q8_0)
         };
         for i in 0..nb {
-            super::super::prefetch_ahead(
+            crate::cpu::prefetch_ahead(
                 w.as_ptr().wrapping_add(i * block_bytes),
                 ahead,
                 block_bytes,

@@ -365,11 +365,11 @@ mod avx512 {
         let ahead = if PRE {
             0
         } else {
-            super::super::weight_prefetch_ahead()
+            crate::cpu::weight_prefetch_ahead()
         };
         for i in 0..nb {
             let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
-            super::super::prefetch_ahead(wb, ahead, GROUP_BLOCK_BYTES);
+            crate::cpu::prefetch_ahead(wb, ahead, GROUP_BLOCK_BYTES);
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(D_OFF) as *const __m256i));
             let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(DMIN_OFF) as *const __m256i));
             let mut dyd = [_mm512_setzero_ps(); N];

@@ -395,9 +395,9 @@ mod avx512 {
         let lo16 = _mm512_set1_epi32(0xffff);
         let neg32 = _mm512_set1_epi16(-32);
         let mut acc = [[_mm512_setzero_ps(); 8]; N];
-        let ahead = super::super::weight_prefetch_ahead();
+        let ahead = crate::cpu::weight_prefetch_ahead();
         for i in 0..nb {
-            super::super::prefetch_ahead(
+            crate::cpu::prefetch_ahead(
                 w.as_ptr().wrapping_add(i * GROUP_BLOCK_BYTES),
                 ahead,
                 GROUP_BLOCK_BYTES,
