@@ -310,8 +310,9 @@ impl<'t> Scheduler<'t> {
         let result = catch_unwind(AssertUnwindSafe(|| model.forward(&steps, &mut logits)))
             .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
         let t1 = Instant::now();
+        let argmax_asked: Vec<bool> = steps.iter().map(|s| s.argmax_only).collect();
         drop(steps);
-        self.take_logits(plan, outcomes, result, &logits);
+        self.take_logits(plan, outcomes, result, &logits, &argmax_asked);
         self.logits = logits;
         self.counters.forward_ns += (t1 - t0).as_nanos() as u64;
         self.counters.sample_ns += t1.elapsed().as_nanos() as u64;
@@ -324,6 +325,7 @@ impl<'t> Scheduler<'t> {
         outcomes: &mut [Option<Outcome>],
         result: Result<(), String>,
         step_logits: &Logits,
+        argmax_asked: &[bool],
     ) {
         let logits = step_logits.rows();
         let bs = self.cfg.block_size;
@@ -373,7 +375,7 @@ impl<'t> Scheduler<'t> {
         let mut picks = vec![None; plan.len()];
         let mut k = 0;
         for (i, p) in plan.iter().enumerate() {
-            if argmax_only(p, &self.running[p.seq], self.running_slots > 0) {
+            if argmax_asked[i] {
                 picks[i] = step_logits.pick(k);
             }
             k += rows(p);
