@@ -262,6 +262,7 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
     let k_quant = matches!(kind, Kind::Q4K | Kind::Q6K);
     match mmq_tile(t) {
+        8 if k_quant => vec![regs(8), regs(16), staged(16, 2, 2)],
         8 => vec![regs(8)],
         16 if k_quant => vec![regs(4), regs(8), staged(16, 2, 2)],
         32 if k_quant => vec![
@@ -277,20 +278,24 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
     }
 }
 
-/// The block shape of a mat-mat (`gpu-check --perf`, H200, 2026-12-03 17:42 call: docs/cuda.md
-/// has the tables). On rows of 4,096+ columns (64+ units of a K-quant: the shapes measured) the
-/// staged kernels, each warp streaming its units through shared memory: where rows are few
-/// (<= 4,096, one block an SM) 16 warps (Q6_K at 32 tokens: 8), and at 64 tokens on Q4_K's
-/// many rows; on many rows 4 warps of two row tiles at 32 tokens, and for Q6_K at 64 (several
-/// blocks an SM). The register kernels elsewhere: at 8 tokens on 8 warps (staged lost there), at
-/// 16 tokens on many rows (4 warps, within 3%), and on short rows (not measured staged): 8 warps
-/// where rows are long (128+ units) or few, else 4.
+/// The block shape of a mat-mat (`gpu-check --perf`, H200, 2026-12-03 17:42 and 12-03 19:47
+/// calls: docs/cuda.md has the tables). On rows of 4,096+ columns (64+ units of a K-quant: the
+/// shapes measured) the staged kernels, each warp streaming its units through shared memory:
+/// where rows are few (<= 4,096, one block an SM) 16 warps (Q6_K at 32 tokens: 8), and at 64
+/// tokens on Q4_K's many rows; on many rows 4 warps of two row tiles at 32 tokens, and for Q6_K
+/// at 64 (several blocks an SM). At 8 tokens the register kernel, on 16 warps where Q4_K rows
+/// are few (4096x12288 24.6 -> 19.8 us) and 8 elsewhere (16 lost on 12,288 rows), except Q6_K's
+/// few rows of 128+ units (staged, 33.2 -> 30.4 us). The register kernels also at 16 tokens on
+/// many rows (4 warps, within 3%), and on short rows (not measured staged): 8 warps where rows
+/// are long (128+ units) or few, else 4.
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     use crate::weights::Kind;
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
     let long = matches!(kind, Kind::Q4K | Kind::Q6K) && cols / unit_cols(kind) >= 64;
     let few = rows <= 4096;
     match mmq_tile(t) {
+        8 if long && few && kind == Kind::Q4K => regs(16),
+        8 if few && kind == Kind::Q6K && cols / unit_cols(kind) >= 128 => staged(16, 2, 2),
         8 => regs(8),
         32 if long && few && kind == Kind::Q6K => staged(8, 2, 3),
         16 | 32 if long && few => staged(16, 2, 2),
@@ -740,7 +745,10 @@ mod tests {
         assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64), shape(16, 1, 2));
         assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 64), shape(4, 2, 3));
         assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 64), shape(16, 1, 2));
-        assert_eq!(mmq_shape(Kind::Q4K, 4096, 4096, 8), shape(8, 1, 0));
+        assert_eq!(mmq_shape(Kind::Q4K, 4096, 4096, 8), shape(16, 1, 0));
+        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
+        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 8), shape(16, 2, 2));
+        assert_eq!(mmq_shape(Kind::Q6K, 4096, 4096, 8), shape(8, 1, 0));
         // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
         assert_eq!(mmq_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
     }

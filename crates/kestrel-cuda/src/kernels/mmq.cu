@@ -523,6 +523,9 @@ MMQ(q5_0, T_Q5_0)
 MMQ(q8_0, T_Q8_0)
 MMQ(q4_k, T_Q4_K)
 MMQ(q6_k, T_Q6_K)
+// 16 warps at 8 tokens: twice the warps on a matrix of few rows (4,096 rows are 256 blocks)
+MMQ_NJ(q4_k, T_Q4_K, 1, 16)
+MMQ_NJ(q6_k, T_Q6_K, 1, 16)
 
 // mmqs_<type>_<NJ>_<epi>_w<WK>_r<MR>_s<S>: the staged mat-mat (dynamic shared memory:
 // max(WK S Stage::BYTES, the reduction's WK NJ MR 512 bytes), as matmul::mmq_launch sizes it).
@@ -533,9 +536,9 @@ MMQ(q6_k, T_Q6_K)
         mmq_staged<TY, NJ, WK, MR, S, EPI>(W, rows, cols, xq, xd, T8, T, out, old);                 \
     }
 #define MMQS(NAME, TY, NJ, WK, MR, S) MMQS1(NAME, TY, NJ, 0, WK, MR, S) MMQS1(NAME, TY, NJ, 1, WK, MR, S)
-// the shapes matmul::mmq_block_shapes lists: 16 warps of 2 stages (16-64 tokens), 8 warps of 3
+// the shapes matmul::mmq_block_shapes lists: 16 warps of 2 stages (8-64 tokens), 8 warps of 3
 // (32), 4 warps of 4 (32) and of 3 (64)
-#define MMQS_ALL(NAME, TY) MMQS(NAME, TY, 2, 16, 2, 2) MMQS(NAME, TY, 4, 16, 2, 2) \
+#define MMQS_ALL(NAME, TY) MMQS(NAME, TY, 1, 16, 2, 2) MMQS(NAME, TY, 2, 16, 2, 2) MMQS(NAME, TY, 4, 16, 2, 2) \
     MMQS(NAME, TY, 4, 8, 2, 3) MMQS(NAME, TY, 4, 4, 2, 4) MMQS(NAME, TY, 8, 16, 1, 2) MMQS(NAME, TY, 8, 4, 2, 3)
 MMQS_ALL(q4_k, T_Q4_K)
 MMQS_ALL(q6_k, T_Q6_K)
