@@ -43,38 +43,14 @@ impl CudaModel {
 }
 
 impl HybridOps for CudaModel {
-    fn split_gate(&mut self, qg: Buf, q: Buf, gate: Buf) -> Result<()> {
-        self.flush()?;
-        let (qgp, _) = self.buf(qg);
-        let (qp, n) = self.buf(q);
-        let (gp, _) = self.buf(gate);
-        let total = (self.rows(q) * n) as u64;
-        let hd = self.config.head_dim as i32;
-        let f = self.gpu.func("split_gate")?;
-        // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&qgp)
-                .arg(&qp)
-                .arg(&gp)
-                .arg(&hd)
-                .arg(&total)
-                .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
-        }
-        self.wrote(q);
-        self.wrote(gate);
-        Ok(())
-    }
-
     fn mul_sigmoid(&mut self, x: Buf, gate: Buf) -> Result<()> {
         self.flush()?;
         let (xp, n) = self.buf(x);
         let (gp, _) = self.buf(gate);
         let total = (self.rows(x) * n) as u64;
+        let (q, qd) = self.quantized_output(x);
         let f = self.gpu.func("mul_sigmoid")?;
-        // SAFETY: as in split_gate.
+        // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
         unsafe {
             self.gpu
                 .stream
@@ -82,9 +58,14 @@ impl HybridOps for CudaModel {
                 .arg(&xp)
                 .arg(&gp)
                 .arg(&total)
+                .arg(&q)
+                .arg(&qd)
                 .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
         }
         self.wrote(x);
+        if q != 0 {
+            self.step.q8_of = Some(x);
+        }
         Ok(())
     }
 
@@ -112,7 +93,7 @@ impl HybridOps for CudaModel {
         } else {
             1
         };
-        // SAFETY: as in split_gate; every sequence's slot was checked against n_slots.
+        // SAFETY: as in mul_sigmoid; every sequence's slot was checked against n_slots.
         unsafe {
             self.gpu
                 .stream
@@ -234,7 +215,12 @@ impl HybridOps for CudaModel {
         let (dv, eps) = (h.head_v_dim as i32, self.config.rms_eps);
         let f = self.gpu.func("gated_norm")?;
         let block = (h.head_v_dim.div_ceil(32) * 32) as u32;
-        // SAFETY: as in split_gate.
+        let (q, qd) = if h.head_v_dim.is_multiple_of(32) {
+            self.quantized_output(x)
+        } else {
+            (0, 0)
+        };
+        // SAFETY: as in mul_sigmoid.
         unsafe {
             self.gpu
                 .stream
@@ -244,9 +230,14 @@ impl HybridOps for CudaModel {
                 .arg(&wp)
                 .arg(&dv)
                 .arg(&eps)
+                .arg(&q)
+                .arg(&qd)
                 .launch(cfg((self.step.t as u32, h.n_v_heads as u32, 1), block))?;
         }
         self.wrote(x);
+        if q != 0 {
+            self.step.q8_of = Some(x);
+        }
         Ok(())
     }
 }

@@ -32,8 +32,11 @@ pub enum MixerDev {
 
 pub struct AttnDev {
     pub norm: DevBuf, // (dim) f32
-    /// (q_dim, dim); Qwen3.5: (2 * q_dim, dim), per head the query rows then the gate rows
+    /// (q_dim, dim): the query rows of attn_q
     pub wq: DevMatrix,
+    /// Qwen3.5 (attn_q of (2 * q_dim, dim): per head the query rows, then the output gate's):
+    /// the gate rows, split from the queries at load (`Param::WqGate`)
+    pub wgate: Option<DevMatrix>,
     pub wk: DevMatrix,
     pub wv: DevMatrix,
     pub wo: DevMatrix,
@@ -56,12 +59,23 @@ pub struct DeltaNetDev {
 }
 
 impl LayerDev {
-    fn upload(gpu: &Gpu, l: &LayerWeights, i: usize) -> Result<Self> {
+    fn upload(gpu: &Gpu, cfg: &ModelConfig, l: &LayerWeights, i: usize) -> Result<Self> {
         let m = |w| DevMatrix::upload(gpu, w);
+        // Qwen3.5's attention: attn_q's rows alternate between queries and gates, a head each
+        let gated = cfg.hybrid.is_some();
         let mixer = match &l.mixer {
             Mixer::Attention(a) => MixerDev::Attention(AttnDev {
                 norm: gpu.upload_f32(&a.norm)?,
-                wq: m(&a.wq)?,
+                wq: if gated {
+                    DevMatrix::upload_part(gpu, &a.wq, cfg.head_dim, 2, 0)?
+                } else {
+                    m(&a.wq)?
+                },
+                wgate: if gated {
+                    Some(DevMatrix::upload_part(gpu, &a.wq, cfg.head_dim, 2, 1)?)
+                } else {
+                    None
+                },
                 wk: m(&a.wk)?,
                 wv: m(&a.wv)?,
                 wo: m(&a.wo)?,
@@ -104,7 +118,11 @@ impl LayerDev {
     /// Every matrix of the layer (what a decode step reads).
     pub fn matrices(&self) -> Vec<&DevMatrix> {
         let mut v = match &self.mixer {
-            MixerDev::Attention(a) => vec![&a.wq, &a.wk, &a.wv, &a.wo],
+            MixerDev::Attention(a) => {
+                let mut v = vec![&a.wq, &a.wk, &a.wv, &a.wo];
+                v.extend(&a.wgate);
+                v
+            }
             MixerDev::DeltaNet(d) => vec![&d.qkv, &d.z, &d.alpha, &d.beta, &d.out],
         };
         v.extend([&self.gate, &self.up, &self.down]);
@@ -330,7 +348,7 @@ impl CudaModel {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let mut weight_bytes = 0u64;
         for i in 0..cfg.n_layers {
-            let d = LayerDev::upload(&gpu, &load_layer(store, &cfg, i)?, i)?;
+            let d = LayerDev::upload(&gpu, &cfg, &load_layer(store, &cfg, i)?, i)?;
             weight_bytes += d.matrices().iter().map(|m| m.bytes() as u64).sum::<u64>();
             layers.push(d);
         }

@@ -113,7 +113,6 @@ impl CudaModel {
             Buf::Ffn => (s.ffn.ptr, c.ffn_dim),
             Buf::Picked => (s.picked.ptr, c.dim),
             Buf::Logits => (s.logits.ptr, c.vocab_size),
-            Buf::QGate => (s.qgate.ptr, 2 * c.q_dim()),
             Buf::Gate => (s.gate.ptr, c.q_dim()),
             Buf::Mixed => (
                 s.mixed.ptr,
@@ -163,6 +162,18 @@ impl CudaModel {
         }
     }
 
+    /// Where a kernel that writes `b` also writes its int8 blocks for the next mat-vec (the
+    /// scratch's `xq` / `xd`; null pointers when the step is too long for the mat-vecs or rows
+    /// do not split into 32-wide blocks). The caller marks `q8_of` once it has launched.
+    pub(crate) fn quantized_output(&self, b: Buf) -> (u64, u64) {
+        let (_, n) = self.buf(b);
+        if self.rows(b) <= MATVEC_MAX && n.is_multiple_of(32) {
+            (self.scratch.xq.ptr, self.scratch.xd.ptr)
+        } else {
+            (0, 0)
+        }
+    }
+
     pub(crate) fn matrix(&self, w: W) -> Result<&DevMatrix> {
         let ws = &self.weights;
         let m = match w {
@@ -172,6 +183,9 @@ impl CudaModel {
                 let layer = self.layer(l)?;
                 match p {
                     Param::Wq => &self.attn(l)?.wq,
+                    Param::WqGate => self.attn(l)?.wgate.as_ref().ok_or_else(|| {
+                        CudaError::Other(format!("layer {l}'s attention has no output gate"))
+                    })?,
                     Param::Wk => &self.attn(l)?.wk,
                     Param::Wv => &self.attn(l)?.wv,
                     Param::Wo => &self.attn(l)?.wo,
@@ -395,12 +409,7 @@ impl Ops for CudaModel {
         if rows == 0 {
             return Ok(());
         }
-        let quant = rows <= MATVEC_MAX && n % 32 == 0;
-        let (q, qd) = if quant {
-            (self.scratch.xq.ptr, self.scratch.xd.ptr)
-        } else {
-            (0, 0)
-        };
+        let (q, qd) = self.quantized_output(out);
         let (ni, eps) = (n as i32, self.config.rms_eps);
         let f = self.gpu.func("rms_norm_q")?;
         // SAFETY: as in flush.
@@ -420,7 +429,7 @@ impl Ops for CudaModel {
                 .launch(cfg((rows as u32, parts, 1), 256))?;
         }
         self.wrote(out);
-        if quant {
+        if q != 0 {
             self.step.q8_of = Some(out);
         }
         Ok(())
@@ -457,14 +466,7 @@ impl Ops for CudaModel {
             && m.rows == self.buf(out).1
             && matches!(
                 out,
-                Buf::Q
-                    | Buf::K
-                    | Buf::V
-                    | Buf::QGate
-                    | Buf::Mixed
-                    | Buf::Z
-                    | Buf::Alpha
-                    | Buf::Beta
+                Buf::Q | Buf::K | Buf::V | Buf::Gate | Buf::Mixed | Buf::Z | Buf::Alpha | Buf::Beta
             );
         if !fusable {
             return self.mm(w, None, x, out, false);

@@ -24,7 +24,6 @@ pub struct Scratch {
     /// row): what a greedy row downloads instead of its logits.
     pub argmax: DevBuf,
     /// Hybrid models' buffers (see `Buf`); 16-byte placeholders for the others.
-    pub qgate: DevBuf,
     pub gate: DevBuf,
     pub mixed: DevBuf,
     pub conv: DevBuf,
@@ -72,7 +71,7 @@ pub const STEP_SECTIONS: usize = 8;
 /// Floats per token of the hybrid models' buffers (0 for dense models).
 fn hybrid_floats(cfg: &ModelConfig) -> usize {
     match &cfg.hybrid {
-        Some(h) => 3 * cfg.q_dim() + 2 * h.conv_channels() + 2 * h.value_dim() + 2 * h.n_v_heads,
+        Some(h) => cfg.q_dim() + 2 * h.conv_channels() + 2 * h.value_dim() + 2 * h.n_v_heads,
         None => 0,
     }
 }
@@ -170,7 +169,6 @@ impl Scratch {
             picked: f(t * cfg.dim)?,
             logits: gpu.alloc(t * cfg.vocab_size * 4)?,
             argmax: gpu.alloc(t * crate::ops::argmax_bytes_per_row() as usize)?,
-            qgate: f(t * 2 * gated)?,
             gate: f(t * gated)?,
             mixed: f(t * ch)?,
             conv: f(t * ch)?,

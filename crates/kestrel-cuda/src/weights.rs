@@ -97,18 +97,56 @@ pub struct DevMatrix {
 
 impl DevMatrix {
     pub fn upload(gpu: &Gpu, w: &Weight) -> Result<Self> {
-        let kind = Kind::of(w.ty).ok_or_else(|| {
-            CudaError::Unsupported(format!(
-                "{} of type {} (the GPU kernels read F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)",
-                w.name, w.ty
-            ))
-        })?;
+        let kind = Self::kind(w)?;
         let host = to_device_layout(kind, w.bytes());
         Ok(Self {
             kind,
             rows: w.rows,
             cols: w.cols,
             buf: gpu.upload(&host)?,
+        })
+    }
+
+    /// The rows of `w` that come in runs of `run` alternating between `parts` parts, part `part`
+    /// of each (Qwen3.5's attn_q: per head `head_dim` query rows, then `head_dim` gate rows).
+    /// Rows are whole blocks, so their bytes move as they are.
+    pub fn upload_part(
+        gpu: &Gpu,
+        w: &Weight,
+        run: usize,
+        parts: usize,
+        part: usize,
+    ) -> Result<Self> {
+        let kind = Self::kind(w)?;
+        if run == 0 || part >= parts || !w.rows.is_multiple_of(run * parts) {
+            return Err(CudaError::Other(format!(
+                "{}: {} rows do not split into runs of {run} in {parts} parts",
+                w.name, w.rows
+            )));
+        }
+        let rb = w.row_bytes();
+        let rows: Vec<u8> = w
+            .bytes()
+            .chunks_exact(rb * run)
+            .skip(part)
+            .step_by(parts)
+            .flatten()
+            .copied()
+            .collect();
+        Ok(Self {
+            kind,
+            rows: w.rows / parts,
+            cols: w.cols,
+            buf: gpu.upload(&to_device_layout(kind, &rows))?,
+        })
+    }
+
+    fn kind(w: &Weight) -> Result<Kind> {
+        Kind::of(w.ty).ok_or_else(|| {
+            CudaError::Unsupported(format!(
+                "{} of type {} (the GPU kernels read F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)",
+                w.name, w.ty
+            ))
         })
     }
 

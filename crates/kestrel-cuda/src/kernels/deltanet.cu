@@ -1,4 +1,4 @@
-// Qwen3.5's hybrid layers: the gated attention's split and sigmoid gate, and the gated-DeltaNet
+// Qwen3.5's hybrid layers: the gated attention's sigmoid gate, and the gated-DeltaNet
 // layer's convolution, delta rule and gated norm (deltanet/ in kestrel-models has the math).
 //
 // The recurrent state lives in slots (one per running sequence or snapshot), each `slot_floats`
@@ -6,19 +6,18 @@
 // first) and then the state matrices [n_v_heads, d_k, d_v] — the CPU's StatePool layout.
 // A step's sequences come as three int arrays: first token row, token count, slot.
 
-// qg [T, H, 2, hd] -> q [T, H, hd], gate [T, H, hd].
-extern "C" __global__ void split_gate(const float* qg, float* q, float* gate, int hd, u64 total) { GRID_DEP();
+// x *= sigmoid(g), elementwise; with q, also the int8 blocks of x (quantize_q's layout) for
+// the output projection's mat-vec: total a multiple of 32, so a warp is one whole block.
+extern "C" __global__ void mul_sigmoid(float* x, const float* g, u64 total, i8* q, float2* qd) { GRID_DEP();
     u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    u64 head = i / hd, e = i % hd;
-    q[i] = qg[2 * head * hd + e];
-    gate[i] = qg[(2 * head + 1) * hd + e];
-}
-
-// x *= sigmoid(g), elementwise.
-extern "C" __global__ void mul_sigmoid(float* x, const float* g, u64 total) { GRID_DEP();
-    u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x;
-    if (i < total) x[i] *= 1.f / (1.f + __expf(-g[i]));
+    if (q) {
+        if ((i & ~(u64)31) >= total) return;  // whole warps
+        float v = x[i] * (1.f / (1.f + __expf(-g[i])));
+        x[i] = v;
+        quant32(v, q + (i & ~(u64)31), qd + i / 32);
+    } else if (i < total) {
+        x[i] *= 1.f / (1.f + __expf(-g[i]));
+    }
 }
 
 #define CONV_MAXK 8
@@ -404,12 +403,17 @@ CHUNKED_KERNEL(32)
 CHUNKED_KERNEL(64)
 CHUNKED_KERNEL(128)
 
-// Per (token, value head), in place: x = x / rms(x) * w * silu(z). grid (T, nv), blockDim = dv
+// Per (token, value head), in place: x = x / rms(x) * w * silu(z); with q, also the int8 blocks
+// of x (quantize_q's layout) for the output projection's mat-vec, which then needs no quantize
+// launch of its own (dv a multiple of 32: each warp one block). grid (T, nv), blockDim = dv
 // rounded up to 32.
-extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, int dv, float eps) { GRID_DEP();
+extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, int dv, float eps, i8* q,
+                                      float2* qd) { GRID_DEP();
     u64 at = ((u64)blockIdx.x * gridDim.y + blockIdx.y) * dv;
     int i = threadIdx.x;
     float v = i < dv ? x[at + i] : 0.f;
     float ss = block_sum(v * v);
-    if (i < dv) x[at + i] = v * rsqrtf(ss / (float)dv + eps) * w[i] * silu(z[at + i]);
+    float o = i < dv ? v * rsqrtf(ss / (float)dv + eps) * w[i] * silu(z[at + i]) : 0.f;
+    if (i < dv) x[at + i] = o;
+    if (q) quant32(o, q + at + (i & ~31), qd + (at + i) / 32);
 }

@@ -23,14 +23,15 @@ pub fn forward<O: HybridOps + ?Sized>(o: &mut O, cfg: &ModelConfig) -> Result<()
 }
 
 /// Qwen3's attention with an output gate: the q projection also yields, per head, a gate that
-/// scales the attention output by its sigmoid; RoPE turns the config's `rope_dim` dimensions.
+/// scales the attention output by its sigmoid (`WqGate`: those rows of attn_q); RoPE turns the
+/// config's `rope_dim` dimensions.
 fn gated_attention<O: HybridOps + ?Sized>(o: &mut O, l: usize) -> Result<(), O::Error> {
     let w = |p| W::Layer(l, p);
     o.rms_norm(Buf::X, w(Param::AttnNorm), Buf::H)?;
-    o.matmul(w(Param::Wq), Buf::H, Buf::QGate)?;
+    o.matmul(w(Param::Wq), Buf::H, Buf::Q)?;
+    o.matmul(w(Param::WqGate), Buf::H, Buf::Gate)?;
     o.matmul(w(Param::Wk), Buf::H, Buf::K)?;
     o.matmul(w(Param::Wv), Buf::H, Buf::V)?;
-    o.split_gate(Buf::QGate, Buf::Q, Buf::Gate)?;
     o.head_norm(Buf::Q, w(Param::QNorm))?;
     o.head_norm(Buf::K, w(Param::KNorm))?;
     o.rope(Buf::Q)?;

@@ -35,8 +35,11 @@ pub enum Param {
     Gate,     // ffn_gate (ffn_dim, dim)
     Up,       // ffn_up (ffn_dim, dim)
     Down,     // ffn_down (dim, ffn_dim)
-    // Qwen3.5's gated-DeltaNet layers (their attention layers reuse the names above, with Wq
-    // yielding per head the query then its output gate: (n_heads * 2 * head_dim, dim))
+    // Qwen3.5's gated attention: attn_q holds per head the query's rows then its output gate's
+    // ((n_heads * 2 * head_dim, dim)); a backend splits them at load into Wq (the queries) and
+    // WqGate (the gates), so each is one plain matmul
+    WqGate, // the gate rows of attn_q (n_heads * head_dim, dim)
+    // Qwen3.5's gated-DeltaNet layers
     SsmQkv,    // attn_qkv (conv channels = 2 * key_dim + value_dim, dim)
     SsmZ,      // attn_gate (value_dim, dim): the output gate z
     SsmAlpha,  // ssm_alpha (n_v_heads, dim): decay input
@@ -75,8 +78,7 @@ pub enum Buf {
     Picked, // [n_out, dim]
     Logits, // [n_out, vocab]
     // hybrid models (Qwen3.5)
-    QGate, // [T, n_heads * 2 * head_dim] per head the query, then its output gate
-    Gate,  // [T, n_heads * head_dim] the attention's output gate
+    Gate,  // [T, n_heads * head_dim] the attention's output gate (before its sigmoid)
     Mixed, // [T, conv channels] a DeltaNet layer's q | k | v before the convolution
     Conv,  // [T, conv channels] after the convolution and SiLU
     Z,     // [T, value_dim] the DeltaNet output gate
@@ -122,8 +124,6 @@ pub trait Ops {
 /// `SeqStep::slot`) holding, for every DeltaNet layer, the convolution window and the state
 /// matrices; a sequence whose step starts at position 0 starts from a cleared slot.
 pub trait HybridOps: Ops {
-    /// Splits the per-head `[query | gate]` rows of `qg` into `q` and `gate`.
-    fn split_gate(&mut self, qg: Buf, q: Buf, gate: Buf) -> Result<(), Self::Error>;
     /// `x *= sigmoid(gate)`, elementwise.
     fn mul_sigmoid(&mut self, x: Buf, gate: Buf) -> Result<(), Self::Error>;
     /// DeltaNet layer `layer`'s short causal convolution (taps `SsmConv`) + SiLU over each
