@@ -131,10 +131,26 @@ pub fn matvec_kernel(
     )
 }
 
+/// Matrices one mat-mat launch takes at most (`kernels/mmq.cu`'s `MmqMats`): the projections
+/// that share an input (q / gate / k / v, a DeltaNet layer's four) in one grid, so the small ones
+/// (k and v of 1,024 rows, alpha and beta of 32) do not each leave most SMs idle.
+pub const MMQ_GROUP: usize = 4;
+
+/// One matrix of a mat-mat launch: its device weights, rows, and the output (`[t, rows]` f32).
+#[derive(Clone, Copy, Debug)]
+pub struct MmqMat {
+    pub w: u64,
+    pub rows: usize,
+    pub out: u64,
+}
+
 /// One launch of the quantized mat-mat (`kernels/mmq.cu`).
 pub struct MmqLaunch {
     pub name: String,
-    pub grid: (u32, u32, u32),
+    /// Rows a block takes (16 a row tile).
+    pub block_rows: usize,
+    /// Blocks along the tokens (tiles of the step).
+    pub token_tiles: u32,
     /// Threads a block: 32 per warp splitting the rows' units.
     pub block: u32,
     /// Dynamic shared memory a block (the staged kernels' rings), bytes.
@@ -157,11 +173,46 @@ impl MmqLaunch {
         Ok(f)
     }
 
-    pub fn config(&self) -> cudarc::driver::LaunchConfig {
-        cudarc::driver::LaunchConfig {
-            shared_mem_bytes: self.smem,
-            ..crate::ops::cfg(self.grid, self.block)
+    /// Enqueues `out_i (+)= W_i · x` for 1 to [`MMQ_GROUP`] matrices of this launch's kind and
+    /// `cols` columns (the add epilogue takes one), `x` the mat-mat's 8-bit copy of `t` tokens
+    /// (`(quants, scales)` of `self.t8`).
+    pub fn launch(
+        &self,
+        gpu: &mut crate::device::Gpu,
+        mats: &[MmqMat],
+        cols: usize,
+        x: (u64, u64),
+        t: usize,
+    ) -> Result<()> {
+        if mats.is_empty() || mats.len() > MMQ_GROUP {
+            return Err(CudaError::Other(format!(
+                "a mat-mat launch takes 1 to {MMQ_GROUP} matrices, not {}",
+                mats.len()
+            )));
         }
+        let f = self.func(gpu)?;
+        let m: Vec<(u64, i32, u64)> = (0..MMQ_GROUP)
+            .map(|i| {
+                mats.get(i)
+                    .map_or((0, 0, 0), |m| (m.w, m.rows as i32, m.out))
+            })
+            .collect();
+        let blocks: usize = mats.iter().map(|m| m.rows.div_ceil(self.block_rows)).sum();
+        let config = cudarc::driver::LaunchConfig {
+            shared_mem_bytes: self.smem,
+            ..crate::ops::cfg((blocks as u32, self.token_tiles, 1), self.block)
+        };
+        let (c, t8, ti) = (cols as i32, self.t8 as i32, t as i32);
+        let mut b = gpu.stream.launch_builder(&f);
+        for (w, r, o) in &m {
+            b.arg(w).arg(r).arg(o);
+        }
+        b.arg(&c).arg(&x.0).arg(&x.1).arg(&t8).arg(&ti);
+        // SAFETY: each W_i holds rows_i x cols of the kernel's type in the device layout, x holds
+        // t8 tokens of cols in the mat-mat's 8-bit layout, out_i t rows of rows_i floats; unused
+        // entries have 0 rows and are never read.
+        unsafe { b.launch(config) }?;
+        Ok(())
     }
 }
 
@@ -176,7 +227,7 @@ pub fn mmq_kernel(
     t: usize,
     epi: u32,
 ) -> MmqLaunch {
-    mmq_launch(kind, rows, t, epi, mmq_shape(kind, rows, cols, t))
+    mmq_launch(kind, t, epi, mmq_shape(kind, rows, cols, t))
 }
 
 /// A mat-mat block: `warps` warps splitting the units of `tiles` x 16 rows (each warp takes
@@ -191,13 +242,7 @@ pub struct MmqShape {
 }
 
 /// [`mmq_kernel`] in block shape `shape` (one of [`mmq_block_shapes`]).
-pub fn mmq_launch(
-    kind: crate::weights::Kind,
-    rows: usize,
-    t: usize,
-    epi: u32,
-    shape: MmqShape,
-) -> MmqLaunch {
+pub fn mmq_launch(kind: crate::weights::Kind, t: usize, epi: u32, shape: MmqShape) -> MmqLaunch {
     let tile = mmq_tile(t);
     let MmqShape {
         warps,
@@ -227,7 +272,8 @@ pub fn mmq_launch(
     };
     MmqLaunch {
         name,
-        grid: (rows.div_ceil(16 * tiles) as u32, t.div_ceil(tile) as u32, 1),
+        block_rows: 16 * tiles,
+        token_tiles: t.div_ceil(tile) as u32,
         block: 32 * warps as u32,
         smem,
         t8: t.next_multiple_of(tile),
@@ -332,12 +378,54 @@ fn mmq_tile(t: usize) -> usize {
 }
 
 impl CudaModel {
-    /// Runs the deferred mat-vecs (one fused launch for two to four).
+    /// Runs the deferred matmuls over one input: one fused mat-vec launch for two to four, or
+    /// one mat-mat launch for each weight type among them.
     pub(crate) fn flush_mm(&mut self) -> Result<()> {
         let pend = std::mem::take(&mut self.step.mm);
         let Some(x) = self.step.mm_x.take() else {
             return Ok(());
         };
+        let t = self.rows(x);
+        let mmq = |m: &Self, w: W| m.matrix(w).is_ok_and(|m| takes_mmq(m.kind, t));
+        if t > MATVEC_MAX || pend.iter().any(|&(w, _)| mmq(self, w)) {
+            // mat-mats, one launch per weight type (deferral kept the entries all int8 or all not)
+            let mut rest = pend;
+            while let Some(&(w0, out0)) = rest.first() {
+                let (kind, cols) = {
+                    let m = self.matrix(w0)?;
+                    (m.kind, m.cols)
+                };
+                if !takes_mmq(kind, t) {
+                    // a type the mat-mat does not take (F16 / F32 past the mat-vecs): cuBLAS
+                    rest.remove(0);
+                    let (op, _) = self.buf(out0);
+                    self.mm_into(w0, None, x, op, false)?;
+                    self.wrote(out0);
+                    continue;
+                }
+                let (group, others): (Vec<_>, Vec<_>) = rest
+                    .iter()
+                    .partition(|&&(w, _)| self.matrix(w).is_ok_and(|m| m.kind == kind));
+                for chunk in group.chunks(MMQ_GROUP) {
+                    let mats = chunk
+                        .iter()
+                        .map(|&(w, out)| -> Result<MmqMat> {
+                            Ok(MmqMat {
+                                w: self.matrix(w)?.buf.ptr,
+                                rows: self.matrix(w)?.rows,
+                                out: self.buf(out).0,
+                            })
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    self.mmq_group(kind, cols, &mats, x, false)?;
+                    for &(_, out) in chunk {
+                        self.wrote(out);
+                    }
+                }
+                rest = others;
+            }
+            return Ok(());
+        }
         if pend.len() == 1 {
             let (w, out) = pend[0];
             let (op, _) = self.buf(out);
@@ -491,6 +579,20 @@ impl CudaModel {
             return Ok(());
         }
         match up {
+            Some(u) if self.matrix(u)?.kind == kind && takes_mmq(kind, rows) => {
+                // gate into out and up into the spare buffer in one mat-mat grid, then SwiGLU
+                let spare = self.scratch.up.ptr;
+                let mats = [(w, op), (u, spare)].map(|(w, out)| {
+                    self.matrix(w).map(|m| MmqMat {
+                        w: m.buf.ptr,
+                        rows: m.rows,
+                        out,
+                    })
+                });
+                let [g, u] = mats;
+                self.mmq_group(kind, wcols, &[g?, u?], x, false)?;
+                self.swiglu(op, spare, (rows * wrows) as u64)?;
+            }
             Some(u)
                 if self.matrix(u)?.kind != kind || rows > MATVEC_MAX || takes_mmq(kind, rows) =>
             {
@@ -563,33 +665,31 @@ impl CudaModel {
 
     /// `out (+)= w · x` on the int8 mat-mat kernel (quantized `w`, at most [`MMQ_MAX`] tokens).
     fn mmq(&mut self, w: W, x: Buf, out: u64, add: bool) -> Result<()> {
-        let t = self.rows(x);
-        let (kind, wrows, wcols, wp) = {
-            let m = self.matrix(w)?;
-            (m.kind, m.rows, m.cols, m.buf.ptr)
+        let m = self.matrix(w)?;
+        let mat = MmqMat {
+            w: m.buf.ptr,
+            rows: m.rows,
+            out,
         };
-        let launch = mmq_kernel(kind, wrows, wcols, t, add as u32);
+        self.mmq_group(m.kind, m.cols, &[mat], x, add)
+    }
+
+    /// One mat-mat launch over `mats` (of `kind`, `cols` columns), the block shape picked for
+    /// their rows together.
+    fn mmq_group(
+        &mut self,
+        kind: crate::weights::Kind,
+        cols: usize,
+        mats: &[MmqMat],
+        x: Buf,
+        add: bool,
+    ) -> Result<()> {
+        let t = self.rows(x);
+        let rows = mats.iter().map(|m| m.rows).sum();
+        let launch = mmq_kernel(kind, rows, cols, t, add as u32);
         self.quantize_t(x, launch.t8)?;
-        let f = launch.func(&mut self.gpu)?;
-        let (q, qd) = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
-        let (r, c, t8i, ti) = (wrows as i32, wcols as i32, launch.t8 as i32, t as i32);
-        // SAFETY: as in flush; the mat-mat's 8-bit copy holds `t8` tokens of `wcols`.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&wp)
-                .arg(&r)
-                .arg(&c)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&t8i)
-                .arg(&ti)
-                .arg(&out)
-                .arg(&r)
-                .launch(launch.config())?;
-        }
-        Ok(())
+        let q = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
+        launch.launch(&mut self.gpu, mats, cols, q, t)
     }
 
     /// Makes the mat-mat's 8-bit copy of `x` (its own layout, `t8` tokens: `kernels/mmq.cu`)

@@ -456,12 +456,12 @@ impl Ops for CudaModel {
     }
 
     fn matmul(&mut self, w: W, x: Buf, out: Buf) -> Result<()> {
-        // mat-vecs over the same input wait to be launched together
-        let cols = self.buf(x).1;
+        // matmuls over the same input wait to be launched together: up to four mat-vecs in one
+        // launch, or the mat-mats of each weight type in one grid
+        let (cols, t) = (self.buf(x).1, self.rows(x));
         let m = self.matrix(w)?;
-        let fusable = self.rows(x) <= MATVEC_MAX
-            && self.rows(x) > 0
-            && !crate::matmul::takes_mmq(m.kind, self.rows(x))
+        let fusable = (1..=MMQ_MAX).contains(&t)
+            && (t <= MATVEC_MAX || crate::matmul::takes_mmq(m.kind, t))
             && m.cols == cols
             && m.rows == self.buf(out).1
             && matches!(

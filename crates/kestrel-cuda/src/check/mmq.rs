@@ -6,7 +6,7 @@ use super::ggml;
 use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::matmul::{mmq_block_shapes, mmq_kernel, mmq_launch, MmqLaunch};
+use crate::matmul::{mmq_block_shapes, mmq_kernel, mmq_launch, MmqLaunch, MmqMat, MMQ_GROUP};
 use crate::weights::{to_device_layout, Kind};
 use cudarc::driver::PushKernelArg;
 
@@ -40,36 +40,15 @@ fn quantize(
 }
 
 /// Launches `mmq`: out (+)= W . x over `t` tokens.
-#[allow(clippy::too_many_arguments)]
 fn launch(
     gpu: &mut Gpu,
     mmq: &MmqLaunch,
-    w: u64,
-    rows: usize,
+    mat: MmqMat,
     cols: usize,
     q: &(DevBuf, DevBuf),
-    (t, t8): (usize, usize),
-    out: u64,
+    t: usize,
 ) -> Result<()> {
-    let f = mmq.func(gpu)?;
-    let (r, c, ti, t8i) = (rows as i32, cols as i32, t as i32, t8 as i32);
-    // SAFETY: w holds rows x cols of the kernel's type in the device layout; q holds t rows of
-    // 8-bit blocks; out holds t rows of `rows` floats.
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(&w)
-            .arg(&r)
-            .arg(&c)
-            .arg(&q.0.ptr)
-            .arg(&q.1.ptr)
-            .arg(&t8i)
-            .arg(&ti)
-            .arg(&out)
-            .arg(&r)
-            .launch(mmq.config())?;
-    }
-    Ok(())
+    mmq.launch(gpu, &[mat], cols, (q.0.ptr, q.1.ptr), t)
 }
 
 /// The mat-mat against f64 dot products of the dequantized weights with the f32 activations
@@ -112,10 +91,15 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                         .collect();
                     // every block shape, whichever the matrix would take
                     for shape in mmq_block_shapes(kind, t) {
-                        let mmq = mmq_launch(kind, rows, t, epi, shape);
+                        let mmq = mmq_launch(kind, t, epi, shape);
                         let dout = gpu.upload_f32(&base)?;
                         let q = quantize(gpu, &dx, t, mmq.t8, cols)?;
-                        launch(gpu, &mmq, dw.ptr, rows, cols, &q, (t, mmq.t8), dout.ptr)?;
+                        let mat = MmqMat {
+                            w: dw.ptr,
+                            rows,
+                            out: dout.ptr,
+                        };
+                        launch(gpu, &mmq, mat, cols, &q, t)?;
                         let got = gpu.read_f32(dout.ptr, t * rows)?;
                         out.push(CaseResult {
                             op: format!(
@@ -127,6 +111,68 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                             tol: 1e-2,
                         });
                     }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One launch over several matrices (the projections sharing an input): [`MMQ_GROUP`] matrices
+/// whose rows leave partial blocks (and one smaller than a block), each against f64 dots, at
+/// each tile width in every block shape.
+pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
+    let (cols, most) = (1024usize, 64usize);
+    let rows = [1040usize, 33, 500, 8];
+    let x = rng.vec(most * cols, 1.0);
+    let dx = gpu.upload_f32(&x)?;
+    for kind in QUANTIZED {
+        let mut mats = Vec::new();
+        for &r in &rows[..MMQ_GROUP] {
+            let (file, w) = random_matrix(kind, r, cols, rng)?;
+            let dw = gpu.upload(&to_device_layout(kind, &file))?;
+            let want: Vec<f64> = (0..most * r)
+                .map(|i| {
+                    let (t, row) = (i / r, i % r);
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    w[row * cols..(row + 1) * cols]
+                        .iter()
+                        .zip(xt)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum()
+                })
+                .collect();
+            mats.push((dw, r, want));
+        }
+        for t in [5usize, 16, 32, 64] {
+            for shape in mmq_block_shapes(kind, t) {
+                let mmq = mmq_launch(kind, t, 0, shape);
+                let q = quantize(gpu, &dx, t, mmq.t8, cols)?;
+                let outs: Vec<DevBuf> = mats
+                    .iter()
+                    .map(|(_, r, _)| gpu.upload_f32(&vec![f32::NAN; t * r]))
+                    .collect::<Result<_>>()?;
+                let group: Vec<MmqMat> = mats
+                    .iter()
+                    .zip(&outs)
+                    .map(|((dw, r, _), o)| MmqMat {
+                        w: dw.ptr,
+                        rows: *r,
+                        out: o.ptr,
+                    })
+                    .collect();
+                mmq.launch(gpu, &group, cols, (q.0.ptr, q.1.ptr), t)?;
+                for ((_, r, want), o) in mats.iter().zip(&outs) {
+                    let got = gpu.read_f32(o.ptr, t * r)?;
+                    let expect: Vec<f32> = want[..t * r].iter().map(|&v| v as f32).collect();
+                    out.push(CaseResult {
+                        op: format!(
+                            "mat-mat {} grouped [{}x{cols}] of {rows:?}, tokens {t}",
+                            mmq.name, r
+                        ),
+                        err: rel_err(&got, &expect),
+                        tol: 1e-2,
+                    });
                 }
             }
         }
@@ -186,21 +232,17 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                 // every block shape, the shipped one first
                 let mut variants: Vec<MmqLaunch> = mmq_block_shapes(kind, t)
                     .into_iter()
-                    .map(|shape| mmq_launch(kind, rows, t, 0, shape))
+                    .map(|shape| mmq_launch(kind, t, 0, shape))
                     .collect();
                 variants.sort_by_key(|v| v.name != shipped.name);
                 for mmq in variants {
                     let go = |gpu: &mut Gpu, i: usize| {
-                        launch(
-                            gpu,
-                            &mmq,
-                            copies[i % copies.len()].ptr,
+                        let mat = MmqMat {
+                            w: copies[i % copies.len()].ptr,
                             rows,
-                            cols,
-                            &q,
-                            (t, shipped.t8),
-                            dout.ptr,
-                        )
+                            out: dout.ptr,
+                        };
+                        launch(gpu, &mmq, mat, cols, &q, t)
                     };
                     let us = super::time_us(gpu, 8, 50, true, go)?;
                     let ops = 2.0 * (rows * cols * t) as f64;

@@ -18,7 +18,7 @@ use cudarc::driver::LaunchConfig;
 pub use deltanet::check_deltanet;
 use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
-pub use mmq::{check_mmq, perf_mmq};
+pub use mmq::{check_mmq, check_mmq_group, perf_mmq};
 pub use rows::{check_argmax, check_epilogue, check_gemm_embed, check_norm};
 
 /// A small xorshift generator: inputs differ per case, and a case can be rerun from its seed.
@@ -192,6 +192,7 @@ pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
     check_matvec(gpu, &mut rng, &mut out)?;
     check_mvx(gpu, &mut rng, &mut out)?;
     check_mmq(gpu, &mut rng, &mut out)?;
+    check_mmq_group(gpu, &mut rng, &mut out)?;
     check_norm(gpu, &mut rng, &mut out)?;
     check_argmax(gpu, &mut rng, &mut out)?;
     check_epilogue(gpu, &mut rng, &mut out)?;

@@ -276,11 +276,11 @@ __device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int 
 template <int TY, int NJ, int WK, int PF, int MR, int EPI>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
                                     const float2* __restrict__ xd, int T8, int T,
-                                    float* __restrict__ out, int old) {
+                                    float* __restrict__ out, int rblk) {
     constexpr int PIECES = Blk<TY>::UNIT / 32;
     __shared__ float red[WK * NJ * MR * 4 * 32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
-    int r0 = blockIdx.x * 16 * MR, t0 = blockIdx.y * 8 * NJ;
+    int r0 = rblk * 16 * MR, t0 = blockIdx.y * 8 * NJ;
     int ra[MR], rb[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++) {
@@ -339,7 +339,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
             }
         }
     }
-    mmq_reduce<NJ, WK, MR, EPI>(acc, red, r0, t0, rows, T, out, old);
+    mmq_reduce<NJ, WK, MR, EPI>(acc, red, r0, t0, rows, T, out, rows);
 }
 
 // The staged mat-mat (K-quants): the same block and fragments as mmq, but each warp streams
@@ -439,11 +439,11 @@ __device__ __forceinline__ Raw<TY> unit_record(const u8* rec, int tid, int dhi) 
 template <int TY, int NJ, int WK, int MR, int S, int EPI>
 __device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
                                            const float2* __restrict__ xd, int T8, int T, float* __restrict__ out,
-                                           int old) {
+                                           int rblk) {
     using G = Stage<TY, NJ, MR>;
     extern __shared__ __align__(16) u8 smem[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
-    int r0 = blockIdx.x * 16 * MR, t0 = blockIdx.y * 8 * NJ;
+    int r0 = rblk * 16 * MR, t0 = blockIdx.y * 8 * NJ;
     int bpr = cols / 256, units = cols / 64;
     u64 nblk = (u64)rows * bpr;
     u8* ring = smem + warp * S * G::BYTES;
@@ -501,7 +501,27 @@ __device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, i
     }
     cp_async_wait_all();
     __syncthreads();  // every warp is done with its ring: the reduction reuses the memory
-    mmq_reduce<NJ, WK, MR, EPI>(acc, (float*)smem, r0, t0, rows, T, out, old);
+    mmq_reduce<NJ, WK, MR, EPI>(acc, (float*)smem, r0, t0, rows, T, out, rows);
+}
+
+// The matrices of one launch (matmul::MMQ_GROUP, the projections sharing an input): block x of
+// the grid takes row block x of the first, then the second's, ...; unused entries have 0 rows.
+#define MMQ_MATS_ARGS const u8 *W0, int r0, float *o0, const u8 *W1, int r1, float *o1, const u8 *W2, int r2, \
+    float *o2, const u8 *W3, int r3, float *o3
+struct MmqPick {
+    const u8* W;
+    int rows;
+    float* out;
+    int rblk;
+};
+__device__ __forceinline__ MmqPick mmq_pick(MMQ_MATS_ARGS, int per) {
+    int b = blockIdx.x, n;
+    if (b < (n = (r0 + per - 1) / per)) return {W0, r0, o0, b};
+    b -= n;
+    if (b < (n = (r1 + per - 1) / per)) return {W1, r1, o1, b};
+    b -= n;
+    if (b < (n = (r2 + per - 1) / per)) return {W2, r2, o2, b};
+    return {W3, r3, o3, b - n};
 }
 
 // mmq_<type>_<NJ>_<epi>_w<WK>: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1 add
@@ -511,9 +531,9 @@ __device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, i
 // two units unrolled, whose activation loads then overlap.
 #define MMQ1(NAME, TY, NJ, EPI, WK)                                                              \
     extern "C" __global__ void __launch_bounds__(WK * 32) mmq_##NAME##_##NJ##_##EPI##_w##WK(     \
-        const u8* W, int rows, int cols, const i8* xq, const float2* xd, int T8, int T,          \
-        float* out, int old) { GRID_DEP();                                                       \
-        mmq<TY, NJ, WK, (WK == 8 || NJ <= 2), 1, EPI>(W, rows, cols, xq, xd, T8, T, out, old);   \
+        MMQ_MATS_ARGS, int cols, const i8* xq, const float2* xd, int T8, int T) { GRID_DEP();     \
+        MmqPick p = mmq_pick(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, 16);                \
+        mmq<TY, NJ, WK, (WK >= 8 || NJ <= 2), 1, EPI>(p.W, p.rows, cols, xq, xd, T8, T, p.out, p.rblk); \
     }
 #define MMQ_NJ(NAME, TY, NJ, WK) MMQ1(NAME, TY, NJ, 0, WK) MMQ1(NAME, TY, NJ, 1, WK)
 #define MMQ(NAME, TY) MMQ_NJ(NAME, TY, 1, 8) MMQ_NJ(NAME, TY, 2, 4) MMQ_NJ(NAME, TY, 2, 8) \
@@ -531,9 +551,9 @@ MMQ_NJ(q6_k, T_Q6_K, 1, 16)
 // max(WK S Stage::BYTES, the reduction's WK NJ MR 512 bytes), as matmul::mmq_launch sizes it).
 #define MMQS1(NAME, TY, NJ, EPI, WK, MR, S)                                                           \
     extern "C" __global__ void __launch_bounds__(WK * 32) mmqs_##NAME##_##NJ##_##EPI##_w##WK##_r##MR##_s##S( \
-        const u8* W, int rows, int cols, const i8* xq, const float2* xd, int T8, int T, float* out,   \
-        int old) {                                                                                  \
-        mmq_staged<TY, NJ, WK, MR, S, EPI>(W, rows, cols, xq, xd, T8, T, out, old);                 \
+        MMQ_MATS_ARGS, int cols, const i8* xq, const float2* xd, int T8, int T) {                   \
+        MmqPick p = mmq_pick(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, 16 * MR);              \
+        mmq_staged<TY, NJ, WK, MR, S, EPI>(p.W, p.rows, cols, xq, xd, T8, T, p.out, p.rblk);        \
     }
 #define MMQS(NAME, TY, NJ, WK, MR, S) MMQS1(NAME, TY, NJ, 0, WK, MR, S) MMQS1(NAME, TY, NJ, 1, WK, MR, S)
 // the shapes matmul::mmq_block_shapes lists: 16 warps of 2 stages (8-64 tokens), 8 warps of 3
