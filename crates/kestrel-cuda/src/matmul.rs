@@ -131,7 +131,7 @@ pub fn matvec_kernel(
     )
 }
 
-/// Matrices one mat-mat launch takes at most (`kernels/mmq.cu`'s `MmqMats`): the projections
+/// Matrices one mat-mat launch takes at most (`kernels/mmq.cu`'s `MMQ_MATS_ARGS`, `mmq_pick`): the projections
 /// that share an input (q / gate / k / v, a DeltaNet layer's four) in one grid, so the small ones
 /// (k and v of 1,024 rows, alpha and beta of 32) do not each leave most SMs idle.
 pub const MMQ_GROUP: usize = 4;
