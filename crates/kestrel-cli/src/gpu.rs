@@ -419,6 +419,9 @@ pub fn check(
             for (what, us, gbs) in kestrel_cuda::check::perf_decode(&mut gpu, &mut rng)? {
                 println!("perf decode attention {what}: {us:7.1} us, {gbs:6.0} GB/s of K/V ({:.0}% of 4650)", 100.0 * gbs / 4650.0);
             }
+            for (what, us, gbs) in kestrel_cuda::check::perf_delta_rule(&mut gpu, &mut rng)? {
+                println!("perf delta rule {what}: {us:7.1} us, {gbs:6.0} GB/s of state");
+            }
             for (what, split, flash, tflops) in kestrel_cuda::check::perf_flash(&mut gpu, &mut rng)?
             {
                 println!("perf prompt attention {what}: decode kernel {split:8.1} us, tensor cores {flash:8.1} us ({tflops:.0} TFLOP/s)");

@@ -162,7 +162,8 @@ impl HybridOps for CudaModel {
         let off = self.state_offset(layer)? + self.state.conv_floats as u64;
         let (t0, len, slot) = self.seq_args();
         // prompt steps: the chunked form, a block of 256 threads per 32 value columns of a head;
-        // decode steps: the recurrence, one warp per 32 columns (kernels/deltanet.cu)
+        // decode steps: the recurrence, a block of 128 threads per 32 columns, four a column
+        // (kernels/deltanet.cu)
         let chunked = chunked_rule(self.step.t, self.step.n_seqs);
         let rule = self.gpu.func(&format!(
             "{}_{}",
@@ -199,7 +200,7 @@ impl HybridOps for CudaModel {
                 .arg(&slot)
                 .launch(cfg(
                     (self.step.n_seqs as u32, h.n_v_heads as u32, col_blocks),
-                    if chunked { 256 } else { 32 },
+                    if chunked { 256 } else { 128 },
                 ))?;
         }
         self.wrote(out);

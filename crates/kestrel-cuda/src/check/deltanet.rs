@@ -3,7 +3,7 @@
 //! each from a random state of its own slot, against the recurrence in f64: outputs and the
 //! states left in the slots.
 
-use super::{bytes_i32, cfg, rel_err, CaseResult, Rng};
+use super::{bytes_i32, cfg, rel_err, time_us, CaseResult, Rng};
 use crate::device::Gpu;
 use crate::error::Result;
 use cudarc::driver::PushKernelArg;
@@ -72,6 +72,120 @@ fn reference(
         }
     }
     out
+}
+
+/// One step's device buffers for a rule kernel: the convolution output [t, ch], alpha and
+/// beta [t, nv], A and dt_bias [nv], the output [t, nv * dv], the slots' states, and each
+/// sequence's (first token, tokens, slot) arrays.
+struct RuleStep {
+    conv: u64,
+    alpha: u64,
+    beta: u64,
+    a_log: u64,
+    dt: u64,
+    out: u64,
+    states: u64,
+    seq: (u64, u64, u64),
+    n_seqs: usize,
+}
+
+/// Launches `kernel` ("delta_rule" or "delta_chunked") over `step` as hybrid_ops.rs does.
+fn launch_rule(gpu: &mut Gpu, kernel: &str, h: &Heads, step: &RuleStep) -> Result<()> {
+    let f = gpu.func(&format!("{kernel}_{}", h.dk))?;
+    let key_dim = h.nk * h.dk;
+    let (chi, kd, nv, nk, dv, tiled) = (
+        (2 * key_dim + h.nv * h.dv) as i32,
+        key_dim as i32,
+        h.nv as i32,
+        h.nk as i32,
+        h.dv as i32,
+        h.tiled as i32,
+    );
+    let (slot_floats, layer_off) = ((h.nv * h.dk * h.dv) as u64, 0u64);
+    let threads = if kernel == "delta_rule" { 128 } else { 256 };
+    let (t0, len, slot) = step.seq;
+    // SAFETY: the caller sizes every buffer for the step it describes, slots 0..n_seqs.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&step.conv)
+            .arg(&chi)
+            .arg(&kd)
+            .arg(&step.alpha)
+            .arg(&step.beta)
+            .arg(&step.a_log)
+            .arg(&step.dt)
+            .arg(&nv)
+            .arg(&nk)
+            .arg(&dv)
+            .arg(&tiled)
+            .arg(&step.out)
+            .arg(&step.states)
+            .arg(&slot_floats)
+            .arg(&layer_off)
+            .arg(&t0)
+            .arg(&len)
+            .arg(&slot)
+            .launch(cfg(
+                (step.n_seqs as u32, h.nv as u32, h.dv.div_ceil(32) as u32),
+                threads,
+            ))?;
+    }
+    Ok(())
+}
+
+/// The recurrent rule of one decode step (one token per sequence) at the Qwen3.5 shapes:
+/// (what, us, GB/s of state read and written), mean of 50 launches in a graph.
+pub fn perf_delta_rule(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
+    let mut res = Vec::new();
+    for (nk, nv, label) in [(16, 16, "Qwen3.5-0.8B"), (16, 32, "Qwen3.5-9B")] {
+        let h = Heads {
+            nk,
+            nv,
+            dk: 128,
+            dv: 128,
+            tiled: true,
+        };
+        for n_seqs in [1usize, 32] {
+            let ch = 2 * nk * h.dk + nv * h.dv;
+            let per_slot = nv * h.dk * h.dv;
+            let conv = gpu.upload_f32(&rng.vec(n_seqs * ch, 1.0))?;
+            let alpha = gpu.upload_f32(&rng.vec(n_seqs * nv, 1.0))?;
+            let beta = gpu.upload_f32(&rng.vec(n_seqs * nv, 1.0))?;
+            let a_log = gpu.upload_f32(&vec![-0.5; nv])?;
+            let dt = gpu.upload_f32(&rng.vec(nv, 0.5))?;
+            let out = gpu.alloc(n_seqs * nv * h.dv * 4)?;
+            let states = gpu.upload_f32(&rng.vec(n_seqs * per_slot, 0.1))?;
+            let t0: Vec<i32> = (0..n_seqs as i32).collect();
+            let len = vec![1i32; n_seqs];
+            let (d_t0, d_len, d_slot) = (
+                gpu.upload(&bytes_i32(&t0))?,
+                gpu.upload(&bytes_i32(&len))?,
+                gpu.upload(&bytes_i32(&t0))?,
+            );
+            let step = RuleStep {
+                conv: conv.ptr,
+                alpha: alpha.ptr,
+                beta: beta.ptr,
+                a_log: a_log.ptr,
+                dt: dt.ptr,
+                out: out.ptr,
+                states: states.ptr,
+                seq: (d_t0.ptr, d_len.ptr, d_slot.ptr),
+                n_seqs,
+            };
+            let us = time_us(gpu, 3, 50, true, |gpu, _| {
+                launch_rule(gpu, "delta_rule", &h, &step)
+            })?;
+            let bytes = (2 * n_seqs * per_slot * 4) as f64;
+            res.push((
+                format!("{label} ({nk}/{nv} heads of 128), {n_seqs} sequence(s)"),
+                us,
+                bytes / us / 1e3,
+            ));
+        }
+    }
+    Ok(res)
 }
 
 pub fn check_deltanet(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
@@ -144,44 +258,18 @@ pub fn check_deltanet(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -
         for kernel in ["delta_rule", "delta_chunked"] {
             let d_state = gpu.upload_f32(&state0)?;
             let d_out = gpu.alloc(t * h.nv * h.dv * 4)?;
-            let f = gpu.func(&format!("{kernel}_{}", h.dk))?;
-            let (chi, kd, nv, nk, dv, tiled) = (
-                ch as i32,
-                key_dim as i32,
-                h.nv as i32,
-                h.nk as i32,
-                h.dv as i32,
-                h.tiled as i32,
-            );
-            let (slot_floats, layer_off) = (per_slot as u64, 0u64);
-            let threads = if kernel == "delta_rule" { 32 } else { 256 };
-            // SAFETY: every buffer is sized for the step it describes; slots 0..seqs.len().
-            unsafe {
-                gpu.stream
-                    .launch_builder(&f)
-                    .arg(&d_conv.ptr)
-                    .arg(&chi)
-                    .arg(&kd)
-                    .arg(&d_alpha.ptr)
-                    .arg(&d_beta.ptr)
-                    .arg(&d_a.ptr)
-                    .arg(&d_dt.ptr)
-                    .arg(&nv)
-                    .arg(&nk)
-                    .arg(&dv)
-                    .arg(&tiled)
-                    .arg(&d_out.ptr)
-                    .arg(&d_state.ptr)
-                    .arg(&slot_floats)
-                    .arg(&layer_off)
-                    .arg(&d_t0.ptr)
-                    .arg(&d_len.ptr)
-                    .arg(&d_slot.ptr)
-                    .launch(cfg(
-                        (seqs.len() as u32, h.nv as u32, h.dv.div_ceil(32) as u32),
-                        threads,
-                    ))?;
-            }
+            let step = RuleStep {
+                conv: d_conv.ptr,
+                alpha: d_alpha.ptr,
+                beta: d_beta.ptr,
+                a_log: d_a.ptr,
+                dt: d_dt.ptr,
+                out: d_out.ptr,
+                states: d_state.ptr,
+                seq: (d_t0.ptr, d_len.ptr, d_slot.ptr),
+                n_seqs: seqs.len(),
+            };
+            launch_rule(gpu, kernel, h, &step)?;
             let got = gpu.read_f32(d_out.ptr, t * h.nv * h.dv)?;
             let got_state = gpu.read_f32(d_state.ptr, seqs.len() * per_slot)?;
             let what = format!(

@@ -15,7 +15,7 @@ use crate::error::{CudaError, Result};
 use crate::weights::Kind;
 pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
-pub use deltanet::check_deltanet;
+pub use deltanet::{check_deltanet, perf_delta_rule};
 use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
 pub use mmq::{check_mmq, check_mmq_group, perf_mmq};

@@ -124,40 +124,50 @@ extern "C" __global__ void __launch_bounds__(256) conv_window(const float* x, in
 
 // Tokens whose q and k one chunk of the rule kernel stages in shared memory.
 #define RULE_CHUNK 16
-// Value columns per block of the rule kernel (one warp): a head's state is split over
-// dv / RULE_COLS blocks, so a decode step keeps n_seqs * nv * dv / 32 warps busy.
+// Value columns per block of the rule kernel: a head's state is split over dv / RULE_COLS
+// blocks of RULE_THREADS threads, four threads a column (each a quarter of its d_k rows), so
+// a decode step keeps n_seqs * nv * dv / 8 warps busy (0.8B: 256, 9B: 512 at one sequence).
 #define RULE_COLS 32
+#define RULE_THREADS (4 * RULE_COLS)
 
 // The gated delta rule, tokens in order: S = a S + k (beta (v - a Sᵀk))ᵀ, o = Sᵀq per value
 // head, from the raw convolution output and gate inputs (prepared here, per chunk: q and k
 // L2-normalized, q also scaled by 1/sqrt(dk); beta = sigmoid(beta); the decay
-// a = exp(A softplus(alpha + dt_bias))). grid (n_seqs, nv, ceil(dv / RULE_COLS)), one warp:
-// lane j keeps column j of its block's slice of the head's state [DK, dv] in registers, so a
-// token's update and output are one thread's own loop over DK.
+// a = exp(A softplus(alpha + dt_bias))). grid (n_seqs, nv, ceil(dv / RULE_COLS)),
+// RULE_THREADS threads: lane group c (lanes 4c..4c+3 of a warp) owns one column of the head's
+// state [DK, dv], lane 4c+r keeps its rows r, r+4, r+8, .. in registers (interleaved, so the
+// four lanes' reads of q and k from shared memory fall on distinct banks); a token's Sᵀk and
+// Sᵀq are four partial sums folded by two shuffles. (One warp per 32 columns walking all DK
+// rows, the earlier form, left 64 warps on 132 SMs at the 0.8B's one sequence, each with a
+// 128-long dependent chain per sum.)
 template <int DK>
 __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_dim, const float* alpha,
                                            const float* beta, const float* A, const float* dt_bias,
                                            int nv, int nk, int dv, int tiled, float* out, float* states,
                                            u64 slot_floats, u64 layer_off, const int* seq_t0,
                                            const int* seq_len, const int* seq_slot) {
-    constexpr int PER = (DK + 31) / 32;  // q / k elements per lane
+    constexpr int PER = (DK + 31) / 32;  // q / k elements per lane when a warp normalizes
+    constexpr int RPL = DK / 4;          // state rows per lane
+    static_assert(DK % 4 == 0, "rows split over four lanes");
     __shared__ float qs[RULE_CHUNK][DK], ks[RULE_CHUNK][DK], vs[RULE_CHUNK][RULE_COLS], decay[RULE_CHUNK],
         gate[RULE_CHUNK];
-    int s = blockIdx.x, vh = blockIdx.y, lane = threadIdx.x, j = blockIdx.z * RULE_COLS + lane;
-    int t0 = seq_t0[s], n = seq_len[s];
-    int kh = tiled ? vh % nk : vh / (nv / nk);
-    int value_dim = nv * dv;
+    const int s = blockIdx.x, vh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int c = warp * 8 + (lane >> 2), quarter = lane & 3, j = blockIdx.z * RULE_COLS + c;
+    const int t0 = seq_t0[s], n = seq_len[s];
+    const int kh = tiled ? vh % nk : vh / (nv / nk);
+    const int value_dim = nv * dv;
     float* S = states + (u64)seq_slot[s] * slot_floats + layer_off + (u64)vh * DK * dv;
-    bool act = j < dv;
-    float qscale = rsqrtf((float)DK);
-    float col[DK];
+    const bool act = j < dv;
+    const float qscale = rsqrtf((float)DK);
+    float col[RPL];
 #pragma unroll
-    for (int r = 0; r < DK; r++) col[r] = act ? S[(u64)r * dv + j] : 0.f;
+    for (int e = 0; e < RPL; e++) col[e] = act ? S[(u64)(4 * e + quarter) * dv + j] : 0.f;
     for (int c0 = 0; c0 < n; c0 += RULE_CHUNK) {
-        int m = min(RULE_CHUNK, n - c0);
-        __syncwarp();
-        // the chunk's q and k, L2-normalized, four tokens' loads in flight at a time
-        for (int i0 = 0; i0 < m; i0 += 4) {
+        const int m = min(RULE_CHUNK, n - c0);
+        __syncthreads();  // the last chunk's readers are done
+        // the chunk's q and k, L2-normalized: warp w takes tokens 4w..4w+3 (of 16), their
+        // loads in flight together
+        for (int i0 = 4 * warp; i0 < m; i0 += 4 * (RULE_THREADS / 32)) {
             float qv[4][PER], kv[4][PER];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
@@ -190,45 +200,55 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
                 }
             }
         }
-        // this lane's v of every token of the chunk
-#pragma unroll
-        for (int i = 0; i < RULE_CHUNK; i++)
-            if (i < m && act) vs[i][lane] = conv[(u64)(t0 + c0 + i) * ch + 2 * key_dim + vh * dv + j];
-        if (lane < m) {
-            u64 at = (u64)(t0 + c0 + lane) * nv + vh;
+        // the block's columns of v for every token of the chunk
+        for (int k = tid; k < m * RULE_COLS; k += RULE_THREADS) {
+            const int i = k / RULE_COLS, jj = blockIdx.z * RULE_COLS + k % RULE_COLS;
+            vs[i][k % RULE_COLS] = jj < dv ? conv[(u64)(t0 + c0 + i) * ch + 2 * key_dim + vh * dv + jj] : 0.f;
+        }
+        if (tid < m) {
+            u64 at = (u64)(t0 + c0 + tid) * nv + vh;
             float a = alpha[at] + dt_bias[vh];
             float sp = a > 20.f ? a : log1pf(expf(a));
-            decay[lane] = expf(A[vh] * sp);
-            gate[lane] = 1.f / (1.f + expf(-beta[at]));
+            decay[tid] = expf(A[vh] * sp);
+            gate[tid] = 1.f / (1.f + expf(-beta[at]));
         }
-        __syncwarp();
-        if (!act) continue;
+        __syncthreads();
+        // every lane runs the loop (its shuffles need all 32); columns past dv write nothing
         for (int i = 0; i < m; i++) {
-            u64 t = t0 + c0 + i;
-            float a = decay[i], b = gate[i];
-            float v = vs[i][lane];
-            // Sᵀk and Sᵀq as four partial sums each: four dependent chains instead of one
-            float p[4] = {0.f, 0.f, 0.f, 0.f};
+            const float a = decay[i], b = gate[i], v = vs[i][c];
+            const float* ki = ks[i] + quarter;
+            const float* qi = qs[i] + quarter;
+            float p0 = 0.f, p1 = 0.f;
 #pragma unroll
-            for (int r = 0; r < DK; r++) p[r & 3] += col[r] * ks[i][r];
-            float d = b * (v - a * ((p[0] + p[1]) + (p[2] + p[3])));
-            float o[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int r = 0; r < DK; r++) {
-                col[r] = col[r] * a + ks[i][r] * d;
-                o[r & 3] += col[r] * qs[i][r];
+            for (int e = 0; e < RPL; e += 2) {
+                p0 += col[e] * ki[4 * e];
+                if (e + 1 < RPL) p1 += col[e + 1] * ki[4 * e + 4];
             }
-            out[t * value_dim + vh * dv + j] = (o[0] + o[1]) + (o[2] + o[3]);
+            float p = p0 + p1;
+            p += __shfl_xor_sync(0xffffffffu, p, 1);
+            p += __shfl_xor_sync(0xffffffffu, p, 2);
+            const float d = b * (v - a * p);
+            float o0 = 0.f, o1 = 0.f;
+#pragma unroll
+            for (int e = 0; e < RPL; e++) {
+                col[e] = col[e] * a + ki[4 * e] * d;
+                if (e & 1) o1 += col[e] * qi[4 * e];
+                else o0 += col[e] * qi[4 * e];
+            }
+            float o = o0 + o1;
+            o += __shfl_xor_sync(0xffffffffu, o, 1);
+            o += __shfl_xor_sync(0xffffffffu, o, 2);
+            if (act && quarter == 0) out[(u64)(t0 + c0 + i) * value_dim + vh * dv + j] = o;
         }
     }
     if (act) {
 #pragma unroll
-        for (int r = 0; r < DK; r++) S[(u64)r * dv + j] = col[r];
+        for (int e = 0; e < RPL; e++) S[(u64)(4 * e + quarter) * dv + j] = col[e];
     }
 }
 
 #define RULE_KERNEL(DK)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(RULE_COLS) delta_rule_##DK(                              \
+    extern "C" __global__ void __launch_bounds__(RULE_THREADS) delta_rule_##DK(                              \
         const float* conv, int ch, int key_dim, const float* alpha, const float* beta, const float* A,    \
         const float* dt_bias, int nv, int nk, int dv, int tiled, float* out, float* states,               \
         u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_len, const int* seq_slot) { GRID_DEP();    \
