@@ -388,20 +388,18 @@ impl CudaModel {
         let t = self.rows(x);
         let mmq = |m: &Self, w: W| m.matrix(w).is_ok_and(|m| takes_mmq(m.kind, t));
         if t > MATVEC_MAX || pend.iter().any(|&(w, _)| mmq(self, w)) {
-            // mat-mats, one launch per weight type (deferral kept the entries all int8 or all not)
+            // mat-mats, one launch per weight type: deferral (ops.rs `matmul`) keeps the entries
+            // all int8 here, past the mat-vecs only types the mat-mat takes
             let mut rest = pend;
-            while let Some(&(w0, out0)) = rest.first() {
+            while let Some(&(w0, _)) = rest.first() {
                 let (kind, cols) = {
                     let m = self.matrix(w0)?;
                     (m.kind, m.cols)
                 };
                 if !takes_mmq(kind, t) {
-                    // a type the mat-mat does not take (F16 / F32 past the mat-vecs): cuBLAS
-                    rest.remove(0);
-                    let (op, _) = self.buf(out0);
-                    self.mm_into(w0, None, x, op, false)?;
-                    self.wrote(out0);
-                    continue;
+                    return Err(CudaError::Other(format!(
+                        "a deferred {kind:?} matmul of {t} tokens, which the mat-mat does not take"
+                    )));
                 }
                 let (group, others): (Vec<_>, Vec<_>) = rest
                     .iter()

@@ -39,18 +39,6 @@ fn quantize(
     Ok((dq, dd))
 }
 
-/// Launches `mmq`: out (+)= W . x over `t` tokens.
-fn launch(
-    gpu: &mut Gpu,
-    mmq: &MmqLaunch,
-    mat: MmqMat,
-    cols: usize,
-    q: &(DevBuf, DevBuf),
-    t: usize,
-) -> Result<()> {
-    mmq.launch(gpu, &[mat], cols, (q.0.ptr, q.1.ptr), t)
-}
-
 /// The mat-mat against f64 dot products of the dequantized weights with the f32 activations
 /// (the 8-bit activations cost about 0.5%, as in the mat-vec cases: tolerance 1e-2). Outputs
 /// start as NaN for the store epilogue (a row or token left unwritten fails) and as random
@@ -99,7 +87,7 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                             rows,
                             out: dout.ptr,
                         };
-                        launch(gpu, &mmq, mat, cols, &q, t)?;
+                        mmq.launch(gpu, &[mat], cols, (q.0.ptr, q.1.ptr), t)?;
                         let got = gpu.read_f32(dout.ptr, t * rows)?;
                         out.push(CaseResult {
                             op: format!(
@@ -242,7 +230,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                             rows,
                             out: dout.ptr,
                         };
-                        launch(gpu, &mmq, mat, cols, &q, t)
+                        mmq.launch(gpu, &[mat], cols, (q.0.ptr, q.1.ptr), t)
                     };
                     let us = super::time_us(gpu, 8, 50, true, go)?;
                     let ops = 2.0 * (rows * cols * t) as f64;

@@ -240,10 +240,10 @@ __device__ __forceinline__ void piece_mma(float (*acc)[4], const PieceW (*pa)[PI
 
 // The block's WK warps' partial sums (acc, each warp over its share of the units) added in
 // shared memory `red` (WK * NJ * MR * 128 floats) and stored (EPI 0) or added (1) to
-// out[t][row] for the block's 16 MR rows from r0 and 8 NJ tokens from t0.
+// out[t][row] (rows a token) for the block's 16 MR rows from r0 and 8 NJ tokens from t0.
 template <int NJ, int WK, int MR, int EPI>
 __device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int r0, int t0, int rows, int T,
-                                           float* __restrict__ out, int old) {
+                                           float* __restrict__ out) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // entry e = ((j * MR + m) * 4 + i) * 32 + lane of each warp's slice
     constexpr int SLICE = NJ * MR * 128;
@@ -262,7 +262,7 @@ __device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int 
         int row = r0 + 16 * m + (l >> 2) + (i >= 2 ? 8 : 0);
         int t = t0 + 8 * j + 2 * (l & 3) + (i & 1);
         if (row < rows && t < T) {
-            float* o = out + (u64)t * old + row;
+            float* o = out + (u64)t * rows + row;
             if (EPI == 0) *o = v;
             else *o += v;
         }
@@ -339,7 +339,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
             }
         }
     }
-    mmq_reduce<NJ, WK, MR, EPI>(acc, red, r0, t0, rows, T, out, rows);
+    mmq_reduce<NJ, WK, MR, EPI>(acc, red, r0, t0, rows, T, out);
 }
 
 // The staged mat-mat (K-quants): the same block and fragments as mmq, but each warp streams
@@ -501,7 +501,7 @@ __device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, i
     }
     cp_async_wait_all();
     __syncthreads();  // every warp is done with its ring: the reduction reuses the memory
-    mmq_reduce<NJ, WK, MR, EPI>(acc, (float*)smem, r0, t0, rows, T, out, rows);
+    mmq_reduce<NJ, WK, MR, EPI>(acc, (float*)smem, r0, t0, rows, T, out);
 }
 
 // The matrices of one launch (matmul::MMQ_GROUP, the projections sharing an input): block x of
