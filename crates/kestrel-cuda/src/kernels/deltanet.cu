@@ -27,7 +27,7 @@ extern "C" __global__ void mul_sigmoid(float* x, const float* g, u64 total, i8* 
 // grid (n_seqs, ceil(ch / 256)), 256 threads: one channel per thread, tokens in order.
 extern "C" __global__ void conv_silu_seq(const float* x, float* out, const float* taps, int ch, int K,
                                          float* states, u64 slot_floats, u64 layer_off,
-                                         const int* seq_t0, const int* seq_len, const int* seq_slot) { GRID_DEP();
+                                         const int* seq_t0, const int* seq_len, const int* seq_slot) {
     int s = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     int t0 = seq_t0[s], n = seq_len[s];
@@ -37,6 +37,9 @@ extern "C" __global__ void conv_silu_seq(const float* x, float* out, const float
     for (int j = 0; j < CONV_MAXK - 1; j++) h[j] = j < K - 1 ? win[(u64)j * ch + c] : 0.f;
 #pragma unroll
     for (int j = 0; j < CONV_MAXK; j++) w[j] = j < K ? taps[(u64)j * ch + c] : 0.f;
+    // the window, the taps and the step's sequence arrays (uploaded before the step) never
+    // come from the previous kernel: only x waits for it
+    GRID_DEP();
     for (int i = 0; i < n; i++) {
         float xi = x[(u64)(t0 + i) * ch + c];
         // the CPU's order: oldest input first, the new one last
@@ -162,6 +165,9 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
     float col[RPL];
 #pragma unroll
     for (int e = 0; e < RPL; e++) col[e] = act ? S[(u64)(4 * e + quarter) * dv + j] : 0.f;
+    // the state (only this layer's rule kernel writes it, a step earlier) and the step's
+    // sequence arrays are in flight before the wait; the convolution output comes after it
+    GRID_DEP();
     for (int c0 = 0; c0 < n; c0 += RULE_CHUNK) {
         const int m = min(RULE_CHUNK, n - c0);
         __syncthreads();  // the last chunk's readers are done
@@ -251,7 +257,7 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
     extern "C" __global__ void __launch_bounds__(RULE_THREADS) delta_rule_##DK(                              \
         const float* conv, int ch, int key_dim, const float* alpha, const float* beta, const float* A,    \
         const float* dt_bias, int nv, int nk, int dv, int tiled, float* out, float* states,               \
-        u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_len, const int* seq_slot) { GRID_DEP();    \
+        u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_len, const int* seq_slot) {              \
         delta_rule<DK>(conv, ch, key_dim, alpha, beta, A, dt_bias, nv, nk, dv, tiled, out, states,        \
                        slot_floats, layer_off, seq_t0, seq_len, seq_slot);                                \
     }
