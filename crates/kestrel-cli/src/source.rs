@@ -1,7 +1,7 @@
 //! Opening what `-m MODEL` names: a GGUF file or a Hugging Face folder.
 
 use anyhow::{Context, Result};
-use kestrel_gguf::{GgufFile, Value};
+use kestrel_gguf::{GgmlType, GgufFile, Value};
 use kestrel_models::{LoadOptions, Model, ModelConfig};
 use kestrel_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -21,8 +21,16 @@ pub struct ModelSource {
     pub weight_bytes: u64,
     /// Weight bytes one decoded token reads (of a mixture, the experts it is routed to).
     pub read_bytes_per_token: u64,
+    /// The output head's type at load when it differs from the file's (a draft's: [`Self::as_draft`]).
+    output_type: Option<GgmlType>,
     gguf: Option<GgufFile>,
 }
+
+/// A draft model's output head type: its proposals only steer (the target checks every one),
+/// and the head is the largest matrix a small model reads per token (the 0.5B's Q8_0 head,
+/// 151,936 x 896, is 29% of its file), so it is held in 4.5 bits instead of 8.5 (Q4_0: any
+/// width of 32s; Q4_K would need 256s, and 896 is not). BENCHMARKS.md has the A/B.
+pub const DRAFT_HEAD: GgmlType = GgmlType::Q4_0;
 
 impl ModelSource {
     pub fn open(path: &Path) -> Result<Self> {
@@ -66,6 +74,7 @@ impl ModelSource {
             tokenizer,
             chat_template,
             tensor_types,
+            output_type: None,
             gguf: Some(file),
         })
     }
@@ -104,6 +113,7 @@ impl ModelSource {
                 .collect(),
             weight_bytes,
             read_bytes_per_token,
+            output_type: None,
             gguf: None,
         })
     }
@@ -136,6 +146,56 @@ impl ModelSource {
         Ok(self)
     }
 
+    /// This GGUF model as a speculative draft: its output head held as [`DRAFT_HEAD`] where the
+    /// file stores it in more bits (`KESTREL_DRAFT_HEAD=stored` keeps it, for A/B figures), the
+    /// resident bytes planned with the new head and its repacked copy. Folders stay as stored.
+    pub fn as_draft(mut self) -> Self {
+        let keep = std::env::var("KESTREL_DRAFT_HEAD").is_ok_and(|v| v == "stored");
+        let Some(file) = self.gguf.as_ref().filter(|_| !keep) else {
+            return self;
+        };
+        let tensors = &file.header.tensors;
+        let head = tensors
+            .iter()
+            .find(|t| t.name == "output.weight")
+            .or_else(|| tensors.iter().find(|t| t.name == "token_embd.weight"));
+        let Some(head) = head else { return self };
+        let (rows, cols) = (
+            head.dims.iter().skip(1).product::<u64>() as usize,
+            head.dims.first().copied().unwrap_or(0) as usize,
+        );
+        let (Some(new), Some(old)) = (
+            DRAFT_HEAD.bytes_for(cols as u64),
+            head.ggml_type.bytes_for(cols as u64),
+        ) else {
+            return self;
+        };
+        if new >= old {
+            return self;
+        }
+        // every tensor as mapped, plus the head's own copy; the repacked matrices as if the
+        // file had an untied output.weight of DRAFT_HEAD (the embedding then stays mapped)
+        let listed = tensors
+            .iter()
+            .filter(|t| t.name != "output.weight")
+            .map(|t| {
+                let rows = t.dims.iter().skip(1).product::<u64>() as usize;
+                let cols = t.dims.first().copied().unwrap_or(0) as usize;
+                (t.name.as_str(), t.ggml_type, rows, cols)
+            })
+            .chain(std::iter::once(("output.weight", DRAFT_HEAD, rows, cols)));
+        self.weight_bytes = file.header.tensor_bytes()
+            + new * rows as u64
+            + kestrel_models::weights::repack_extra_bytes(listed);
+        self.output_type = Some(DRAFT_HEAD);
+        self
+    }
+
+    /// The output head's type at load, where it differs from the file's.
+    pub fn output_type(&self) -> Option<GgmlType> {
+        self.output_type
+    }
+
     /// The tensor index (what a GPU backend uploads from).
     pub fn tensor_store(&self) -> Result<kestrel_models::weights::TensorStore> {
         Ok(match &self.gguf {
@@ -166,6 +226,10 @@ impl ModelSource {
         let mut progress = |done: u64, total: u64| {
             bar.set_length(total);
             bar.set_position(done);
+        };
+        let opts = LoadOptions {
+            output_type: self.output_type.or(opts.output_type),
+            ..opts
         };
         let model = match &self.gguf {
             Some(file) => Model::from_gguf(file, opts, &mut progress)?,

@@ -357,9 +357,13 @@ fn speculative_run_keeps_the_greedy_continuations() {
                 .map(|t| t.to_string())
                 .collect();
             let prompt = prompt.join(",");
-            for spec in [
-                vec!["--spec", "lookup"],
-                vec!["--spec", "draft", "--draft-model", gguf, "--spec-k", "4"],
+            // (flags, KESTREL_DRAFT_HEAD): the draft's head as a draft holds it (4.5 bits), then
+            // as stored
+            let draft = vec!["--spec", "draft", "--draft-model", gguf, "--spec-k", "4"];
+            for (spec, head) in [
+                (vec!["--spec", "lookup"], ""),
+                (draft.clone(), ""),
+                (draft, "stored"),
             ] {
                 let mut args = vec![
                     "run",
@@ -379,7 +383,11 @@ fn speculative_run_keeps_the_greedy_continuations() {
                     "cpu",
                 ];
                 args.extend(&spec);
-                let out = kestrel(&args);
+                let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+                    .args(&args)
+                    .env("KESTREL_DRAFT_HEAD", head)
+                    .output()
+                    .expect("kestrel runs");
                 assert!(
                     out.status.success(),
                     "{}",
@@ -399,9 +407,12 @@ fn speculative_run_keeps_the_greedy_continuations() {
                 );
                 let t = &v["timings"];
                 if spec[1] == "draft" {
-                    // The model drafting for itself: every proposal is kept.
+                    // The model drafting for itself: with its head as stored every proposal is
+                    // kept; held in 4.5 bits (source.rs DRAFT_HEAD) the random weights'
+                    // near-ties flip some, and the tokens above stay the target's either way.
+                    let least = if head == "stored" { 0.9 } else { 0.3 };
                     assert!(t["spec_accepted"].as_u64().unwrap() > 0, "{t}");
-                    assert!(t["acceptance_rate"].as_f64().unwrap() > 0.9, "{t}");
+                    assert!(t["acceptance_rate"].as_f64().unwrap() > least, "{head} {t}");
                     assert!(t["tokens_per_step"].as_f64().unwrap() > 1.5, "{t}");
                 }
             }

@@ -10,7 +10,7 @@ use crate::pool::ThreadPool;
 use crate::recipes;
 use crate::weights::{TensorStore, Weight};
 use crate::ModelError;
-use kestrel_gguf::GgufFile;
+use kestrel_gguf::{GgmlType, GgufFile};
 use std::path::Path;
 
 /// Prompt tokens processed per forward step; bounds activation scratch
@@ -29,6 +29,9 @@ pub struct LoadOptions {
     /// Quantize a Hugging Face folder's weights at load (`--quantize`); None keeps them as
     /// stored. GGUF files are loaded as they are (quantize them with `kestrel quantize`).
     pub quantize: Option<crate::quantize::QuantMix>,
+    /// Holds the output head in this type when it is stored in more bits (a draft model's:
+    /// its proposals only steer, the target checks every one); None keeps it as stored.
+    pub output_type: Option<GgmlType>,
 }
 
 impl Default for LoadOptions {
@@ -38,6 +41,7 @@ impl Default for LoadOptions {
             matmul: MatmulPath::Quantized,
             max_batch: DEFAULT_MAX_BATCH,
             quantize: None,
+            output_type: None,
         }
     }
 }
@@ -59,6 +63,12 @@ pub struct Model {
     output: Weight,        // (vocab, dim); the embedding itself when tied
     pool: ThreadPool,
     opts: LoadOptions,
+}
+
+/// Whether `ty` stores a weight in fewer bits than `than`.
+fn narrower(ty: GgmlType, than: GgmlType) -> bool {
+    let bits = |t: GgmlType| t.bytes_for(256).map_or(u64::MAX, |b| b * 8);
+    bits(ty) < bits(than)
 }
 
 impl Model {
@@ -133,11 +143,14 @@ impl Model {
         } else {
             "token_embd.weight"
         };
-        let output = store.matrix(output_name, cfg.vocab_size, cfg.dim)?;
+        let mut output = store.matrix(output_name, cfg.vocab_size, cfg.dim)?;
+        if let Some(ty) = opts.output_type.filter(|&ty| narrower(ty, output.ty)) {
+            // a copy of its own, so a tied embedding keeps its rows
+            output = output.requantized(ty, &format!("output.weight ({ty})"))?;
+        }
         let output_norm = recipes::output_norm(store, &cfg)?;
         store.prefault(progress);
         let mut layers = layers;
-        let mut output = output;
         if opts.matmul == MatmulPath::Quantized {
             for l in layers.iter_mut() {
                 for w in l.matrices_mut() {

@@ -111,6 +111,34 @@ impl Weight {
     }
 
     /// All rows, contiguous.
+    /// This matrix converted to `ty` (dequantized row by row, then quantized), held in memory
+    /// under `name`: a draft model's output head in fewer bits (`LoadOptions::output_type`).
+    pub fn requantized(&self, ty: GgmlType, name: &str) -> Result<Weight, ModelError> {
+        let row_bytes = ty.bytes_for(self.cols as u64).unwrap_or(0) as usize;
+        if row_bytes == 0 || !cpu_supports(ty) {
+            return Err(ModelError::Unsupported(format!(
+                "{} cannot be held as {ty}: its rows of {} do not divide into {ty} blocks",
+                self.name, self.cols
+            )));
+        }
+        let mut bytes = vec![0u8; self.rows * row_bytes];
+        let mut row = vec![0f32; self.cols];
+        for (r, dst) in bytes.chunks_exact_mut(row_bytes).enumerate() {
+            self.row_f32(r, &mut row)?;
+            kestrel_quant::quantize_row(ty, &row, dst)?;
+        }
+        Ok(Weight {
+            name: name.to_string(),
+            ty,
+            rows: self.rows,
+            cols: self.cols,
+            row_bytes,
+            map: Backing::Owned(Arc::new(bytes)),
+            start: 0,
+            packed: None,
+        })
+    }
+
     pub fn bytes(&self) -> &[u8] {
         &self.map[self.start..self.start + self.rows * self.row_bytes]
     }
@@ -535,7 +563,61 @@ fn cpu_supports(ty: GgmlType) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::hf_to_gguf_name;
+    use super::{hf_to_gguf_name, Backing, Weight};
+    use kestrel_gguf::GgmlType;
+    use std::sync::Arc;
+
+    /// An f32 matrix held in memory.
+    fn f32_matrix(rows: usize, cols: usize, f: impl Fn(usize) -> f32) -> Weight {
+        let bytes: Vec<u8> = (0..rows * cols).flat_map(|i| f(i).to_le_bytes()).collect();
+        Weight {
+            name: "m".into(),
+            ty: GgmlType::F32,
+            rows,
+            cols,
+            row_bytes: cols * 4,
+            map: Backing::Owned(Arc::new(bytes)),
+            start: 0,
+            packed: None,
+        }
+    }
+
+    #[test]
+    fn requantized_rows_stay_within_the_types_error() {
+        let (rows, cols) = (48, 96);
+        let value = |i: usize| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * (1.0 + (i % 5) as f32);
+        let m = f32_matrix(rows, cols, value);
+        // (type, bytes a 32-block, largest error: a step of max |x| (<= 5 here) / 2^(bits-1))
+        for (ty, block, step) in [
+            (GgmlType::Q5_0, 22, 5.0 / 16.0),
+            (GgmlType::Q4_0, 18, 5.0 / 8.0),
+        ] {
+            let q = m.requantized(ty, "m (copy)").unwrap();
+            assert_eq!(
+                (q.ty, q.rows, q.cols, q.name.as_str()),
+                (ty, rows, cols, "m (copy)")
+            );
+            assert_eq!(q.bytes().len(), rows * cols / 32 * block);
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                q.row_f32(r, &mut row).unwrap();
+                for (c, &got) in row.iter().enumerate() {
+                    let want = value(r * cols + c);
+                    assert!(
+                        (got - want).abs() <= step,
+                        "{ty} row {r} col {c}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+        // 33 columns do not divide into 32-blocks: a clear error, not a panic
+        let odd = f32_matrix(2, 33, |_| 1.0);
+        let e = match odd.requantized(GgmlType::Q5_0, "odd") {
+            Ok(_) => panic!("33 columns held as Q5_0"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("do not divide"), "{e}");
+    }
 
     #[test]
     fn hf_names_map_to_gguf_names() {
