@@ -21,7 +21,7 @@ pub struct ModelSource {
     pub weight_bytes: u64,
     /// Weight bytes one decoded token reads (of a mixture, the experts it is routed to).
     pub read_bytes_per_token: u64,
-    /// The output head's type at load when it differs from the file's (a draft's: [`Self::as_draft`]).
+    /// The output head's type at load when it differs from the file's (a draft's: [`Self::into_draft`]).
     output_type: Option<GgmlType>,
     gguf: Option<GgufFile>,
 }
@@ -149,7 +149,7 @@ impl ModelSource {
     /// This GGUF model as a speculative draft: its output head held as [`DRAFT_HEAD`] where the
     /// file stores it in more bits (`KESTREL_DRAFT_HEAD=stored` keeps it, for A/B figures), the
     /// resident bytes planned with the new head and its repacked copy. Folders stay as stored.
-    pub fn as_draft(mut self) -> Self {
+    pub fn into_draft(mut self) -> Self {
         let keep = std::env::var("KESTREL_DRAFT_HEAD").is_ok_and(|v| v == "stored");
         let Some(file) = self.gguf.as_ref().filter(|_| !keep) else {
             return self;

@@ -95,7 +95,7 @@ impl SpecArgs {
         };
         let draft = ModelSource::open(path)?;
         check_same_vocabulary(target, &draft)?;
-        Ok(Some(draft.as_draft()))
+        Ok(Some(draft.into_draft()))
     }
 }
 

@@ -297,8 +297,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let ns = list(&args.gen, "n")?;
     let ds = list(&args.depth, "d")?;
     anyhow::ensure!(args.reps > 0, "-r must be at least 1");
-    let mut opts = LoadOptions::default();
-    opts.quantize = args.quantize;
+    let mut opts = LoadOptions {
+        quantize: args.quantize,
+        ..LoadOptions::default()
+    };
     if let Some(t) = args.threads {
         opts.threads = t.max(1);
     }

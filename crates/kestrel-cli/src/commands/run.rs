@@ -91,8 +91,10 @@ impl EngineArgs {
     }
 
     pub fn load_options(&self) -> LoadOptions {
-        let mut o = LoadOptions::default();
-        o.quantize = self.quantize;
+        let mut o = LoadOptions {
+            quantize: self.quantize,
+            ..LoadOptions::default()
+        };
         if let Some(t) = self.threads {
             o.threads = t.max(1);
         }
