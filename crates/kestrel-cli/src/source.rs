@@ -173,8 +173,14 @@ impl ModelSource {
         if new >= old {
             return self;
         }
-        // every tensor as mapped, plus the head's own copy; the repacked matrices as if the
-        // file had an untied output.weight of DRAFT_HEAD (the embedding then stays mapped)
+        // every tensor as mapped but a stored output.weight (never read after the copy is
+        // made), plus the copy; the repacked matrices as if the file had an untied
+        // output.weight of DRAFT_HEAD
+        let dropped = if head.name == "output.weight" {
+            head.n_bytes
+        } else {
+            0
+        };
         let listed = tensors
             .iter()
             .filter(|t| t.name != "output.weight")
@@ -184,7 +190,7 @@ impl ModelSource {
                 (t.name.as_str(), t.ggml_type, rows, cols)
             })
             .chain(std::iter::once(("output.weight", DRAFT_HEAD, rows, cols)));
-        self.weight_bytes = file.header.tensor_bytes()
+        self.weight_bytes = file.header.tensor_bytes() - dropped
             + new * rows as u64
             + kestrel_models::weights::repack_extra_bytes(listed);
         self.output_type = Some(DRAFT_HEAD);

@@ -144,12 +144,24 @@ impl Model {
             "token_embd.weight"
         };
         let mut output = store.matrix(output_name, cfg.vocab_size, cfg.dim)?;
+        // tensors not brought in before the first step (`prefault`)
+        let mut lazy = Vec::new();
         if let Some(ty) = opts.output_type.filter(|&ty| narrower(ty, output.ty)) {
-            // a copy of its own, so a tied embedding keeps its rows
-            output = output.requantized(ty, &format!("output.weight ({ty})"))?;
+            // a copy of its own (a tied embedding keeps its rows); the stored head, read once
+            // for it, is dropped
+            let copy = output.requantized(ty, &format!("output.weight ({ty})"))?;
+            output.release_pages();
+            lazy.push(output_name);
+            output = copy;
         }
         let output_norm = recipes::output_norm(store, &cfg)?;
-        store.prefault(progress);
+        // An embedding that is not also the output head is read a row per token: its pages come
+        // in as rows are looked up.
+        if output.name != embed.name {
+            embed.release_pages();
+            lazy.push("token_embd.weight");
+        }
+        store.prefault(&lazy, progress);
         let mut layers = layers;
         if opts.matmul == MatmulPath::Quantized {
             for l in layers.iter_mut() {

@@ -111,6 +111,19 @@ impl Weight {
     }
 
     /// All rows, contiguous.
+    /// Drops the resident pages of a mapped matrix that is only read a few rows at a time (an
+    /// embedding that is not also the output head): rows fault back in from the file as they
+    /// are looked up. Pages shared with a neighbouring tensor are kept.
+    pub fn release_pages(&self) {
+        let (from, upto) = (
+            self.start.next_multiple_of(PAGE),
+            (self.start + self.rows * self.row_bytes) / PAGE * PAGE,
+        );
+        if upto > from {
+            self.map.release_range(from, upto - from);
+        }
+    }
+
     /// This matrix converted to `ty` (dequantized row by row, then quantized), held in memory
     /// under `name`: a draft model's output head in fewer bits (`LoadOptions::output_type`).
     pub fn requantized(&self, ty: GgmlType, name: &str) -> Result<Weight, ModelError> {
@@ -461,11 +474,15 @@ impl TensorStore {
 
     /// Touch every page of the tensor data so the first forward pass does not stall on page
     /// faults; `progress(done, total)` is called as bytes are touched.
-    pub fn prefault(&self, progress: &mut dyn FnMut(u64, u64)) {
+    pub fn prefault(&self, skip: &[&str], progress: &mut dyn FnMut(u64, u64)) {
         let total = self.total_bytes();
         let mut done = 0u64;
         let mut sink = 0u8;
-        for e in self.entries.values() {
+        for (name, e) in &self.entries {
+            if skip.contains(&name.as_str()) {
+                done += e.len as u64;
+                continue;
+            }
             let bytes = &e.map[e.start..e.start + e.len];
             for chunk in bytes.chunks(1 << 22) {
                 for page in chunk.iter().step_by(4096) {
