@@ -32,6 +32,13 @@ pub struct ModelSource {
 /// width of 32s; Q4_K would need 256s, and 896 is not). BENCHMARKS.md has the A/B.
 pub const DRAFT_HEAD: GgmlType = GgmlType::Q4_0;
 
+/// (name, type, rows, columns) of a GGUF tensor seen as a matrix (ggml dims: row length first).
+fn matrix_shape(t: &kestrel_gguf::TensorInfo) -> (&str, GgmlType, usize, usize) {
+    let rows = t.dims.iter().skip(1).product::<u64>() as usize;
+    let cols = t.dims.first().copied().unwrap_or(0) as usize;
+    (t.name.as_str(), t.ggml_type, rows, cols)
+}
+
 impl ModelSource {
     pub fn open(path: &Path) -> Result<Self> {
         if path.is_dir() {
@@ -61,11 +68,7 @@ impl ModelSource {
             // What stays resident: every tensor, plus the padding of Q4_K / Q6_K matrices
             // repacked at load for the AVX-512 kernels (their mapped pages are released).
             weight_bytes: h.tensor_bytes()
-                + kestrel_models::weights::repack_extra_bytes(h.tensors.iter().map(|t| {
-                    let rows = t.dims.iter().skip(1).product::<u64>() as usize;
-                    let cols = t.dims.first().copied().unwrap_or(0) as usize;
-                    (t.name.as_str(), t.ggml_type, rows, cols)
-                })),
+                + kestrel_models::weights::repack_extra_bytes(h.tensors.iter().map(matrix_shape)),
             read_bytes_per_token: kestrel_models::plan::read_bytes_per_token(
                 &config,
                 h.tensors.iter().map(|t| (t.name.as_str(), t.n_bytes)),
@@ -160,10 +163,7 @@ impl ModelSource {
             .find(|t| t.name == "output.weight")
             .or_else(|| tensors.iter().find(|t| t.name == "token_embd.weight"));
         let Some(head) = head else { return self };
-        let (rows, cols) = (
-            head.dims.iter().skip(1).product::<u64>() as usize,
-            head.dims.first().copied().unwrap_or(0) as usize,
-        );
+        let (_, _, rows, cols) = matrix_shape(head);
         let (Some(new), Some(old)) = (
             DRAFT_HEAD.bytes_for(cols as u64),
             head.ggml_type.bytes_for(cols as u64),
@@ -184,11 +184,7 @@ impl ModelSource {
         let listed = tensors
             .iter()
             .filter(|t| t.name != "output.weight")
-            .map(|t| {
-                let rows = t.dims.iter().skip(1).product::<u64>() as usize;
-                let cols = t.dims.first().copied().unwrap_or(0) as usize;
-                (t.name.as_str(), t.ggml_type, rows, cols)
-            })
+            .map(matrix_shape)
             .chain(std::iter::once(("output.weight", DRAFT_HEAD, rows, cols)));
         self.weight_bytes = file.header.tensor_bytes() - dropped
             + new * rows as u64
