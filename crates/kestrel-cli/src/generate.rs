@@ -62,8 +62,8 @@ pub fn plan(
                 "draft model (counted above): {} weights {}{} + KV {} (its K/V in the same {} blocks)",
                 d.path.display(),
                 human(plan.draft_weight_bytes),
-                d.output_type()
-                    .map_or(String::new(), |ty| format!(" (output head held as {ty})")),
+                d.draft_type()
+                    .map_or(String::new(), |ty| format!(" (matrices held as {ty})")),
                 human(plan.draft_kv_bytes),
                 plan.n_blocks
             );

@@ -21,22 +21,41 @@ pub struct ModelSource {
     pub weight_bytes: u64,
     /// Weight bytes one decoded token reads (of a mixture, the experts it is routed to).
     pub read_bytes_per_token: u64,
-    /// The output head's type at load when it differs from the file's (a draft's: [`Self::into_draft`]).
-    output_type: Option<GgmlType>,
+    /// The type a draft's matrices are held in where stored in more bits ([`Self::into_draft`]).
+    draft_type: Option<GgmlType>,
     gguf: Option<GgufFile>,
 }
 
-/// A draft model's output head type: its proposals only steer (the target checks every one),
-/// and the head is the largest matrix a small model reads per token (the 0.5B's Q8_0 head,
-/// 151,936 x 896, is 29% of its file), so it is held in 4.5 bits instead of 8.5 (Q4_0: any
-/// width of 32s; Q4_K would need 256s, and 896 is not). BENCHMARKS.md has the A/B.
-pub const DRAFT_HEAD: GgmlType = GgmlType::Q4_0;
+/// The type a draft model's matrices are held in: its proposals only steer (the target checks
+/// every one), and a small model's decode step is bound by the bytes it reads. The 0.5B's file
+/// stores most of its matrices as Q5_0 and Q6_K and its head (151,936 x 896, 29% of the file) as
+/// Q8_0; in Q4_0 (any width of 32s; the K-quants need 256s, and 896 is not) a proposal reads
+/// 29% fewer bytes (392 -> 278 MB). BENCHMARKS.md has the A/B.
+pub const DRAFT_TYPE: GgmlType = GgmlType::Q4_0;
 
 /// (name, type, rows, columns) of a GGUF tensor seen as a matrix (ggml dims: row length first).
 fn matrix_shape(t: &kestrel_gguf::TensorInfo) -> (&str, GgmlType, usize, usize) {
     let rows = t.dims.iter().skip(1).product::<u64>() as usize;
     let cols = t.dims.first().copied().unwrap_or(0) as usize;
     (t.name.as_str(), t.ggml_type, rows, cols)
+}
+
+/// [`matrix_shape`] as a draft holds the tensor, and whether that is a copy in [`DRAFT_TYPE`]:
+/// matrices stored in more bits whose rows divide into its blocks, but for an untied embedding
+/// (looked up a row at a time).
+fn draft_shape(t: &kestrel_gguf::TensorInfo, untied: bool) -> (&str, GgmlType, usize, usize, bool) {
+    let (name, ty, rows, cols) = matrix_shape(t);
+    let copied = t.dims.len() == 2
+        && !(untied && name == "token_embd.weight")
+        && kestrel_models::model::narrower(DRAFT_TYPE, ty)
+        && DRAFT_TYPE.bytes_for(cols as u64).is_some();
+    (
+        name,
+        if copied { DRAFT_TYPE } else { ty },
+        rows,
+        cols,
+        copied,
+    )
 }
 
 impl ModelSource {
@@ -77,7 +96,7 @@ impl ModelSource {
             tokenizer,
             chat_template,
             tensor_types,
-            output_type: None,
+            draft_type: None,
             gguf: Some(file),
         })
     }
@@ -116,7 +135,7 @@ impl ModelSource {
                 .collect(),
             weight_bytes,
             read_bytes_per_token,
-            output_type: None,
+            draft_type: None,
             gguf: None,
         })
     }
@@ -149,53 +168,62 @@ impl ModelSource {
         Ok(self)
     }
 
-    /// This GGUF model as a speculative draft: its output head held as [`DRAFT_HEAD`] where the
-    /// file stores it in more bits (`KESTREL_DRAFT_HEAD=stored` keeps it, for A/B figures), the
-    /// resident bytes planned with the new head and its repacked copy. Folders stay as stored.
+    /// This GGUF model as a speculative draft: its matrices held as [`DRAFT_TYPE`] where the
+    /// file stores them in more bits (`KESTREL_DRAFT_WEIGHTS=stored` keeps them, for A/B
+    /// figures), the resident bytes planned with the copies (the stored matrices are dropped
+    /// once copied). Folders stay as stored.
     pub fn into_draft(mut self) -> Self {
-        let keep = std::env::var("KESTREL_DRAFT_HEAD").is_ok_and(|v| v == "stored");
+        let keep = std::env::var("KESTREL_DRAFT_WEIGHTS").is_ok_and(|v| v == "stored");
         let Some(file) = self.gguf.as_ref().filter(|_| !keep) else {
             return self;
         };
-        let tensors = &file.header.tensors;
-        let head = tensors
+        let untied = file
+            .header
+            .tensors
             .iter()
-            .find(|t| t.name == "output.weight")
-            .or_else(|| tensors.iter().find(|t| t.name == "token_embd.weight"));
-        let Some(head) = head else { return self };
-        let (_, _, rows, cols) = matrix_shape(head);
-        let (Some(new), Some(old)) = (
-            DRAFT_HEAD.bytes_for(cols as u64),
-            head.ggml_type.bytes_for(cols as u64),
-        ) else {
-            return self;
-        };
-        if new >= old {
+            .any(|t| t.name == "output.weight");
+        let listed: Vec<_> = file
+            .header
+            .tensors
+            .iter()
+            .map(|t| draft_shape(t, untied))
+            .collect();
+        if !listed.iter().any(|t| t.4) {
             return self;
         }
-        // every tensor as mapped but a stored output.weight (never read after the copy is
-        // made), plus the copy; the repacked matrices as if the file had an untied
-        // output.weight of DRAFT_HEAD
-        let dropped = if head.name == "output.weight" {
-            head.n_bytes
-        } else {
-            0
+        // as mapped, less the stored matrices that were copied (a tied embedding keeps its
+        // rows), plus the copies and the repacked forms
+        let bytes = |(ty, rows, cols): (GgmlType, usize, usize)| {
+            ty.bytes_for(cols as u64).unwrap_or(0) * rows as u64
         };
-        let listed = tensors
+        let (dropped, copies) = file
+            .header
+            .tensors
             .iter()
-            .filter(|t| t.name != "output.weight")
-            .map(matrix_shape)
-            .chain(std::iter::once(("output.weight", DRAFT_HEAD, rows, cols)));
+            .zip(&listed)
+            .filter(|(_, l)| l.4)
+            .fold((0, 0), |(d, c), (t, l)| {
+                let stored = if t.name == "token_embd.weight" {
+                    0
+                } else {
+                    t.n_bytes
+                };
+                (d + stored, c + bytes((l.1, l.2, l.3)))
+            });
         self.weight_bytes = file.header.tensor_bytes() - dropped
-            + new * rows as u64
-            + kestrel_models::weights::repack_extra_bytes(listed);
-        self.output_type = Some(DRAFT_HEAD);
+            + copies
+            + kestrel_models::weights::repack_extra_bytes(
+                listed
+                    .iter()
+                    .map(|&(n, ty, rows, cols, _)| (n, ty, rows, cols)),
+            );
+        self.draft_type = Some(DRAFT_TYPE);
         self
     }
 
-    /// The output head's type at load, where it differs from the file's.
-    pub fn output_type(&self) -> Option<GgmlType> {
-        self.output_type
+    /// The type a draft's matrices are held in, where it differs from the file's.
+    pub fn draft_type(&self) -> Option<GgmlType> {
+        self.draft_type
     }
 
     /// The tensor index (what a GPU backend uploads from).
@@ -230,7 +258,7 @@ impl ModelSource {
             bar.set_position(done);
         };
         let opts = LoadOptions {
-            output_type: self.output_type.or(opts.output_type),
+            draft_type: self.draft_type.or(opts.draft_type),
             ..opts
         };
         let model = match &self.gguf {

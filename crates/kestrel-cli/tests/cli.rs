@@ -357,10 +357,10 @@ fn speculative_run_keeps_the_greedy_continuations() {
                 .map(|t| t.to_string())
                 .collect();
             let prompt = prompt.join(",");
-            // (flags, KESTREL_DRAFT_HEAD): the draft's head as a draft holds it (4.5 bits), then
+            // (flags, KESTREL_DRAFT_WEIGHTS): the draft's matrices as a draft holds them (4.5 bits), then
             // as stored
             let draft = vec!["--spec", "draft", "--draft-model", gguf, "--spec-k", "4"];
-            for (spec, head) in [
+            for (spec, weights) in [
                 (vec!["--spec", "lookup"], ""),
                 (draft.clone(), ""),
                 (draft, "stored"),
@@ -385,7 +385,7 @@ fn speculative_run_keeps_the_greedy_continuations() {
                 args.extend(&spec);
                 let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
                     .args(&args)
-                    .env("KESTREL_DRAFT_HEAD", head)
+                    .env("KESTREL_DRAFT_WEIGHTS", weights)
                     .output()
                     .expect("kestrel runs");
                 assert!(
@@ -407,13 +407,15 @@ fn speculative_run_keeps_the_greedy_continuations() {
                 );
                 let t = &v["timings"];
                 if spec[1] == "draft" {
-                    // The model drafting for itself: with its head as stored every proposal is
-                    // kept; held in 4.5 bits (source.rs DRAFT_HEAD) the random weights'
-                    // near-ties flip some, and the tokens above stay the target's either way.
-                    let least = if head == "stored" { 0.9 } else { 0.3 };
+                    // The model drafting for itself: with its matrices as stored every proposal is
+                    // kept; held in 4.5 bits (source.rs DRAFT_TYPE) the random f32 weights'
+                    // near-ties flip many (some are kept), and the tokens above stay the
+                    // target's either way: every rejection rolled back exactly.
                     assert!(t["spec_accepted"].as_u64().unwrap() > 0, "{t}");
-                    assert!(t["acceptance_rate"].as_f64().unwrap() > least, "{head} {t}");
-                    assert!(t["tokens_per_step"].as_f64().unwrap() > 1.5, "{t}");
+                    if weights == "stored" {
+                        assert!(t["acceptance_rate"].as_f64().unwrap() > 0.9, "{t}");
+                        assert!(t["tokens_per_step"].as_f64().unwrap() > 1.5, "{t}");
+                    }
                 }
             }
         }

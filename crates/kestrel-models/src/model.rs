@@ -29,9 +29,11 @@ pub struct LoadOptions {
     /// Quantize a Hugging Face folder's weights at load (`--quantize`); None keeps them as
     /// stored. GGUF files are loaded as they are (quantize them with `kestrel quantize`).
     pub quantize: Option<crate::quantize::QuantMix>,
-    /// Holds the output head in this type when it is stored in more bits (a draft model's:
-    /// its proposals only steer, the target checks every one); None keeps it as stored.
-    pub output_type: Option<GgmlType>,
+    /// Holds every matrix (the output head included, the embedding's looked-up rows not) in
+    /// this type where it is stored in more bits and its rows divide into the type's blocks: a
+    /// draft model's (its proposals only steer, the target checks every one). None keeps them
+    /// as stored.
+    pub draft_type: Option<GgmlType>,
 }
 
 impl Default for LoadOptions {
@@ -41,7 +43,7 @@ impl Default for LoadOptions {
             matmul: MatmulPath::Quantized,
             max_batch: DEFAULT_MAX_BATCH,
             quantize: None,
-            output_type: None,
+            draft_type: None,
         }
     }
 }
@@ -66,9 +68,20 @@ pub struct Model {
 }
 
 /// Whether `ty` stores a weight in fewer bits than `than`.
-fn narrower(ty: GgmlType, than: GgmlType) -> bool {
+pub fn narrower(ty: GgmlType, than: GgmlType) -> bool {
     let bits = |t: GgmlType| t.bytes_for(256).map_or(u64::MAX, |b| b * 8);
     bits(ty) < bits(than)
+}
+
+/// `w` as a copy in `ty` where `ty` is narrower and `w`'s rows divide into its blocks (the
+/// stored pages, read once for the copy, are dropped); None keeps `w` as it is.
+fn held_as(w: &Weight, ty: GgmlType) -> Result<Option<Weight>, ModelError> {
+    if !narrower(ty, w.ty) || ty.bytes_for(w.cols as u64).is_none() {
+        return Ok(None);
+    }
+    let copy = w.requantized(ty, &format!("{} ({ty})", w.name))?;
+    w.release_pages();
+    Ok(Some(copy))
 }
 
 impl Model {
@@ -134,7 +147,7 @@ impl Model {
             Arch::Qwen3Moe => recipes::qwen3moe::load_layer,
             Arch::Qwen35 => recipes::qwen35::load_layer,
         };
-        let layers = (0..cfg.n_layers)
+        let mut layers = (0..cfg.n_layers)
             .map(|i| load_layer(store, &cfg, i))
             .collect::<Result<Vec<_>, _>>()?;
         let embed = store.matrix("token_embd.weight", cfg.vocab_size, cfg.dim)?;
@@ -146,23 +159,29 @@ impl Model {
         let mut output = store.matrix(output_name, cfg.vocab_size, cfg.dim)?;
         // tensors not brought in before the first step (`prefault`)
         let mut lazy = Vec::new();
-        if let Some(ty) = opts.output_type.filter(|&ty| narrower(ty, output.ty)) {
-            // a copy of its own (a tied embedding keeps its rows); the stored head, read once
-            // for it, is dropped
-            let copy = output.requantized(ty, &format!("output.weight ({ty})"))?;
-            output.release_pages();
-            lazy.push(output_name);
-            output = copy;
+        if let Some(ty) = opts.draft_type {
+            // copies of their own (a tied embedding keeps its rows); the stored matrices, read
+            // once for them, are dropped
+            for w in layers.iter_mut().flat_map(|l| l.matrices_mut()) {
+                if let Some(copy) = held_as(w, ty)? {
+                    lazy.push(w.name.clone());
+                    *w = copy;
+                }
+            }
+            if let Some(copy) = held_as(&output, ty)? {
+                lazy.push(output_name.to_string());
+                output = copy;
+            }
         }
         let output_norm = recipes::output_norm(store, &cfg)?;
         // An embedding that is not also the output head is read a row per token: its pages come
         // in as rows are looked up.
         if output.name != embed.name {
             embed.release_pages();
-            lazy.push("token_embd.weight");
+            lazy.push("token_embd.weight".to_string());
         }
+        let lazy: Vec<&str> = lazy.iter().map(String::as_str).collect();
         store.prefault(&lazy, progress);
-        let mut layers = layers;
         if opts.matmul == MatmulPath::Quantized {
             for l in layers.iter_mut() {
                 for w in l.matrices_mut() {

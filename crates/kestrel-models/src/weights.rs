@@ -125,7 +125,7 @@ impl Weight {
     }
 
     /// This matrix converted to `ty` (dequantized row by row, then quantized), held in memory
-    /// under `name`: a draft model's output head in fewer bits (`LoadOptions::output_type`).
+    /// under `name`: a draft model's matrices in fewer bits (`LoadOptions::draft_type`).
     pub fn requantized(&self, ty: GgmlType, name: &str) -> Result<Weight, ModelError> {
         let row_bytes = ty.bytes_for(self.cols as u64).unwrap_or(0) as usize;
         if row_bytes == 0 || !cpu_supports(ty) {
