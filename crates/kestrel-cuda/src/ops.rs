@@ -247,10 +247,12 @@ impl CudaModel {
         }
     }
 
-    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue.
+    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue, then a
+    /// DeltaNet convolution or window slide that no fused kernel took.
     pub(crate) fn flush(&mut self) -> Result<()> {
         self.flush_mm()?;
-        self.flush_epilogue()
+        self.flush_epilogue()?;
+        self.flush_conv()
     }
 
     /// Runs the recorded q/k/v epilogue, if any.

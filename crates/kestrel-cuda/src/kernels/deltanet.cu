@@ -143,6 +143,44 @@ extern "C" __global__ void __launch_bounds__(256) conv_window(const float* x, in
 // Sᵀq are four partial sums folded by two shuffles. (One warp per 32 columns walking all DK
 // rows, the earlier form, left 64 warps on 132 SMs at the 0.8B's one sequence, each with a
 // 128-long dependent chain per sum.)
+// Token row `at` of value head vh: its log-decay A softplus(alpha + dt_bias) and its update
+// gate sigmoid(beta).
+__device__ __forceinline__ float log_decay(const float* alpha, const float* dt_bias, const float* A, u64 at, int vh) {
+    float a = alpha[at] + dt_bias[vh];
+    float sp = a > 20.f ? a : log1pf(expf(a));
+    return A[vh] * sp;
+}
+__device__ __forceinline__ float update_gate(const float* beta, u64 at) { return 1.f / (1.f + expf(-beta[at])); }
+
+// One token of the rule on lane group c's column of a head's state, each lane a quarter of its
+// rows (col: rows r, r+4, .. of the lane; ki / qi: k and q from the lane's first row on, stride
+// 4): col = a col + k d with d = b (v - a colᵀk); returns colᵀq, on all four lanes.
+template <int RPL>
+__device__ __forceinline__ float rule_token(float* col, const float* ki, const float* qi, float a, float b,
+                                            float v) {
+    float p0 = 0.f, p1 = 0.f;
+#pragma unroll
+    for (int e = 0; e < RPL; e += 2) {
+        p0 += col[e] * ki[4 * e];
+        if (e + 1 < RPL) p1 += col[e + 1] * ki[4 * e + 4];
+    }
+    float p = p0 + p1;
+    p += __shfl_xor_sync(0xffffffffu, p, 1);
+    p += __shfl_xor_sync(0xffffffffu, p, 2);
+    const float d = b * (v - a * p);
+    float o0 = 0.f, o1 = 0.f;
+#pragma unroll
+    for (int e = 0; e < RPL; e++) {
+        col[e] = col[e] * a + ki[4 * e] * d;
+        if (e & 1) o1 += col[e] * qi[4 * e];
+        else o0 += col[e] * qi[4 * e];
+    }
+    float o = o0 + o1;
+    o += __shfl_xor_sync(0xffffffffu, o, 1);
+    o += __shfl_xor_sync(0xffffffffu, o, 2);
+    return o;
+}
+
 template <int DK>
 __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_dim, const float* alpha,
                                            const float* beta, const float* A, const float* dt_bias,
@@ -213,37 +251,13 @@ __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_di
         }
         if (tid < m) {
             u64 at = (u64)(t0 + c0 + tid) * nv + vh;
-            float a = alpha[at] + dt_bias[vh];
-            float sp = a > 20.f ? a : log1pf(expf(a));
-            decay[tid] = expf(A[vh] * sp);
-            gate[tid] = 1.f / (1.f + expf(-beta[at]));
+            decay[tid] = expf(log_decay(alpha, dt_bias, A, at, vh));
+            gate[tid] = update_gate(beta, at);
         }
         __syncthreads();
         // every lane runs the loop (its shuffles need all 32); columns past dv write nothing
         for (int i = 0; i < m; i++) {
-            const float a = decay[i], b = gate[i], v = vs[i][c];
-            const float* ki = ks[i] + quarter;
-            const float* qi = qs[i] + quarter;
-            float p0 = 0.f, p1 = 0.f;
-#pragma unroll
-            for (int e = 0; e < RPL; e += 2) {
-                p0 += col[e] * ki[4 * e];
-                if (e + 1 < RPL) p1 += col[e + 1] * ki[4 * e + 4];
-            }
-            float p = p0 + p1;
-            p += __shfl_xor_sync(0xffffffffu, p, 1);
-            p += __shfl_xor_sync(0xffffffffu, p, 2);
-            const float d = b * (v - a * p);
-            float o0 = 0.f, o1 = 0.f;
-#pragma unroll
-            for (int e = 0; e < RPL; e++) {
-                col[e] = col[e] * a + ki[4 * e] * d;
-                if (e & 1) o1 += col[e] * qi[4 * e];
-                else o0 += col[e] * qi[4 * e];
-            }
-            float o = o0 + o1;
-            o += __shfl_xor_sync(0xffffffffu, o, 1);
-            o += __shfl_xor_sync(0xffffffffu, o, 2);
+            const float o = rule_token<RPL>(col, ks[i] + quarter, qs[i] + quarter, decay[i], gate[i], vs[i][c]);
             if (act && quarter == 0) out[(u64)(t0 + c0 + i) * value_dim + vh * dv + j] = o;
         }
     }
@@ -265,6 +279,97 @@ RULE_KERNEL(16)
 RULE_KERNEL(32)
 RULE_KERNEL(64)
 RULE_KERNEL(128)
+
+// Decode steps (one token per sequence) with the convolution folded in: delta_rule's work on
+// conv_silu_seq's outputs, which this kernel computes itself from the projection x [T, ch], the
+// taps and the slot's window (layer part at win_off; conv kernel of 4 taps): warp 0 the q of the
+// value head's key head, warp 1 its k, warp 2 the block's 32 columns of v, warp 3 the decay and
+// gate. Same sums in the same order as the two kernels. The window is left as it was (blocks of
+// other heads read the same q / k channels): gated_norm slides it, a kernel later. grid
+// (n_seqs, nv, ceil(dv / RULE_COLS)), RULE_THREADS threads.
+#define STEP_TAPS 4
+template <int DK>
+__device__ __forceinline__ void delta_step(const float* x, int ch, int key_dim, const float* taps, u64 win_off,
+                                           const float* alpha, const float* beta, const float* A,
+                                           const float* dt_bias, int nv, int nk, int dv, int tiled, float* out,
+                                           float* states, u64 slot_floats, u64 layer_off, const int* seq_t0,
+                                           const int* seq_slot) {
+    constexpr int PER = (DK + 31) / 32, RPL = DK / 4, KC = STEP_TAPS;
+    __shared__ float qs[DK], ks[DK], vs[RULE_COLS], gates[2];
+    const int s = blockIdx.x, vh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int c = warp * 8 + (lane >> 2), quarter = lane & 3, j = blockIdx.z * RULE_COLS + c;
+    const int kh = tiled ? vh % nk : vh / (nv / nk);
+    const u64 slot = (u64)seq_slot[s] * slot_floats;
+    float* S = states + slot + layer_off + (u64)vh * DK * dv;
+    const float* win = states + slot + win_off;
+    const bool act = j < dv;
+    float col[RPL];
+#pragma unroll
+    for (int e = 0; e < RPL; e++) col[e] = act ? S[(u64)(4 * e + quarter) * dv + j] : 0.f;
+    // this warp's channels, their window and taps (none comes from the previous kernel)
+    int chan[PER];
+    bool has[PER];
+    float h[PER][KC - 1], w[PER][KC];
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        const int r = lane + 32 * e, vj = blockIdx.z * RULE_COLS + lane;
+        has[e] = warp == 0 || warp == 1 ? r < DK : warp == 2 && e == 0 && vj < dv;
+        chan[e] = warp == 0 ? kh * DK + r : warp == 1 ? key_dim + kh * DK + r : 2 * key_dim + vh * dv + vj;
+#pragma unroll
+        for (int k = 0; k < KC - 1; k++) h[e][k] = has[e] ? win[(u64)k * ch + chan[e]] : 0.f;
+#pragma unroll
+        for (int k = 0; k < KC; k++) w[e][k] = has[e] ? taps[(u64)k * ch + chan[e]] : 0.f;
+    }
+    GRID_DEP();
+    const u64 row = (u64)seq_t0[s];
+    float y[PER];
+    float sq = 0.f;
+#pragma unroll
+    for (int e = 0; e < PER; e++) {
+        float acc = 0.f;
+        if (has[e]) {
+            const float xi = x[row * ch + chan[e]];
+#pragma unroll
+            for (int k = 0; k < KC - 1; k++) acc += w[e][k] * h[e][k];
+            acc += w[e][KC - 1] * xi;
+        }
+        y[e] = has[e] ? silu(acc) : 0.f;
+        sq += y[e] * y[e];
+    }
+    if (warp < 2) {
+        const float inv = (warp == 0 ? rsqrtf((float)DK) : 1.f) / sqrtf(warp_sum(sq) + 1e-6f);
+        float* dst = warp == 0 ? qs : ks;
+#pragma unroll
+        for (int e = 0; e < PER; e++)
+            if (lane + 32 * e < DK) dst[lane + 32 * e] = y[e] * inv;
+    } else if (warp == 2) {
+        vs[lane] = y[0];
+    } else if (lane == 0) {
+        const u64 at = row * nv + vh;
+        gates[0] = expf(log_decay(alpha, dt_bias, A, at, vh));
+        gates[1] = update_gate(beta, at);
+    }
+    __syncthreads();
+    const float o = rule_token<RPL>(col, ks + quarter, qs + quarter, gates[0], gates[1], vs[c]);
+    if (act) {
+        if (quarter == 0) out[row * nv * dv + vh * dv + j] = o;
+#pragma unroll
+        for (int e = 0; e < RPL; e++) S[(u64)(4 * e + quarter) * dv + j] = col[e];
+    }
+}
+
+#define STEP_KERNEL(DK)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(RULE_THREADS) delta_step_##DK(                              \
+        const float* x, int ch, int key_dim, const float* taps, u64 win_off, const float* alpha,         \
+        const float* beta, const float* A, const float* dt_bias, int nv, int nk, int dv, int tiled,       \
+        float* out, float* states, u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_slot) { \
+        delta_step<DK>(x, ch, key_dim, taps, win_off, alpha, beta, A, dt_bias, nv, nk, dv, tiled, out,   \
+                       states, slot_floats, layer_off, seq_t0, seq_slot);                                 \
+    }
+STEP_KERNEL(16)
+STEP_KERNEL(32)
+STEP_KERNEL(64)
+STEP_KERNEL(128)
 
 // Prompt steps: the same rule over chunks of DC tokens in the chunked (WY) form, as matrix work
 // instead of a token-by-token walk. With g_t the chunk's cumulative log-decays, D[t][s] =
@@ -328,10 +433,8 @@ __device__ __forceinline__ void delta_chunked(const float* conv, int ch, int key
             float la = 0.f, b = 0.f;
             if (tid < m) {
                 u64 at = (u64)(t0 + c0 + tid) * nv + vh;
-                float a = alpha[at] + dt_bias[vh];
-                float sp = a > 20.f ? a : log1pf(expf(a));
-                la = A[vh] * sp;
-                b = 1.f / (1.f + expf(-beta[at]));
+                la = log_decay(alpha, dt_bias, A, at, vh);
+                b = update_gate(beta, at);
             }
 #pragma unroll
             for (int o = 1; o < DC; o <<= 1) {
@@ -431,10 +534,13 @@ CHUNKED_KERNEL(128)
 
 // Per (token, value head), in place: x = x / rms(x) * w * silu(z); with q, also the int8 blocks
 // of x (quantize_q's layout) for the output projection's mat-vec, which then needs no quantize
-// launch of its own (dv a multiple of 32: each warp one block). grid (T, nv), blockDim = dv
-// rounded up to 32.
+// launch of its own (dv a multiple of 32: each warp one block). With mixed (after delta_step,
+// token t the one token of sequence t), the blocks of token t also slide its slot's window
+// (layer part at win_off, K - 1 rows of ch) by the projection's row: what conv_silu_seq does
+// after its outputs. grid (T, nv), blockDim = dv rounded up to 32.
 extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, int dv, float eps, i8* q,
-                                      float2* qd) { GRID_DEP();
+                                      float2* qd, const float* mixed, int ch, int K, float* states,
+                                      u64 slot_floats, u64 win_off, const int* seq_slot) { GRID_DEP();
     u64 at = ((u64)blockIdx.x * gridDim.y + blockIdx.y) * dv;
     int i = threadIdx.x;
     float v = i < dv ? x[at + i] : 0.f;
@@ -442,4 +548,12 @@ extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, 
     float o = i < dv ? v * rsqrtf(ss / (float)dv + eps) * w[i] * silu(z[at + i]) : 0.f;
     if (i < dv) x[at + i] = o;
     if (q) quant32(o, q + at + (i & ~31), qd + (at + i) / 32);
+    if (mixed) {
+        float* win = states + (u64)seq_slot[blockIdx.x] * slot_floats + win_off;
+        const float* row = mixed + (u64)blockIdx.x * ch;
+        for (int c = blockIdx.y * blockDim.x + i; c < ch; c += gridDim.y * blockDim.x) {
+            for (int k = 0; k < K - 2; k++) win[(u64)k * ch + c] = win[(u64)(k + 1) * ch + c];
+            win[(u64)(K - 2) * ch + c] = row[c];
+        }
+    }
 }
