@@ -540,20 +540,42 @@ CHUNKED_KERNEL(128)
 // after its outputs. grid (T, nv), blockDim = dv rounded up to 32.
 extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, int dv, float eps, i8* q,
                                       float2* qd, const float* mixed, int ch, int K, float* states,
-                                      u64 slot_floats, u64 win_off, const int* seq_slot) { GRID_DEP();
-    u64 at = ((u64)blockIdx.x * gridDim.y + blockIdx.y) * dv;
+                                      u64 slot_floats, u64 win_off, const int* seq_slot) {
     int i = threadIdx.x;
+    const float wi = i < dv ? w[i] : 0.f;  // a weight: loaded before the wait
+    GRID_DEP();
+    u64 at = ((u64)blockIdx.x * gridDim.y + blockIdx.y) * dv;
     float v = i < dv ? x[at + i] : 0.f;
+    float zi = i < dv ? z[at + i] : 0.f;
     float ss = block_sum(v * v);
-    float o = i < dv ? v * rsqrtf(ss / (float)dv + eps) * w[i] * silu(z[at + i]) : 0.f;
+    float o = i < dv ? v * rsqrtf(ss / (float)dv + eps) * wi * silu(zi) : 0.f;
     if (i < dv) x[at + i] = o;
     if (q) quant32(o, q + at + (i & ~31), qd + (at + i) / 32);
     if (mixed) {
+        // a thread's channels c, c + stride, ..: every load of a group before its stores (they
+        // may alias for all the compiler knows, and would each wait a round trip)
+        constexpr int G = 4;
         float* win = states + (u64)seq_slot[blockIdx.x] * slot_floats + win_off;
         const float* row = mixed + (u64)blockIdx.x * ch;
-        for (int c = blockIdx.y * blockDim.x + i; c < ch; c += gridDim.y * blockDim.x) {
-            for (int k = 0; k < K - 2; k++) win[(u64)k * ch + c] = win[(u64)(k + 1) * ch + c];
-            win[(u64)(K - 2) * ch + c] = row[c];
+        const int stride = gridDim.y * blockDim.x;
+        for (int c0 = blockIdx.y * blockDim.x + i; c0 < ch; c0 += G * stride) {
+            float h[G][CONV_MAXK - 1];
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const int c = c0 + g * stride;
+#pragma unroll
+                for (int k = 0; k < CONV_MAXK - 1; k++) {
+                    if (c < ch && k < K - 2) h[g][k] = win[(u64)(k + 1) * ch + c];
+                    if (c < ch && k == K - 2) h[g][k] = row[c];
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const int c = c0 + g * stride;
+#pragma unroll
+                for (int k = 0; k < CONV_MAXK - 1; k++)
+                    if (c < ch && k < K - 1) win[(u64)k * ch + c] = h[g][k];
+            }
         }
     }
 }

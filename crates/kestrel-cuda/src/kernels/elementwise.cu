@@ -6,29 +6,44 @@
 // p*8 + warp, p*8 + warp + 8*parts, ... of row r: out = x / rms(x) * w, and the int8 blocks of
 // `out` when q is not null (n a multiple of 32). Every block sums the squares of the whole row
 // itself (a few KB from L2), so a decode step's norm is many blocks, not one. `out` may be `x`
-// only with one part.
+// only with one part. A decode norm is latency: the weights of the warp's first chunk are
+// loaded before the wait on the previous kernel, and after it the row's loads go out at once
+// (16-byte loads, four in flight a thread, with the first chunk's inputs), one round trip.
 extern "C" __global__ void __launch_bounds__(256) rms_norm_q(const float* x, const float* w, float* out,
-                                                             i8* q, float2* qd, int n, float eps) { GRID_DEP();
+                                                             i8* q, float2* qd, int n, float eps) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int first = (blockIdx.y * 8 + warp) * 32;
+    const float w0 = first + lane < n ? w[first + lane] : 0.f;
+    GRID_DEP();
     const float* xr = x + (u64)blockIdx.x * n;
-    // four independent loads in flight per thread (a loop of one load at a time waits one L2
-    // round trip per element: 8 us for a 4096-wide row)
+    const float x0 = first + lane < n ? xr[first + lane] : 0.f;
     float s4[4] = {0.f, 0.f, 0.f, 0.f};
     int i = threadIdx.x;
-    for (; i + 3 * (int)blockDim.x < n; i += 4 * blockDim.x) {
-        float v[4];
+    if ((n & 3) == 0) {
+        const float4* x4 = (const float4*)xr;
+        const int n4 = n / 4;
+        for (; i + 3 * (int)blockDim.x < n4; i += 4 * blockDim.x) {
+            float4 v[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = xr[i + j * blockDim.x];
+            for (int j = 0; j < 4; j++) v[j] = x4[i + j * blockDim.x];
 #pragma unroll
-        for (int j = 0; j < 4; j++) s4[j] += v[j] * v[j];
+            for (int j = 0; j < 4; j++) s4[j] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        }
+        for (; i < n4; i += blockDim.x) {
+            float4 v = x4[i];
+            s4[0] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (; i < n; i += blockDim.x) s4[0] += xr[i] * xr[i];
     }
-    for (; i < n; i += blockDim.x) s4[0] += xr[i] * xr[i];
     float ss = block_sum((s4[0] + s4[1]) + (s4[2] + s4[3]));
     float scale = rsqrtf(ss / (float)n + eps);
     float* orow = out + (u64)blockIdx.x * n;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
+    for (int base = first; base < n; base += gridDim.y * 256) {
         int i = base + lane;
-        float v = i < n ? xr[i] * scale * w[i] : 0.f;
+        float xi = base == first ? x0 : i < n ? xr[i] : 0.f;
+        float wi = base == first ? w0 : i < n ? w[i] : 0.f;
+        float v = i < n ? xi * scale * wi : 0.f;
         if (i < n) orow[i] = v;
         if (q != nullptr) quant32(v, q + (u64)blockIdx.x * n + base, qd + (u64)blockIdx.x * (n / 32) + base / 32);
     }
