@@ -40,187 +40,7 @@ impl CudaModel {
         let s = &self.scratch;
         (s.seq_t0.ptr, s.seq_len.ptr, s.seq_slot.ptr)
     }
-
-    /// Whether this step's DeltaNet convolution folds into the rule kernel (`delta_step`):
-    /// decode steps (one token per sequence, in sequence order) of a four-tap convolution,
-    /// unless `KESTREL_CUDA_FOLD_CONV=0` (A/B figures).
-    fn fused_step(&self) -> Result<bool> {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let h = self.hybrid_cfg()?;
-        Ok(self.step.t == self.step.n_seqs
-            && h.conv_kernel == STEP_TAPS
-            && !chunked_rule(self.step.t, self.step.n_seqs)
-            && crate::ops::switch_on(&ON, "KESTREL_CUDA_FOLD_CONV"))
-    }
-
-    /// Launches what was deferred and no fused kernel took: a convolution, or the window
-    /// slide after `delta_step` (`conv_window`: for one token a sequence, the same slide).
-    pub(crate) fn flush_conv(&mut self) -> Result<()> {
-        if let Some(d) = self.step.conv.take() {
-            self.launch_conv(d.layer, d.x, d.out)?;
-        }
-        if let Some(d) = self.step.slide.take() {
-            self.launch_window(d.layer, d.x)?;
-        }
-        Ok(())
-    }
-
-    /// The convolution of layer `layer` over x into out (`conv_silu_par` then `conv_window` in
-    /// prompt steps, `conv_silu_seq` in decode steps).
-    fn launch_conv(&mut self, layer: usize, x: Buf, out: Buf) -> Result<()> {
-        let h = self.hybrid_cfg()?;
-        let (xp, ch) = self.buf(x);
-        let (op, _) = self.buf(out);
-        let taps = self.vector(W::Layer(layer, Param::SsmConv))?;
-        let (chi, k) = (ch as i32, h.conv_kernel as i32);
-        let (states, slot_floats) = (self.state.buf.ptr, self.state.slot_floats as u64);
-        let off = self.state_offset(layer)?;
-        let (t0, len, slot) = self.seq_args();
-        let (n_seqs, blocks) = (self.step.n_seqs as u32, ch.div_ceil(256) as u32);
-        // prompt steps: one thread per channel and run of 16 tokens, then the window slides;
-        // decode steps: one thread per channel over its sequence's few tokens
-        let prompt = prompt_step(self.step.t, self.step.n_seqs);
-        let f = self.gpu.func(if prompt {
-            "conv_silu_par"
-        } else {
-            "conv_silu_seq"
-        })?;
-        let runs = if prompt {
-            self.step.t.div_ceil(16) as u32
-        } else {
-            1
-        };
-        // SAFETY: arguments match the kernel's signature; buffers are sized for this step;
-        // every sequence's slot was checked against n_slots.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&xp)
-                .arg(&op)
-                .arg(&taps)
-                .arg(&chi)
-                .arg(&k)
-                .arg(&states)
-                .arg(&slot_floats)
-                .arg(&off)
-                .arg(&t0)
-                .arg(&len)
-                .arg(&slot)
-                .launch(cfg((n_seqs, blocks, runs), 256))?;
-        }
-        if prompt {
-            // launched after the outputs, which read the old window
-            self.launch_window(layer, x)?;
-        }
-        self.wrote(out);
-        Ok(())
-    }
-
-    /// Slides layer `layer`'s window of every sequence to its last inputs in x (`conv_window`).
-    fn launch_window(&mut self, layer: usize, x: Buf) -> Result<()> {
-        let h = self.hybrid_cfg()?;
-        let (xp, ch) = self.buf(x);
-        let (chi, k) = (ch as i32, h.conv_kernel as i32);
-        let (states, slot_floats) = (self.state.buf.ptr, self.state.slot_floats as u64);
-        let off = self.state_offset(layer)?;
-        let (t0, len, slot) = self.seq_args();
-        let w = self.gpu.func("conv_window")?;
-        // SAFETY: as in launch_conv.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&w)
-                .arg(&xp)
-                .arg(&chi)
-                .arg(&k)
-                .arg(&states)
-                .arg(&slot_floats)
-                .arg(&off)
-                .arg(&t0)
-                .arg(&len)
-                .arg(&slot)
-                .launch(cfg(
-                    (self.step.n_seqs as u32, ch.div_ceil(256) as u32, 1),
-                    256,
-                ))?;
-        }
-        Ok(())
-    }
-
-    /// `delta_step`: the rule of a decode step with the deferred convolution `d` folded in;
-    /// its window slide is left to the gated norm that follows.
-    fn launch_step(&mut self, d: DeferredConv, alpha: Buf, beta: Buf, out: Buf) -> Result<()> {
-        let h = self.hybrid_cfg()?;
-        let (xp, ch) = self.buf(d.x);
-        let (ap, _) = self.buf(alpha);
-        let (bp, _) = self.buf(beta);
-        let (op, _) = self.buf(out);
-        let taps = self.vector(W::Layer(d.layer, Param::SsmConv))?;
-        let a = self.vector(W::Layer(d.layer, Param::SsmA))?;
-        let dt = self.vector(W::Layer(d.layer, Param::SsmDtBias))?;
-        let (chi, nk, nv, dv) = (
-            ch as i32,
-            h.n_k_heads as i32,
-            h.n_v_heads as i32,
-            h.head_v_dim as i32,
-        );
-        let key_dim = h.key_dim() as i32;
-        let tiled = (h.grouping == HeadGrouping::Tiled) as i32;
-        let (states, slot_floats) = (self.state.buf.ptr, self.state.slot_floats as u64);
-        let win_off = self.state_offset(d.layer)?;
-        let off = win_off + self.state.conv_floats as u64;
-        let (t0, _, slot) = self.seq_args();
-        let f = self.gpu.func(&format!("delta_step_{}", h.head_k_dim))?;
-        // SAFETY: as in launch_conv.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&xp)
-                .arg(&chi)
-                .arg(&key_dim)
-                .arg(&taps)
-                .arg(&win_off)
-                .arg(&ap)
-                .arg(&bp)
-                .arg(&a)
-                .arg(&dt)
-                .arg(&nv)
-                .arg(&nk)
-                .arg(&dv)
-                .arg(&tiled)
-                .arg(&op)
-                .arg(&states)
-                .arg(&slot_floats)
-                .arg(&off)
-                .arg(&t0)
-                .arg(&slot)
-                .launch(cfg(
-                    (
-                        self.step.n_seqs as u32,
-                        h.n_v_heads as u32,
-                        h.head_v_dim.div_ceil(32) as u32,
-                    ),
-                    128,
-                ))?;
-        }
-        self.step.slide = Some(d);
-        self.wrote(out);
-        Ok(())
-    }
 }
-
-/// The convolution of DeltaNet layer `layer` over `x` into `out`, left for a fused kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeferredConv {
-    pub layer: usize,
-    pub x: Buf,
-    pub out: Buf,
-}
-
-/// Taps of the convolution `delta_step` folds in (`STEP_TAPS` in kernels/deltanet.cu).
-const STEP_TAPS: usize = 4;
 
 impl HybridOps for CudaModel {
     fn mul_sigmoid(&mut self, x: Buf, gate: Buf) -> Result<()> {
@@ -251,12 +71,67 @@ impl HybridOps for CudaModel {
 
     fn conv_silu(&mut self, layer: usize, x: Buf, out: Buf) -> Result<()> {
         self.flush()?;
-        if self.fused_step()? {
-            // the rule kernel computes it (delta_step); flush() launches it if nothing does
-            self.step.conv = Some(DeferredConv { layer, x, out });
-            return Ok(());
+        let h = self.hybrid_cfg()?;
+        let (xp, ch) = self.buf(x);
+        let (op, _) = self.buf(out);
+        let taps = self.vector(W::Layer(layer, Param::SsmConv))?;
+        let (chi, k) = (ch as i32, h.conv_kernel as i32);
+        let (states, slot_floats) = (self.state.buf.ptr, self.state.slot_floats as u64);
+        let off = self.state_offset(layer)?;
+        let (t0, len, slot) = self.seq_args();
+        let (n_seqs, blocks) = (self.step.n_seqs as u32, ch.div_ceil(256) as u32);
+        // prompt steps: one thread per channel and run of 16 tokens, then the window slides;
+        // decode steps: one thread per channel over its sequence's few tokens
+        let prompt = prompt_step(self.step.t, self.step.n_seqs);
+        let f = self.gpu.func(if prompt {
+            "conv_silu_par"
+        } else {
+            "conv_silu_seq"
+        })?;
+        let runs = if prompt {
+            self.step.t.div_ceil(16) as u32
+        } else {
+            1
+        };
+        // SAFETY: as in mul_sigmoid; every sequence's slot was checked against n_slots.
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&xp)
+                .arg(&op)
+                .arg(&taps)
+                .arg(&chi)
+                .arg(&k)
+                .arg(&states)
+                .arg(&slot_floats)
+                .arg(&off)
+                .arg(&t0)
+                .arg(&len)
+                .arg(&slot)
+                .launch(cfg((n_seqs, blocks, runs), 256))?;
         }
-        self.launch_conv(layer, x, out)
+        if prompt {
+            let w = self.gpu.func("conv_window")?;
+            // SAFETY: as above; launched after the outputs, which read the old window.
+            unsafe {
+                self.gpu
+                    .stream
+                    .launch_builder(&w)
+                    .arg(&xp)
+                    .arg(&chi)
+                    .arg(&k)
+                    .arg(&states)
+                    .arg(&slot_floats)
+                    .arg(&off)
+                    .arg(&t0)
+                    .arg(&len)
+                    .arg(&slot)
+                    .launch(cfg((n_seqs, blocks, 1), 256))?;
+            }
+        }
+        self.wrote(out);
+        Ok(())
     }
 
     fn delta_rule(
@@ -267,14 +142,7 @@ impl HybridOps for CudaModel {
         beta: Buf,
         out: Buf,
     ) -> Result<()> {
-        let folded = self
-            .step
-            .conv
-            .take_if(|d| d.layer == layer && d.out == conv);
         self.flush()?;
-        if let Some(d) = folded {
-            return self.launch_step(d, alpha, beta, out);
-        }
         let h = self.hybrid_cfg()?;
         let (cp, ch) = self.buf(conv);
         let (ap, _) = self.buf(alpha);
@@ -340,25 +208,8 @@ impl HybridOps for CudaModel {
     }
 
     fn gated_norm(&mut self, x: Buf, z: Buf, w: W) -> Result<()> {
-        let slide = self.step.slide.take();
         self.flush()?;
         let h = self.hybrid_cfg()?;
-        // after delta_step, this kernel also slides the convolution's window
-        let (mixed, ch, k, win_off, slot) = match slide {
-            Some(d) => {
-                let (mp, ch) = self.buf(d.x);
-                let off = self.state_offset(d.layer)?;
-                (
-                    mp,
-                    ch as i32,
-                    h.conv_kernel as i32,
-                    off,
-                    self.scratch.seq_slot.ptr,
-                )
-            }
-            None => (0, 0, 0, 0, 0),
-        };
-        let (states, slot_floats) = (self.state.buf.ptr, self.state.slot_floats as u64);
         let (xp, _) = self.buf(x);
         let (zp, _) = self.buf(z);
         let wp = self.vector(w)?;
@@ -382,13 +233,6 @@ impl HybridOps for CudaModel {
                 .arg(&eps)
                 .arg(&q)
                 .arg(&qd)
-                .arg(&mixed)
-                .arg(&ch)
-                .arg(&k)
-                .arg(&states)
-                .arg(&slot_floats)
-                .arg(&win_off)
-                .arg(&slot)
                 .launch(cfg((self.step.t as u32, h.n_v_heads as u32, 1), block))?;
         }
         self.wrote(x);

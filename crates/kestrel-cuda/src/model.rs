@@ -226,10 +226,6 @@ pub struct StepState {
     /// Mat-vecs deferred to run as one launch, and their shared input.
     pub mm: Vec<(kestrel_models::backend::W, Buf)>,
     pub mm_x: Option<Buf>,
-    /// A decode step's DeltaNet convolution left to the rule kernel (`delta_step`), and then
-    /// the window slide left to the gated norm (`hybrid_ops.rs`).
-    pub conv: Option<crate::hybrid_ops::DeferredConv>,
-    pub slide: Option<crate::hybrid_ops::DeferredConv>,
 }
 
 /// One sequence's share of a step (as the engine's `SeqStep`).

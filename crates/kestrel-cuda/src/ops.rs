@@ -247,12 +247,10 @@ impl CudaModel {
         }
     }
 
-    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue, then a
-    /// DeltaNet convolution or window slide that no fused kernel took.
+    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue.
     pub(crate) fn flush(&mut self) -> Result<()> {
         self.flush_mm()?;
-        self.flush_epilogue()?;
-        self.flush_conv()
+        self.flush_epilogue()
     }
 
     /// Runs the recorded q/k/v epilogue, if any.

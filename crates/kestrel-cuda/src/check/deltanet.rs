@@ -87,9 +87,6 @@ struct RuleStep {
     states: u64,
     seq: (u64, u64, u64),
     n_seqs: usize,
-    /// Floats per slot, and where the state begins in one.
-    slot_floats: u64,
-    state_off: u64,
 }
 
 /// Launches `kernel` ("delta_rule" or "delta_chunked") over `step` as hybrid_ops.rs does.
@@ -104,6 +101,7 @@ fn launch_rule(gpu: &mut Gpu, kernel: &str, h: &Heads, step: &RuleStep) -> Resul
         h.dv as i32,
         h.tiled as i32,
     );
+    let (slot_floats, layer_off) = ((h.nv * h.dk * h.dv) as u64, 0u64);
     let threads = if kernel == "delta_rule" { 128 } else { 256 };
     let (t0, len, slot) = step.seq;
     // SAFETY: the caller sizes every buffer for the step it describes, slots 0..n_seqs.
@@ -123,8 +121,8 @@ fn launch_rule(gpu: &mut Gpu, kernel: &str, h: &Heads, step: &RuleStep) -> Resul
             .arg(&tiled)
             .arg(&step.out)
             .arg(&step.states)
-            .arg(&step.slot_floats)
-            .arg(&step.state_off)
+            .arg(&slot_floats)
+            .arg(&layer_off)
             .arg(&t0)
             .arg(&len)
             .arg(&slot)
@@ -175,8 +173,6 @@ pub fn perf_delta_rule(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64,
                 states: states.ptr,
                 seq: (d_t0.ptr, d_len.ptr, d_slot.ptr),
                 n_seqs,
-                slot_floats: per_slot as u64,
-                state_off: 0,
             };
             let us = time_us(gpu, 3, 50, true, |gpu, _| {
                 launch_rule(gpu, "delta_rule", &h, &step)
@@ -192,10 +188,8 @@ pub fn perf_delta_rule(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64,
     Ok(res)
 }
 
-/// The head layouts the rule kernels are checked on: both groupings, head sizes 16-128, a value
-/// head size that is not a multiple of 32.
-fn layouts() -> [Heads; 4] {
-    [
+pub fn check_deltanet(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
+    let layouts = [
         Heads {
             nk: 2,
             nv: 4,
@@ -224,15 +218,12 @@ fn layouts() -> [Heads; 4] {
             dv: 48,
             tiled: false,
         },
-    ]
-}
-
-pub fn check_deltanet(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
+    ];
     // (first token, tokens) of each sequence: chunks of 16 with a partial last one, a lone
     // token, a sequence shorter than a chunk
     let seqs = [(0usize, 37usize), (37, 1), (38, 100), (138, 5)];
     let t: usize = seqs.iter().map(|s| s.1).sum();
-    for h in &layouts() {
+    for h in &layouts {
         let key_dim = h.nk * h.dk;
         let ch = 2 * key_dim + h.nv * h.dv;
         let per_slot = h.nv * h.dk * h.dv;
@@ -277,8 +268,6 @@ pub fn check_deltanet(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -
                 states: d_state.ptr,
                 seq: (d_t0.ptr, d_len.ptr, d_slot.ptr),
                 n_seqs: seqs.len(),
-                slot_floats: per_slot as u64,
-                state_off: 0,
             };
             launch_rule(gpu, kernel, h, &step)?;
             let got = gpu.read_f32(d_out.ptr, t * h.nv * h.dv)?;
@@ -302,189 +291,6 @@ pub fn check_deltanet(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -
                 tol: 1e-4,
             });
         }
-    }
-    Ok(())
-}
-
-/// Launches `gated_norm` over `t` tokens of `h`'s value heads in place on `x` (no 8-bit copy),
-/// with `slide` = (projection, ch, slot floats, slots) also sliding each token's window (slot
-/// part at 0, three rows), as hybrid_ops.rs does after `delta_step`.
-fn launch_gated_norm(
-    gpu: &mut Gpu,
-    h: &Heads,
-    t: usize,
-    (x, z, w): (u64, u64, u64),
-    slide: Option<(u64, usize, u64, u64, u64)>,
-) -> Result<()> {
-    let f = gpu.func("gated_norm")?;
-    let (dv, eps, null) = (h.dv as i32, 1e-6f32, 0u64);
-    let (mixed, ch, states, slot_floats, slots) = slide.unwrap_or((0, 0, 0, 0, 0));
-    let (ch, k, win_off) = (ch as i32, 4i32, 0u64);
-    // SAFETY: the caller sizes x and z [t, nv * dv], w [dv], and the slide's buffers.
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(&x)
-            .arg(&z)
-            .arg(&w)
-            .arg(&dv)
-            .arg(&eps)
-            .arg(&null)
-            .arg(&null)
-            .arg(&mixed)
-            .arg(&ch)
-            .arg(&k)
-            .arg(&states)
-            .arg(&slot_floats)
-            .arg(&win_off)
-            .arg(&slots)
-            .launch(cfg(
-                (t as u32, h.nv as u32, 1),
-                h.dv.div_ceil(32) as u32 * 32,
-            ))?;
-    }
-    Ok(())
-}
-
-/// A decode step through `delta_step` (the convolution folded into the rule, the window slid by
-/// the gated norm after it) against conv_silu_seq, delta_rule and gated_norm in turn: five
-/// sequences of one token in slots out of order, each slot a four-tap window then the state.
-/// Same sums in the same order, so the outputs, states and windows agree to rounding.
-pub fn check_delta_step(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
-    let slots: [i32; 5] = [3, 0, 4, 1, 2];
-    let n = slots.len();
-    for h in &layouts() {
-        let key_dim = h.nk * h.dk;
-        let ch = 2 * key_dim + h.nv * h.dv;
-        let win = 3 * ch;
-        let slot_floats = win + h.nv * h.dk * h.dv;
-        let x = rng.vec(n * ch, 1.0);
-        let taps = rng.vec(4 * ch, 0.5);
-        let alpha = rng.vec(n * h.nv, 2.0);
-        let beta = rng.vec(n * h.nv, 2.0);
-        let a_log: Vec<f32> = rng
-            .vec(h.nv, 1.0)
-            .iter()
-            .map(|v| -(v.abs() + 0.1))
-            .collect();
-        let dt = rng.vec(h.nv, 0.5);
-        let z = rng.vec(n * h.nv * h.dv, 1.0);
-        let w = rng.vec(h.dv, 1.0);
-        let states0 = rng.vec(n * slot_floats, 0.5);
-        let d = (
-            gpu.upload_f32(&x)?,
-            gpu.upload_f32(&taps)?,
-            gpu.upload_f32(&alpha)?,
-            gpu.upload_f32(&beta)?,
-            gpu.upload_f32(&a_log)?,
-            gpu.upload_f32(&dt)?,
-            gpu.upload_f32(&z)?,
-            gpu.upload_f32(&w)?,
-        );
-        let (d_x, d_taps, d_alpha, d_beta, d_a, d_dt, d_z, d_w) = d;
-        let t0: Vec<i32> = (0..n as i32).collect();
-        let (d_t0, d_len, d_slot) = (
-            gpu.upload(&bytes_i32(&t0))?,
-            gpu.upload(&bytes_i32(&vec![1; n]))?,
-            gpu.upload(&bytes_i32(&slots))?,
-        );
-        let mut results = Vec::new();
-        for fused in [false, true] {
-            let states = gpu.upload_f32(&states0)?;
-            let o = gpu.alloc(n * h.nv * h.dv * 4)?;
-            let (chi, kd) = (ch as i32, key_dim as i32);
-            let (sf, state_off) = (slot_floats as u64, win as u64);
-            if fused {
-                let f = gpu.func(&format!("delta_step_{}", h.dk))?;
-                let (nv, nk, dv, tiled, win_off) =
-                    (h.nv as i32, h.nk as i32, h.dv as i32, h.tiled as i32, 0u64);
-                // SAFETY: buffers sized above for n sequences in n slots of slot_floats.
-                unsafe {
-                    gpu.stream
-                        .launch_builder(&f)
-                        .arg(&d_x.ptr)
-                        .arg(&chi)
-                        .arg(&kd)
-                        .arg(&d_taps.ptr)
-                        .arg(&win_off)
-                        .arg(&d_alpha.ptr)
-                        .arg(&d_beta.ptr)
-                        .arg(&d_a.ptr)
-                        .arg(&d_dt.ptr)
-                        .arg(&nv)
-                        .arg(&nk)
-                        .arg(&dv)
-                        .arg(&tiled)
-                        .arg(&o.ptr)
-                        .arg(&states.ptr)
-                        .arg(&sf)
-                        .arg(&state_off)
-                        .arg(&d_t0.ptr)
-                        .arg(&d_slot.ptr)
-                        .launch(cfg((n as u32, h.nv as u32, h.dv.div_ceil(32) as u32), 128))?;
-                }
-                let slide = Some((d_x.ptr, ch, states.ptr, sf, d_slot.ptr));
-                launch_gated_norm(gpu, h, n, (o.ptr, d_z.ptr, d_w.ptr), slide)?;
-            } else {
-                let conv = gpu.alloc(n * ch * 4)?;
-                let f = gpu.func("conv_silu_seq")?;
-                let (k, win_off) = (4i32, 0u64);
-                // SAFETY: as above.
-                unsafe {
-                    gpu.stream
-                        .launch_builder(&f)
-                        .arg(&d_x.ptr)
-                        .arg(&conv.ptr)
-                        .arg(&d_taps.ptr)
-                        .arg(&chi)
-                        .arg(&k)
-                        .arg(&states.ptr)
-                        .arg(&sf)
-                        .arg(&win_off)
-                        .arg(&d_t0.ptr)
-                        .arg(&d_len.ptr)
-                        .arg(&d_slot.ptr)
-                        .launch(cfg((n as u32, ch.div_ceil(256) as u32, 1), 256))?;
-                }
-                let step = RuleStep {
-                    conv: conv.ptr,
-                    alpha: d_alpha.ptr,
-                    beta: d_beta.ptr,
-                    a_log: d_a.ptr,
-                    dt: d_dt.ptr,
-                    out: o.ptr,
-                    states: states.ptr,
-                    seq: (d_t0.ptr, d_len.ptr, d_slot.ptr),
-                    n_seqs: n,
-                    slot_floats: sf,
-                    state_off,
-                };
-                launch_rule(gpu, "delta_rule", h, &step)?;
-                launch_gated_norm(gpu, h, n, (o.ptr, d_z.ptr, d_w.ptr), None)?;
-            }
-            results.push((
-                gpu.read_f32(o.ptr, n * h.nv * h.dv)?,
-                gpu.read_f32(states.ptr, n * slot_floats)?,
-            ));
-        }
-        let what = format!(
-            "delta_step_{} {}/{} heads ({}), dv {}, {n} one-token sequences",
-            h.dk,
-            h.nk,
-            h.nv,
-            if h.tiled { "tiled" } else { "grouped" },
-            h.dv
-        );
-        out.push(CaseResult {
-            op: format!("{what}: gated-norm outputs against conv + rule + norm"),
-            err: rel_err(&results[1].0, &results[0].0),
-            tol: 1e-6,
-        });
-        out.push(CaseResult {
-            op: format!("{what}: windows and states"),
-            err: rel_err(&results[1].1, &results[0].1),
-            tol: 1e-6,
-        });
     }
     Ok(())
 }

@@ -15,7 +15,7 @@ use crate::error::{CudaError, Result};
 use crate::weights::Kind;
 pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
-pub use deltanet::{check_delta_step, check_deltanet, perf_delta_rule};
+pub use deltanet::{check_deltanet, perf_delta_rule};
 use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
 pub use mmq::{check_mmq, check_mmq_group, perf_mmq};
@@ -199,7 +199,6 @@ pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
     check_attention(gpu, &mut rng, &mut out)?;
     check_flash(gpu, &mut rng, &mut out)?;
     check_deltanet(gpu, &mut rng, &mut out)?;
-    check_delta_step(gpu, &mut rng, &mut out)?;
     check_gemm_embed(gpu, &mut rng, &mut out)?;
     Ok(out)
 }

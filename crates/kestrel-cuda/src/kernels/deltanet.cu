@@ -280,97 +280,6 @@ RULE_KERNEL(32)
 RULE_KERNEL(64)
 RULE_KERNEL(128)
 
-// Decode steps (one token per sequence) with the convolution folded in: delta_rule's work on
-// conv_silu_seq's outputs, which this kernel computes itself from the projection x [T, ch], the
-// taps and the slot's window (layer part at win_off; conv kernel of 4 taps): warp 0 the q of the
-// value head's key head, warp 1 its k, warp 2 the block's 32 columns of v, warp 3 the decay and
-// gate. Same sums in the same order as the two kernels. The window is left as it was (blocks of
-// other heads read the same q / k channels): gated_norm slides it, a kernel later. grid
-// (n_seqs, nv, ceil(dv / RULE_COLS)), RULE_THREADS threads.
-#define STEP_TAPS 4
-template <int DK>
-__device__ __forceinline__ void delta_step(const float* x, int ch, int key_dim, const float* taps, u64 win_off,
-                                           const float* alpha, const float* beta, const float* A,
-                                           const float* dt_bias, int nv, int nk, int dv, int tiled, float* out,
-                                           float* states, u64 slot_floats, u64 layer_off, const int* seq_t0,
-                                           const int* seq_slot) {
-    constexpr int PER = (DK + 31) / 32, RPL = DK / 4, KC = STEP_TAPS;
-    __shared__ float qs[DK], ks[DK], vs[RULE_COLS], gates[2];
-    const int s = blockIdx.x, vh = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int c = warp * 8 + (lane >> 2), quarter = lane & 3, j = blockIdx.z * RULE_COLS + c;
-    const int kh = tiled ? vh % nk : vh / (nv / nk);
-    const u64 slot = (u64)seq_slot[s] * slot_floats;
-    float* S = states + slot + layer_off + (u64)vh * DK * dv;
-    const float* win = states + slot + win_off;
-    const bool act = j < dv;
-    float col[RPL];
-#pragma unroll
-    for (int e = 0; e < RPL; e++) col[e] = act ? S[(u64)(4 * e + quarter) * dv + j] : 0.f;
-    // this warp's channels, their window and taps (none comes from the previous kernel)
-    int chan[PER];
-    bool has[PER];
-    float h[PER][KC - 1], w[PER][KC];
-#pragma unroll
-    for (int e = 0; e < PER; e++) {
-        const int r = lane + 32 * e, vj = blockIdx.z * RULE_COLS + lane;
-        has[e] = warp == 0 || warp == 1 ? r < DK : warp == 2 && e == 0 && vj < dv;
-        chan[e] = warp == 0 ? kh * DK + r : warp == 1 ? key_dim + kh * DK + r : 2 * key_dim + vh * dv + vj;
-#pragma unroll
-        for (int k = 0; k < KC - 1; k++) h[e][k] = has[e] ? win[(u64)k * ch + chan[e]] : 0.f;
-#pragma unroll
-        for (int k = 0; k < KC; k++) w[e][k] = has[e] ? taps[(u64)k * ch + chan[e]] : 0.f;
-    }
-    GRID_DEP();
-    const u64 row = (u64)seq_t0[s];
-    float y[PER];
-    float sq = 0.f;
-#pragma unroll
-    for (int e = 0; e < PER; e++) {
-        float acc = 0.f;
-        if (has[e]) {
-            const float xi = x[row * ch + chan[e]];
-#pragma unroll
-            for (int k = 0; k < KC - 1; k++) acc += w[e][k] * h[e][k];
-            acc += w[e][KC - 1] * xi;
-        }
-        y[e] = has[e] ? silu(acc) : 0.f;
-        sq += y[e] * y[e];
-    }
-    if (warp < 2) {
-        const float inv = (warp == 0 ? rsqrtf((float)DK) : 1.f) / sqrtf(warp_sum(sq) + 1e-6f);
-        float* dst = warp == 0 ? qs : ks;
-#pragma unroll
-        for (int e = 0; e < PER; e++)
-            if (lane + 32 * e < DK) dst[lane + 32 * e] = y[e] * inv;
-    } else if (warp == 2) {
-        vs[lane] = y[0];
-    } else if (lane == 0) {
-        const u64 at = row * nv + vh;
-        gates[0] = expf(log_decay(alpha, dt_bias, A, at, vh));
-        gates[1] = update_gate(beta, at);
-    }
-    __syncthreads();
-    const float o = rule_token<RPL>(col, ks + quarter, qs + quarter, gates[0], gates[1], vs[c]);
-    if (act) {
-        if (quarter == 0) out[row * nv * dv + vh * dv + j] = o;
-#pragma unroll
-        for (int e = 0; e < RPL; e++) S[(u64)(4 * e + quarter) * dv + j] = col[e];
-    }
-}
-
-#define STEP_KERNEL(DK)                                                                                   \
-    extern "C" __global__ void __launch_bounds__(RULE_THREADS) delta_step_##DK(                              \
-        const float* x, int ch, int key_dim, const float* taps, u64 win_off, const float* alpha,         \
-        const float* beta, const float* A, const float* dt_bias, int nv, int nk, int dv, int tiled,       \
-        float* out, float* states, u64 slot_floats, u64 layer_off, const int* seq_t0, const int* seq_slot) { \
-        delta_step<DK>(x, ch, key_dim, taps, win_off, alpha, beta, A, dt_bias, nv, nk, dv, tiled, out,   \
-                       states, slot_floats, layer_off, seq_t0, seq_slot);                                 \
-    }
-STEP_KERNEL(16)
-STEP_KERNEL(32)
-STEP_KERNEL(64)
-STEP_KERNEL(128)
-
 // Prompt steps: the same rule over chunks of DC tokens in the chunked (WY) form, as matrix work
 // instead of a token-by-token walk. With g_t the chunk's cumulative log-decays, D[t][s] =
 // e^(g_t - g_s) (s <= t), the state S [DK, dv] before the chunk and its normalized q, k rows:
@@ -534,13 +443,10 @@ CHUNKED_KERNEL(128)
 
 // Per (token, value head), in place: x = x / rms(x) * w * silu(z); with q, also the int8 blocks
 // of x (quantize_q's layout) for the output projection's mat-vec, which then needs no quantize
-// launch of its own (dv a multiple of 32: each warp one block). With mixed (after delta_step,
-// token t the one token of sequence t), the blocks of token t also slide its slot's window
-// (layer part at win_off, K - 1 rows of ch) by the projection's row: what conv_silu_seq does
-// after its outputs. grid (T, nv), blockDim = dv rounded up to 32.
+// launch of its own (dv a multiple of 32: each warp one block). grid (T, nv), blockDim = dv
+// rounded up to 32.
 extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, int dv, float eps, i8* q,
-                                      float2* qd, const float* mixed, int ch, int K, float* states,
-                                      u64 slot_floats, u64 win_off, const int* seq_slot) {
+                                      float2* qd) {
     int i = threadIdx.x;
     const float wi = i < dv ? w[i] : 0.f;  // a weight: loaded before the wait
     GRID_DEP();
@@ -551,31 +457,4 @@ extern "C" __global__ void gated_norm(float* x, const float* z, const float* w, 
     float o = i < dv ? v * rsqrtf(ss / (float)dv + eps) * wi * silu(zi) : 0.f;
     if (i < dv) x[at + i] = o;
     if (q) quant32(o, q + at + (i & ~31), qd + (at + i) / 32);
-    if (mixed) {
-        // a thread's channels c, c + stride, ..: every load of a group before its stores (they
-        // may alias for all the compiler knows, and would each wait a round trip)
-        constexpr int G = 4;
-        float* win = states + (u64)seq_slot[blockIdx.x] * slot_floats + win_off;
-        const float* row = mixed + (u64)blockIdx.x * ch;
-        const int stride = gridDim.y * blockDim.x;
-        for (int c0 = blockIdx.y * blockDim.x + i; c0 < ch; c0 += G * stride) {
-            float h[G][CONV_MAXK - 1];
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                const int c = c0 + g * stride;
-#pragma unroll
-                for (int k = 0; k < CONV_MAXK - 1; k++) {
-                    if (c < ch && k < K - 2) h[g][k] = win[(u64)(k + 1) * ch + c];
-                    if (c < ch && k == K - 2) h[g][k] = row[c];
-                }
-            }
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                const int c = c0 + g * stride;
-#pragma unroll
-                for (int k = 0; k < CONV_MAXK - 1; k++)
-                    if (c < ch && k < K - 1) win[(u64)k * ch + c] = h[g][k];
-            }
-        }
-    }
 }
