@@ -67,39 +67,51 @@ extern "C" __global__ void to_f16(const float* x, u16* out, u64 n) { GRID_DEP();
 // heads, then the V heads: + bias (if given), RMSNorm of the head (if a weight is given),
 // RoPE (q and k, if rope_dim > 0), then K and V go to the cache as f16 at row kv_row[t] and Q
 // back in place (K and V too, in place, when kc is null). blockDim = head_dim rounded up to 32.
+// The bias and norm weights, the position and its rotation, and the cache row never come from
+// the previous kernel: all before the wait, only q / k / v after it.
 extern "C" __global__ void qkv_epilogue(float* Q, float* K, float* V, int n_heads, int n_kv,
                                         int hd, const float* bq, const float* bk, const float* bv,
                                         const float* qn, const float* kn, float eps, const int* pos,
                                         int rope_dim, float theta_scale, int neox, u16* kc, u16* vc,
-                                        const int* kv_row) { GRID_DEP();
+                                        const int* kv_row) {
     __shared__ float s[256];
     int t = blockIdx.y, h = blockIdx.x, i = threadIdx.x;
     int kind = h < n_heads ? 0 : (h < n_heads + n_kv ? 1 : 2);
     int hh = kind == 0 ? h : (kind == 1 ? h - n_heads : h - n_heads - n_kv);
     int kv_dim = n_kv * hd;
+    const float* bias = kind == 0 ? bq : (kind == 1 ? bk : bv);
+    const float b = bias != nullptr && i < hd ? bias[hh * hd + i] : 0.f;
+    const float* nw = kind == 0 ? qn : (kind == 1 ? kn : nullptr);
+    const float wn = nw != nullptr && i < hd ? nw[i] : 0.f;
+    const bool rope = kind < 2 && rope_dim > 0;
+    const int half = rope_dim / 2;
+    int pair = 0;
+    bool first = true;
+    float c = 1.f, sn = 0.f;
+    if (rope && i < rope_dim) {
+        pair = neox ? (i < half ? i : i - half) : i / 2;
+        first = neox ? i < half : (i % 2 == 0);
+        // theta = pos * theta_scale^pair, by repeated f32 products as ggml (and the CPU) do
+        float theta = (float)pos[t];
+        for (int k = 0; k < pair; k++) theta *= theta_scale;
+        c = cosf(theta);
+        sn = sinf(theta);
+    }
+    const u64 row = kind > 0 && kc != nullptr ? (u64)kv_row[t] : 0;
+    GRID_DEP();
     const float* src = kind == 0 ? Q + (u64)t * n_heads * hd : (kind == 1 ? K : V) + (u64)t * kv_dim;
     src += hh * hd;
-    const float* bias = kind == 0 ? bq : (kind == 1 ? bk : bv);
-    float v = i < hd ? src[i] : 0.f;
-    if (bias != nullptr && i < hd) v += bias[hh * hd + i];
-    const float* nw = kind == 0 ? qn : (kind == 1 ? kn : nullptr);
+    float v = i < hd ? src[i] + b : 0.f;
     if (nw != nullptr) {
         float ss = block_sum(v * v);
-        if (i < hd) v = v * rsqrtf(ss / (float)hd + eps) * nw[i];
+        if (i < hd) v = v * rsqrtf(ss / (float)hd + eps) * wn;
     }
-    if (kind < 2 && rope_dim > 0) {
+    if (rope) {
         if (i < hd) s[i] = v;
         __syncthreads();
-        int half = rope_dim / 2;
         if (i < rope_dim) {
-            int pair = neox ? (i < half ? i : i - half) : i / 2;
-            bool first = neox ? i < half : (i % 2 == 0);
             float x0 = neox ? s[pair] : s[2 * pair];
             float x1 = neox ? s[pair + half] : s[2 * pair + 1];
-            // theta = pos * theta_scale^pair, by repeated f32 products as ggml (and the CPU) do
-            float theta = (float)pos[t];
-            for (int k = 0; k < pair; k++) theta *= theta_scale;
-            float c = cosf(theta), sn = sinf(theta);
             v = first ? fmaf(x0, c, -(x1 * sn)) : fmaf(x0, sn, x1 * c);
         }
     }
@@ -110,7 +122,7 @@ extern "C" __global__ void qkv_epilogue(float* Q, float* K, float* V, int n_head
         (kind == 1 ? K : V)[(u64)t * kv_dim + hh * hd + i] = v;
     } else {
         u16* cache = kind == 1 ? kc : vc;
-        cache[(u64)kv_row[t] * kv_dim + hh * hd + i] = f2h(v);
+        cache[row * kv_dim + hh * hd + i] = f2h(v);
     }
 }
 
