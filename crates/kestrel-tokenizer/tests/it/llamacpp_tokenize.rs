@@ -85,3 +85,53 @@ fn model_metadata_is_read_like_llamacpp() {
         assert!(!tok.is_eog(1));
     }
 }
+
+/// The qwen35 pre-tokenizer (Qwen3.5 files; combining marks join their letters) equals
+/// llama.cpp's: tokenize_qwen35.json holds the ids llama.cpp gave with the Qwen2.5-0.5B file's
+/// tokenizer under `tokenizer.ggml.pre = qwen35` (scripts/llamacpp_tokenize_qwen35.py) for
+/// accents (precomposed and combining), Vietnamese, Hindi, Tamil, Bengali, Arabic and Hebrew
+/// with their marks, code, numbers, emoji and whitespace.
+#[test]
+fn qwen35_pretokenizer_matches_llamacpp() {
+    let fx = fixture("tokenize_qwen35.json");
+    let path = crate::common::repo_root()
+        .join("models")
+        .join(fx["meta"]["model_file"].as_str().expect("model_file"));
+    if !path.exists() {
+        assert!(
+            std::env::var("KESTREL_REQUIRE_MODELS").map_or(true, |v| v != "1"),
+            "KESTREL_REQUIRE_MODELS=1 but {} is missing",
+            path.display()
+        );
+        eprintln!("note: skipping: {} not found", path.display());
+        return;
+    }
+    let file = kestrel_gguf::GgufFile::open(&path).expect("model opens");
+    let mut header = file.header.clone();
+    for (key, value) in header.metadata.iter_mut() {
+        if key == "tokenizer.ggml.pre" {
+            *value = kestrel_gguf::Value::String("qwen35".into());
+        }
+    }
+    let tok = kestrel_tokenizer::Tokenizer::from_gguf(&header).expect("tokenizer");
+    let stock = kestrel_tokenizer::Tokenizer::from_gguf(&file.header).expect("tokenizer");
+    let (mut failures, mut differ_from_qwen2) = (Vec::new(), 0);
+    for case in cases(&fx) {
+        let text = case["text"].as_str().expect("text");
+        let want = ids(&case["ids"]);
+        let got = tok.encode(text, false, false).expect("encode");
+        if got != want {
+            let at = first_diff(&got, &want);
+            failures.push(format!(
+                "{}: differs at {at}: got {:?} want {:?}",
+                case["name"],
+                &got[at..got.len().min(at + 6)],
+                &want[at..want.len().min(at + 6)]
+            ));
+        }
+        differ_from_qwen2 += (stock.encode(text, false, false).expect("encode") != want) as usize;
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // the fixture exercises what sets qwen35 apart (the Arabic and Hebrew marks)
+    assert!(differ_from_qwen2 > 0, "no case tells qwen35 from qwen2");
+}
