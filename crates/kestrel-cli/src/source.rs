@@ -40,22 +40,34 @@ fn matrix_shape(t: &kestrel_gguf::TensorInfo) -> (&str, GgmlType, usize, usize) 
     (t.name.as_str(), t.ggml_type, rows, cols)
 }
 
-/// [`matrix_shape`] as a draft holds the tensor, and whether that is a copy in [`DRAFT_TYPE`]:
-/// matrices stored in more bits whose rows divide into its blocks, but for an untied embedding
-/// (looked up a row at a time).
-fn draft_shape(t: &kestrel_gguf::TensorInfo, untied: bool) -> (&str, GgmlType, usize, usize, bool) {
-    let (name, ty, rows, cols) = matrix_shape(t);
-    let copied = t.dims.len() == 2
-        && !(untied && name == "token_embd.weight")
-        && kestrel_models::model::narrower(DRAFT_TYPE, ty)
-        && DRAFT_TYPE.bytes_for(cols as u64).is_some();
-    (
-        name,
-        if copied { DRAFT_TYPE } else { ty },
-        rows,
-        cols,
-        copied,
-    )
+/// A GGUF tensor as a draft holds it ([`ModelSource::into_draft`]).
+struct DraftTensor<'a> {
+    name: &'a str,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Held as a copy in [`DRAFT_TYPE`] (the stored matrix dropped once copied).
+    copied: bool,
+}
+
+impl<'a> DraftTensor<'a> {
+    /// Matrices stored in more bits than [`DRAFT_TYPE`] whose rows divide into its blocks are
+    /// copied, but for an untied embedding (looked up a row at a time).
+    fn of(t: &'a kestrel_gguf::TensorInfo, untied: bool) -> Self {
+        let (name, ty, rows, cols) = matrix_shape(t);
+        let copied = t.dims.len() == 2
+            && !(untied && name == "token_embd.weight")
+            && kestrel_models::model::narrower(DRAFT_TYPE, ty)
+            && DRAFT_TYPE.bytes_for(cols as u64).is_some();
+        let ty = if copied { DRAFT_TYPE } else { ty };
+        Self {
+            name,
+            ty,
+            rows,
+            cols,
+            copied,
+        }
+    }
 }
 
 impl ModelSource {
@@ -177,46 +189,25 @@ impl ModelSource {
         let Some(file) = self.gguf.as_ref().filter(|_| !keep) else {
             return self;
         };
-        let untied = file
-            .header
-            .tensors
-            .iter()
-            .any(|t| t.name == "output.weight");
-        let listed: Vec<_> = file
-            .header
-            .tensors
-            .iter()
-            .map(|t| draft_shape(t, untied))
-            .collect();
-        if !listed.iter().any(|t| t.4) {
+        let tensors = &file.header.tensors;
+        let untied = tensors.iter().any(|t| t.name == "output.weight");
+        let held: Vec<_> = tensors.iter().map(|t| DraftTensor::of(t, untied)).collect();
+        if !held.iter().any(|t| t.copied) {
             return self;
         }
         // as mapped, less the stored matrices that were copied (a tied embedding keeps its
         // rows), plus the copies and the repacked forms
-        let bytes = |(ty, rows, cols): (GgmlType, usize, usize)| {
-            ty.bytes_for(cols as u64).unwrap_or(0) * rows as u64
-        };
-        let (dropped, copies) = file
-            .header
-            .tensors
-            .iter()
-            .zip(&listed)
-            .filter(|(_, l)| l.4)
-            .fold((0, 0), |(d, c), (t, l)| {
-                let stored = if t.name == "token_embd.weight" {
-                    0
-                } else {
-                    t.n_bytes
-                };
-                (d + stored, c + bytes((l.1, l.2, l.3)))
-            });
+        let (mut dropped, mut copies) = (0, 0);
+        for (t, h) in tensors.iter().zip(&held).filter(|(_, h)| h.copied) {
+            if t.name != "token_embd.weight" {
+                dropped += t.n_bytes;
+            }
+            copies += h.ty.bytes_for(h.cols as u64).unwrap_or(0) * h.rows as u64;
+        }
+        let shapes = held.iter().map(|h| (h.name, h.ty, h.rows, h.cols));
         self.weight_bytes = file.header.tensor_bytes() - dropped
             + copies
-            + kestrel_models::weights::repack_extra_bytes(
-                listed
-                    .iter()
-                    .map(|&(n, ty, rows, cols, _)| (n, ty, rows, cols)),
-            );
+            + kestrel_models::weights::repack_extra_bytes(shapes);
         self.draft_type = Some(DRAFT_TYPE);
         self
     }

@@ -133,16 +133,6 @@ extern "C" __global__ void __launch_bounds__(256) conv_window(const float* x, in
 #define RULE_COLS 32
 #define RULE_THREADS (4 * RULE_COLS)
 
-// The gated delta rule, tokens in order: S = a S + k (beta (v - a Sᵀk))ᵀ, o = Sᵀq per value
-// head, from the raw convolution output and gate inputs (prepared here, per chunk: q and k
-// L2-normalized, q also scaled by 1/sqrt(dk); beta = sigmoid(beta); the decay
-// a = exp(A softplus(alpha + dt_bias))). grid (n_seqs, nv, ceil(dv / RULE_COLS)),
-// RULE_THREADS threads: lane group c (lanes 4c..4c+3 of a warp) owns one column of the head's
-// state [DK, dv], lane 4c+r keeps its rows r, r+4, r+8, .. in registers (interleaved, so the
-// four lanes' reads of q and k from shared memory fall on distinct banks); a token's Sᵀk and
-// Sᵀq are four partial sums folded by two shuffles. (One warp per 32 columns walking all DK
-// rows, the earlier form, left 64 warps on 132 SMs at the 0.8B's one sequence, each with a
-// 128-long dependent chain per sum.)
 // Token row `at` of value head vh: its log-decay A softplus(alpha + dt_bias) and its update
 // gate sigmoid(beta).
 __device__ __forceinline__ float log_decay(const float* alpha, const float* dt_bias, const float* A, u64 at, int vh) {
@@ -181,6 +171,16 @@ __device__ __forceinline__ float rule_token(float* col, const float* ki, const f
     return o;
 }
 
+// The gated delta rule, tokens in order: S = a S + k (beta (v - a Sᵀk))ᵀ, o = Sᵀq per value
+// head, from the raw convolution output and gate inputs (prepared here, per chunk: q and k
+// L2-normalized, q also scaled by 1/sqrt(dk); beta = sigmoid(beta); the decay
+// a = exp(A softplus(alpha + dt_bias))). grid (n_seqs, nv, ceil(dv / RULE_COLS)),
+// RULE_THREADS threads: lane group c (lanes 4c..4c+3 of a warp) owns one column of the head's
+// state [DK, dv], lane 4c+r keeps its rows r, r+4, r+8, .. in registers (interleaved, so the
+// four lanes' reads of q and k from shared memory fall on distinct banks); a token's Sᵀk and
+// Sᵀq are four partial sums folded by two shuffles. (One warp per 32 columns walking all DK
+// rows, the earlier form, left 64 warps on 132 SMs at the 0.8B's one sequence, each with a
+// 128-long dependent chain per sum.)
 template <int DK>
 __device__ __forceinline__ void delta_rule(const float* conv, int ch, int key_dim, const float* alpha,
                                            const float* beta, const float* A, const float* dt_bias,
