@@ -57,8 +57,7 @@ impl<'a> DraftTensor<'a> {
         let (name, ty, rows, cols) = matrix_shape(t);
         let copied = t.dims.len() == 2
             && !(untied && name == "token_embd.weight")
-            && kestrel_models::model::narrower(DRAFT_TYPE, ty)
-            && DRAFT_TYPE.bytes_for(cols as u64).is_some();
+            && kestrel_models::model::draft_copies(DRAFT_TYPE, ty, cols);
         let ty = if copied { DRAFT_TYPE } else { ty };
         Self {
             name,

@@ -68,15 +68,21 @@ pub struct Model {
 }
 
 /// Whether `ty` stores a weight in fewer bits than `than`.
-pub fn narrower(ty: GgmlType, than: GgmlType) -> bool {
+fn narrower(ty: GgmlType, than: GgmlType) -> bool {
     let bits = |t: GgmlType| t.bytes_for(256).map_or(u64::MAX, |b| b * 8);
     bits(ty) < bits(than)
 }
 
-/// `w` as a copy in `ty` where `ty` is narrower and `w`'s rows divide into its blocks (the
-/// stored pages, read once for the copy, are dropped); None keeps `w` as it is.
+/// Whether a matrix stored as `stored` with rows of `cols` is held as a copy in a draft's
+/// `ty` (`LoadOptions::draft_type`): `ty` is narrower and the rows divide into its blocks.
+pub fn draft_copies(ty: GgmlType, stored: GgmlType, cols: usize) -> bool {
+    narrower(ty, stored) && ty.bytes_for(cols as u64).is_some()
+}
+
+/// `w` as a copy in `ty` where [`draft_copies`] says so (the stored pages, read once for the
+/// copy, are dropped); None keeps `w` as it is.
 fn held_as(w: &Weight, ty: GgmlType) -> Result<Option<Weight>, ModelError> {
-    if !narrower(ty, w.ty) || ty.bytes_for(w.cols as u64).is_none() {
+    if !draft_copies(ty, w.ty, w.cols) {
         return Ok(None);
     }
     let copy = w.requantized(ty, &format!("{} ({ty})", w.name))?;
