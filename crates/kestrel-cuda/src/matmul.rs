@@ -92,18 +92,6 @@ pub fn half_rows_per_warp(rows: usize, exact: bool) -> usize {
     }
 }
 
-/// Name suffix of the one-token mat-vecs that wait on the previous kernel before loading any
-/// weight ("n"), with `KESTREL_CUDA_PRELOAD=0` (A/B figures); by default each lane's first
-/// unit of every row is loaded before the wait (`kernels/matvec.cu`, `PRE`).
-pub fn preload_suffix() -> &'static str {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if crate::ops::switch_on(&ON, "KESTREL_CUDA_PRELOAD") {
-        ""
-    } else {
-        "n"
-    }
-}
-
 /// The mat-vec kernel for `nt` tokens over a `rows x cols` matrix of `kind` with epilogue
 /// `epi` (0 store, 1 add, 2 SwiGLU), and its grid of 128-thread blocks. The fused SwiGLU reads
 /// two matrices per row already: it stays on warps per row (the 8B's gate/up: 19.4 us there
@@ -118,7 +106,7 @@ pub fn matvec_kernel(
     if nt == 1 && short_rows(kind, cols) {
         let r = half_rows_per_warp(rows, false);
         return (
-            format!("mv_{}_1_{epi}_h{r}{}", kind.name(), preload_suffix()),
+            format!("mv_{}_1_{epi}_h{r}", kind.name()),
             rows.div_ceil(4 * 2 * r) as u32,
         );
     }
@@ -126,24 +114,19 @@ pub fn matvec_kernel(
         let w = few_rows_wpr(kind, rows, cols);
         if w > 1 {
             return (
-                format!("mv_{}_1_{epi}_{w}{}", kind.name(), preload_suffix()),
+                format!("mv_{}_1_{epi}_{w}", kind.name()),
                 rows.div_ceil(4 / w) as u32,
             );
         }
         let r = rows_per_warp(rows, false);
         return (
-            format!("mv_{}_1_{epi}_r{r}{}", kind.name(), preload_suffix()),
+            format!("mv_{}_1_{epi}_r{r}", kind.name()),
             rows.div_ceil(4 * r) as u32,
         );
     }
     let wpr = warps_per_row(kind, cols);
-    let suffix = if nt == 1 && kind.int8_activations() {
-        preload_suffix()
-    } else {
-        ""
-    };
     (
-        format!("mv_{}_{nt}_{epi}_{wpr}{suffix}", kind.name()),
+        format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()),
         rows.div_ceil(4 / wpr) as u32,
     )
 }
@@ -481,11 +464,11 @@ impl CudaModel {
             } else {
                 1
             };
-            (format!("mvx_1_h{h}{}", preload_suffix()), 2 * h)
+            (format!("mvx_1_h{h}"), 2 * h)
         } else if nt == 1 && all_int8 && even(2) {
             match rows_per_warp(total_rows, true) {
                 1 => (format!("mvx_{nt}"), 1),
-                r => (format!("mvx_1_r{r}{}", preload_suffix()), r),
+                r => (format!("mvx_1_r{r}"), r),
             }
         } else {
             (format!("mvx_{nt}"), 1)

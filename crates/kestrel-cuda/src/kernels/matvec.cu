@@ -52,119 +52,74 @@ __device__ __forceinline__ void piece_acc(const Piece& w, int P, const i8* __res
     }
 }
 
-// A unit's bytes as loaded, before any arithmetic: what a lane can fetch before it waits on
-// the previous kernel (weights never depend on it). Q4_K: the block's 16-byte header (d, dmin,
-// 12 scale bytes) and the chunk's 32 quant bytes; Q6_K: the unit's 32 ql and 32 qh bytes, the
-// half's 8 scale bytes and d.
-template <int TY> struct UnitBytes;
-template <> struct UnitBytes<T_Q4_0> { int4 v; u16 d; };
-template <> struct UnitBytes<T_Q5_0> { u32 p[5]; u16 d; };
-template <> struct UnitBytes<T_Q8_0> { int4 v0, v1; u16 d; };
-template <> struct UnitBytes<T_Q4_K> { int4 hdr, v0, v1; };
-template <> struct UnitBytes<T_Q6_K> { int4 l0, l1, h0, h1; uint2 sc; u16 d; };
-
-// Loads unit u of row `row`.
-template <int TY>
-__device__ __forceinline__ UnitBytes<TY> unit_fetch(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u) {
-    UnitBytes<TY> r;
-    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
+// Unit u of row `row` (UNIT weights): its one or two pieces, accumulated into acc.
+template <int TY, int NT>
+__device__ __forceinline__ void unit_acc(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u,
+                                         const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                         int xld, float* acc) {
+    Piece w;
+    if (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
         u64 blk = (u64)row * bpr + u;
         const u8* a = W + blk * Blk<TY>::A;
-        r.d = ((const u16*)(W + nblk * Blk<TY>::A))[blk];
-        if constexpr (TY == T_Q8_0) {
-            r.v0 = ((const int4*)a)[0];
-            r.v1 = ((const int4*)a)[1];
-        } else if constexpr (TY == T_Q4_0) {
-            r.v = *(const int4*)a;
-        } else {  // Q5_0: qh (4 bytes) then qs (16 bytes)
-#pragma unroll
-            for (int i = 0; i < 5; i++) r.p[i] = ((const u32*)a)[i];
-        }
-    } else if constexpr (TY == T_Q4_K) {
-        // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c+1 (high nibbles) of chunk c
-        const u8* blk = W + ((u64)row * bpr + (u >> 2)) * 144;
-        const int4* qp = (const int4*)(blk + 16 + 32 * (u & 3));
-        r.hdr = *(const int4*)blk;
-        r.v0 = qp[0];
-        r.v1 = qp[1];
-    } else if constexpr (TY == T_Q6_K) {
-        // unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
-        int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
-        u64 bi = (u64)row * bpr + b;
-        const u8* blk = W + bi * 208;
-        const int4* qlp = (const int4*)(blk + 64 * n + 32 * pp);
-        const int4* qhp = (const int4*)(blk + 128 + 32 * n);
-        r.l0 = qlp[0]; r.l1 = qlp[1]; r.h0 = qhp[0]; r.h1 = qhp[1];
-        r.sc = *(const uint2*)(blk + 192 + 8 * n);
-        r.d = ((const u16*)(W + nblk * 208))[bi];
-    }
-    return r;
-}
-
-// Unit u's dot with every token's activations, accumulated into acc.
-template <int TY, int NT>
-__device__ __forceinline__ void unit_dot(const UnitBytes<TY>& r, int u, const i8* __restrict__ xq,
-                                         const float2* __restrict__ xd, int xld, float* acc) {
-    Piece w;
-    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
-        float d = h2f(r.d);
+        float d = h2f(((const u16*)(W + nblk * Blk<TY>::A))[blk]);
         w.a0 = w.a1 = d;
-        if constexpr (TY == T_Q8_0) {
-            w.q[0] = r.v0.x; w.q[1] = r.v0.y; w.q[2] = r.v0.z; w.q[3] = r.v0.w;
-            w.q[4] = r.v1.x; w.q[5] = r.v1.y; w.q[6] = r.v1.z; w.q[7] = r.v1.w;
+        if (TY == T_Q8_0) {
+            int4 v0 = ((const int4*)a)[0], v1 = ((const int4*)a)[1];
+            w.q[0] = v0.x; w.q[1] = v0.y; w.q[2] = v0.z; w.q[3] = v0.w;
+            w.q[4] = v1.x; w.q[5] = v1.y; w.q[6] = v1.z; w.q[7] = v1.w;
             w.b = 0.f;
-        } else if constexpr (TY == T_Q4_0) {
-            int vs[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
+        } else if (TY == T_Q4_0) {
+            int4 v = *(const int4*)a;
+            int vs[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 w.q[i] = vs[i] & 0x0F0F0F0F;
                 w.q[4 + i] = (vs[i] >> 4) & 0x0F0F0F0F;
             }
             w.b = -8.f * d;
-        } else {
-            u32 qh = r.p[0];
+        } else {  // Q5_0: qh (4 bytes) then qs (16 bytes)
+            const u32* p = (const u32*)a;
+            u32 qh = p[0];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                u32 qs = r.p[1 + i];
+                u32 qs = p[1 + i];
                 w.q[i] = (int)(qs & 0x0F0F0F0Fu) | spread4(qh >> (4 * i));
                 w.q[4 + i] = (int)((qs >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (16 + 4 * i));
             }
             w.b = -16.f * d;
         }
         piece_acc<NT>(w, u, xq, xd, xld, acc);
-    } else if constexpr (TY == T_Q4_K) {
+    } else if (TY == T_Q4_K) {
+        // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c+1 (high nibbles) of chunk c
         int b = u >> 2, c = u & 3;
-        u32 dm = (u32)r.hdr.x;
-        float d = h2f((u16)(dm & 0xFFFF)), dmin = h2f((u16)(dm >> 16));
-        // scale bytes 2lo, 2lo + 1 of each of the three 4-byte words (lo = c & 1): sub-block
-        // j = 2c + h takes byte h of them (llama.cpp's get_scale_min_k4, in registers)
-        int sh = 16 * (c & 1);
-        u32 A = (u32)r.hdr.y >> sh, B = (u32)r.hdr.z >> sh, C = (u32)r.hdr.w >> sh;
-        int vs[8] = {r.v0.x, r.v0.y, r.v0.z, r.v0.w, r.v1.x, r.v1.y, r.v1.z, r.v1.w};
+        const u8* blk = W + ((u64)row * bpr + b) * 144;
+        float d = h2f(*(const u16*)blk), dmin = h2f(*(const u16*)(blk + 2));
+        const u8* sc = blk + 4;
+        const int4* qp = (const int4*)(blk + 16 + 32 * c);
+        int4 v0 = qp[0], v1 = qp[1];
+        int vs[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int a = (A >> (8 * h)) & 0xFF, bb = (B >> (8 * h)) & 0xFF, cc = (C >> (8 * h)) & 0xFF;
             int s, m;
-            if (c < 2) {
-                s = a & 63;
-                m = bb & 63;
-            } else {
-                s = (cc & 0xF) | ((a >> 6) << 4);
-                m = (cc >> 4) | ((bb >> 6) << 4);
-            }
+            get_scale_min_k4(2 * c + h, sc, s, m);
 #pragma unroll
             for (int i = 0; i < 8; i++) w.q[i] = (vs[i] >> (4 * h)) & 0x0F0F0F0F;
             w.a0 = w.a1 = d * (float)s;
             w.b = -dmin * (float)m;
             piece_acc<NT>(w, b * 8 + 2 * c + h, xq, xd, xld, acc);
         }
-    } else if constexpr (TY == T_Q6_K) {
+    } else if (TY == T_Q6_K) {
+        // unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
         int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
-        float d = h2f(r.d);
-        int ls[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
-        int hs[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
-        // scales 2p, 2p + 1 of the half for p = pp (word 0) and pp + 2 (word 1)
-        u32 sw[2] = {r.sc.x >> (16 * pp), r.sc.y >> (16 * pp)};
+        u64 bi = (u64)row * bpr + b;
+        const u8* blk = W + bi * 208;
+        float d = h2f(((const u16*)(W + nblk * 208))[bi]);
+        const int4* qlp = (const int4*)(blk + 64 * n + 32 * pp);
+        const int4* qhp = (const int4*)(blk + 128 + 32 * n);
+        const i8* sc = (const i8*)(blk + 192 + 8 * n);
+        int4 l0 = qlp[0], l1 = qlp[1], h0 = qhp[0], h1 = qhp[1];
+        int ls[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
+        int hs[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int p = pp + 2 * h;  // piece within the half
@@ -174,20 +129,12 @@ __device__ __forceinline__ void unit_dot(const UnitBytes<TY>& r, int u, const i8
                 int hi = ((hs[i] >> (2 * p)) & 0x03030303) << 4;
                 w.q[i] = __vsubss4(lo | hi, 0x20202020);
             }
-            w.a0 = d * (float)(i8)(u8)sw[h];
-            w.a1 = d * (float)(i8)(u8)(sw[h] >> 8);
+            w.a0 = d * (float)sc[2 * p];
+            w.a1 = d * (float)sc[2 * p + 1];
             w.b = 0.f;
             piece_acc<NT>(w, b * 8 + 4 * n + p, xq, xd, xld, acc);
         }
     }
-}
-
-// Unit u of row `row` (UNIT weights): its one or two pieces, accumulated into acc.
-template <int TY, int NT>
-__device__ __forceinline__ void unit_acc(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u,
-                                         const i8* __restrict__ xq, const float2* __restrict__ xd,
-                                         int xld, float* acc) {
-    unit_dot<TY, NT>(unit_fetch<TY>(W, nblk, row, bpr, u), u, xq, xd, xld, acc);
 }
 
 // Sums each row's partial dots over its WPR warps and applies the epilogue.
@@ -224,10 +171,8 @@ __device__ __forceinline__ void mv_finish(float* acc, float* acc2, bool active, 
     }
 }
 
-// WPR warps share one row (long rows: more loads in flight per row, shorter chains). With
-// PRE each lane's first unit (of both matrices) is loaded before the wait on the previous
-// kernel (GRID_DEP, here and not in the caller): the weights stream while it drains.
-template <int TY, int NT, int EPI, int WPR, bool PRE>
+// WPR warps share one row (long rows: more loads in flight per row, shorter chains).
+template <int TY, int NT, int EPI, int WPR>
 __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
                                      int cols, const i8* __restrict__ xq, const float2* __restrict__ xd,
                                      int xld, float* __restrict__ out, int old) {
@@ -241,23 +186,8 @@ __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restr
     float acc[NT], acc2[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.f;
-    int u0 = lr;
-    if constexpr (PRE) {
-        UnitBytes<TY> a, a2;
-        bool have = lr < units;
-        if (have) {
-            a = unit_fetch<TY>(W, nblk, row, bpr, lr);
-            if (EPI == 2) a2 = unit_fetch<TY>(W2, nblk, row, bpr, lr);
-        }
-        GRID_DEP();
-        if (have) {
-            unit_dot<TY, NT>(a, lr, xq, xd, xld, acc);
-            if (EPI == 2) unit_dot<TY, NT>(a2, lr, xq, xd, xld, acc2);
-        }
-        u0 += 32 * WPR;
-    }
 #pragma unroll 2
-    for (int u = u0; u < units; u += 32 * WPR) {
+    for (int u = lr; u < units; u += 32 * WPR) {
         unit_acc<TY, NT>(W, nblk, row, bpr, u, xq, xd, xld, acc);
         if (EPI == 2) unit_acc<TY, NT>(W2, nblk, row, bpr, u, xq, xd, xld, acc2);
     }
@@ -268,8 +198,7 @@ __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restr
 // matrices') loads in flight before it waits, instead of one unit at a time; no branch between
 // them (rows past the end re-read the last row, only the stores are guarded). Rows
 // row0 .. row0 + R - 1 of W (and W2); out gets the epilogue as in mv_finish.
-// With PRE the first unit of every row is loaded before the wait (GRID_DEP, here), as in mv_q.
-template <int TY, int EPI, int R, bool PRE>
+template <int TY, int EPI, int R>
 __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
                                          int cols, int row0, const i8* __restrict__ xq,
                                          const float2* __restrict__ xd, float* __restrict__ out) {
@@ -280,30 +209,8 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
     float acc[R][1], acc2[R][1];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r][0] = acc2[r][0] = 0.f;
-    int u0 = lane;
-    if constexpr (PRE) {
-        UnitBytes<TY> a[R], a2[R];
-        bool have = lane < units;
-        if (have) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int row = min(row0 + r, rows - 1);
-                a[r] = unit_fetch<TY>(W, nblk, row, bpr, lane);
-                if (EPI == 2) a2[r] = unit_fetch<TY>(W2, nblk, row, bpr, lane);
-            }
-        }
-        GRID_DEP();
-        if (have) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                unit_dot<TY, 1>(a[r], lane, xq, xd, cols, acc[r]);
-                if (EPI == 2) unit_dot<TY, 1>(a2[r], lane, xq, xd, cols, acc2[r]);
-            }
-        }
-        u0 += 32;
-    }
 #pragma unroll 2
-    for (int u = u0; u < units; u += 32) {
+    for (int u = lane; u < units; u += 32) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int row = min(row0 + r, rows - 1);
@@ -348,7 +255,7 @@ __device__ __forceinline__ float half_warp_sum(float v) {
     return v;
 }
 
-template <int TY, int EPI, int R, bool PRE>
+template <int TY, int EPI, int R>
 __device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2,
                                               int rows, int cols, int row0, const i8* __restrict__ xq,
                                               const float2* __restrict__ xd, float* __restrict__ out) {
@@ -359,30 +266,8 @@ __device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8
     float acc[R][1], acc2[R][1];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r][0] = acc2[r][0] = 0.f;
-    int u0 = hl;
-    if constexpr (PRE) {  // as rows_acc
-        UnitBytes<TY> a[R], a2[R];
-        bool have = hl < units;
-        if (have) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int row = min(row0 + 2 * r + half, rows - 1);
-                a[r] = unit_fetch<TY>(W, nblk, row, bpr, hl);
-                if (EPI == 2) a2[r] = unit_fetch<TY>(W2, nblk, row, bpr, hl);
-            }
-        }
-        GRID_DEP();
-        if (have) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                unit_dot<TY, 1>(a[r], hl, xq, xd, cols, acc[r]);
-                if (EPI == 2) unit_dot<TY, 1>(a2[r], hl, xq, xd, cols, acc2[r]);
-            }
-        }
-        u0 += 16;
-    }
 #pragma unroll 2
-    for (int u = u0; u < units; u += 16) {
+    for (int u = hl; u < units; u += 16) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int row = min(row0 + 2 * r + half, rows - 1);
@@ -410,16 +295,10 @@ __device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
-        half_rows_acc<TY, EPI, R, true>(W, W2, rows, cols, row0, xq, xd, out);                   \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R##n(             \
-        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
-        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
         prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
         GRID_DEP();                                                                              \
-        half_rows_acc<TY, EPI, R, false>(W, W2, rows, cols, row0, xq, xd, out);                  \
+        half_rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                         \
     }
 #define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
     MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
@@ -434,16 +313,10 @@ MVH(q6_k, T_Q6_K)
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
-        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, row0, xq, xd, out);                        \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R##n(             \
-        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
-        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
         prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
         GRID_DEP();                                                                              \
-        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, row0, xq, xd, out);                       \
+        rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                              \
     }
 #define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
     MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
@@ -518,13 +391,8 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
 #define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
-        if (NT == 1) {                                                                           \
-            mv_q<TY, NT, EPI, WPR, true>(W, W2, rows, cols, xq, xd, xld, out, old);              \
-        } else {                                                                                 \
-            GRID_DEP();                                                                          \
-            mv_q<TY, NT, EPI, WPR, false>(W, W2, rows, cols, xq, xd, xld, out, old);             \
-        }                                                                                        \
+        const float* xf, float* out, int old) { GRID_DEP();                                                  \
+        mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, out, old);                        \
     }
 #define MVF1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
@@ -532,20 +400,6 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
         const float* xf, float* out, int old) { GRID_DEP();                                                  \
         mv_f<TY, NT, EPI, WPR>(W, W2, rows, cols, xf, xld, out, old);                            \
     }
-#define MVQN1(NAME, TY, EPI, WPR)                                                              \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_##WPR##n(            \
-        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
-        GRID_DEP();                                                                              \
-        mv_q<TY, 1, EPI, WPR, false>(W, W2, rows, cols, xq, xd, xld, out, old);                  \
-    }
-#define MVQN(NAME, TY) MVQN1(NAME, TY, 0, 2) MVQN1(NAME, TY, 1, 2) MVQN1(NAME, TY, 2, 2) \
-    MVQN1(NAME, TY, 0, 4) MVQN1(NAME, TY, 1, 4) MVQN1(NAME, TY, 2, 4) MVQN1(NAME, TY, 2, 1)
-MVQN(q4_0, T_Q4_0)
-MVQN(q5_0, T_Q5_0)
-MVQN(q8_0, T_Q8_0)
-MVQN(q4_k, T_Q4_K)
-MVQN(q6_k, T_Q6_K)
 #define MVQ(NAME, TY, NT, EPI) MVQ1(NAME, TY, NT, EPI, 1) MVQ1(NAME, TY, NT, EPI, 2) MVQ1(NAME, TY, NT, EPI, 4)
 #define MVF(NAME, TY, NT, EPI) MVF1(NAME, TY, NT, EPI, 1) MVF1(NAME, TY, NT, EPI, 4)
 #define MV_NT(M, NAME, TY, EPI) M(NAME, TY, 1, EPI) M(NAME, TY, 2, EPI) M(NAME, TY, 4, EPI) M(NAME, TY, 8, EPI)
@@ -606,7 +460,7 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
 
 // One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
 // lie in one matrix when every matrix's row count is a multiple of R (the host checks).
-template <int R, bool PRE>
+template <int R>
 __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                       int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
@@ -621,13 +475,12 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
     default:  // f32 / f16 (the host takes R = 1 for those)
-        if (PRE) GRID_DEP();
         for (int r = 0; r < R && row + r < rows; r++) {
             if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, out);
             else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, out);
@@ -636,7 +489,7 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
 }
 // As mvx_r, half-warp rows (short rows): warp g takes rows 2gR .. 2gR + 2R - 1 of the
 // concatenation, inside one matrix when every matrix's row count is a multiple of 2R.
-template <int R, bool PRE>
+template <int R>
 __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                       int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd) {
@@ -650,35 +503,31 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: half_rows_acc<T_Q4_0, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_0: half_rows_acc<T_Q5_0, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q8_0: half_rows_acc<T_Q8_0, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q4_K: half_rows_acc<T_Q4_K, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q6_K: half_rows_acc<T_Q6_K, 0, R, PRE>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_0: half_rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: half_rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: half_rows_acc<T_Q8_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: half_rows_acc<T_Q4_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: half_rows_acc<T_Q6_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
     default: break;  // f32 / f16: the host never picks this kernel for them
     }
 }
-// With PRE (the default names) the rows' first units are loaded before the wait; the "n"
-// names wait first (A/B: KESTREL_CUDA_PRELOAD=0).
-#define MVXH(R, PRE, SUF)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R##SUF(                           \
+#define MVXH(R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
-        if (!PRE) GRID_DEP();                                                                    \
-        mvx_h<R, PRE>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd); \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
     }
-MVXH(1, true, ) MVXH(2, true, ) MVXH(1, false, n) MVXH(2, false, n)
+MVXH(1) MVXH(2)
 
-#define MVXR(R, PRE, SUF)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R##SUF(                           \
+#define MVXR(R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
-        if (!PRE) GRID_DEP();                                                                    \
-        mvx_r<R, PRE>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
-MVXR(2, true, ) MVXR(4, true, ) MVXR(2, false, n) MVXR(4, false, n)
+MVXR(2) MVXR(4)
 
 #define MVX(NT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) mvx_##NT(                                  \
