@@ -183,24 +183,10 @@ impl Q4KRepacked {
         #[cfg(target_arch = "x86_64")]
         if super::avx512_available() {
             if acts.len() <= FEW_TOKENS {
-                // A few tokens (a verify pass, a small batched decode): 4 at a time straight
-                // from the packed scales; the group stays in L1 between the passes.
-                let mut c = 0;
-                while c < acts.len() {
-                    let n = (acts.len() - c).min(4);
-                    let (a, o) = (&acts[c..], &mut out[c * R..(c + n) * R]);
-                    // SAFETY: AVX-512 VNNI is available; every row was length-checked above.
-                    unsafe {
-                        let p = std::ptr::null();
-                        match n {
-                            4 => avx512::tile::<4, false>(nb, w, p, a, c, gemm_upto, o),
-                            3 => avx512::tile::<3, false>(nb, w, p, a, c, gemm_upto, o),
-                            2 => avx512::tile::<2, false>(nb, w, p, a, c, gemm_upto, o),
-                            _ => avx512::tile::<1, false>(nb, w, p, a, c, gemm_upto, o),
-                        }
-                    }
-                    c += n;
-                }
+                // A few tokens (a verify pass, a small batched decode): tiles of 4 straight from
+                // the packed scales; the group stays in L1 between the passes.
+                // SAFETY: AVX-512 VNNI is available; every row was length-checked above.
+                unsafe { avx512::tiles::<false>(nb, w, std::ptr::null(), acts, gemm_upto, 4, out) };
                 return Ok(());
             }
             thread_local! {
@@ -208,27 +194,11 @@ impl Q4KRepacked {
             }
             SCALES.with_borrow_mut(|pre| {
                 pre.resize(nb * 256, 0);
-                // SAFETY: AVX-512 VNNI is available; `pre` holds `nb * 256` bytes.
-                unsafe { avx512::unpack_scales(nb, w, pre) };
-                let p = pre.as_ptr();
-                let mut c = 0;
-                while c < acts.len() {
-                    let n = (acts.len() - c).min(8);
-                    let (a, o) = (&acts[c..], &mut out[c * R..(c + n) * R]);
-                    // SAFETY: as above; `pre` holds this group's unpacked scales.
-                    unsafe {
-                        match n {
-                            8 => avx512::tile::<8, true>(nb, w, p, a, c, gemm_upto, o),
-                            7 => avx512::tile::<7, true>(nb, w, p, a, c, gemm_upto, o),
-                            6 => avx512::tile::<6, true>(nb, w, p, a, c, gemm_upto, o),
-                            5 => avx512::tile::<5, true>(nb, w, p, a, c, gemm_upto, o),
-                            4 => avx512::tile::<4, true>(nb, w, p, a, c, gemm_upto, o),
-                            3 => avx512::tile::<3, true>(nb, w, p, a, c, gemm_upto, o),
-                            2 => avx512::tile::<2, true>(nb, w, p, a, c, gemm_upto, o),
-                            _ => avx512::tile::<1, true>(nb, w, p, a, c, gemm_upto, o),
-                        }
-                    }
-                    c += n;
+                // SAFETY: AVX-512 VNNI is available; `pre` holds `nb * 256` bytes, this
+                // group's unpacked scales once `unpack_scales` has run.
+                unsafe {
+                    avx512::unpack_scales(nb, w, pre);
+                    avx512::tiles::<true>(nb, w, pre.as_ptr(), acts, gemm_upto, 8, out);
                 }
             });
             return Ok(());
@@ -346,20 +316,66 @@ mod avx512 {
         }
     }
 
-    /// 16 rows x `N` activation rows (`acts[0..N]`, the matmul's tokens `t0..t0 + N`); with
-    /// `PRE`, the scales come unpacked from `pre` ([`unpack_scales`]), else from the group.
+    /// All of `acts` through [`tile`]s of up to `max` tokens (4 or 8): the GEMM-order tokens
+    /// (`t < gemm_upto`) in whole tiles, a GEMV tail of up to 3 tokens joined to the last of
+    /// them (one pass over the group saved). Shapes without a tile of their own (a `gemm_upto`
+    /// that is not a multiple of 4) go one token at a time.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-    pub(super) unsafe fn tile<const N: usize, const PRE: bool>(
+    pub(super) unsafe fn tiles<const PRE: bool>(
         nb: usize,
         w: &[u8],
         pre: *const u8,
         acts: &[&[u8]],
-        t0: usize,
         gemm_upto: usize,
+        max: usize,
         out: &mut [f32],
     ) {
-        let gemm: [bool; N] = std::array::from_fn(|c| t0 + c < gemm_upto);
-        let m4 = _mm512_set1_epi8(0x0f);
+        let t_len = acts.len();
+        let mut c = 0;
+        while c < t_len {
+            let mut n = (t_len - c).min(max);
+            let g = gemm_upto.saturating_sub(c).min(n);
+            if g == n && t_len - c - n <= 3 && c + n >= gemm_upto {
+                n = t_len - c;
+            }
+            let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
+            match (n, g) {
+                (1, 0) => tile::<1, 0, PRE>(nb, w, pre, a, o),
+                (2, 0) => tile::<2, 0, PRE>(nb, w, pre, a, o),
+                (3, 0) => tile::<3, 0, PRE>(nb, w, pre, a, o),
+                (4, 4) => tile::<4, 4, PRE>(nb, w, pre, a, o),
+                (5, 4) => tile::<5, 4, PRE>(nb, w, pre, a, o),
+                (6, 4) => tile::<6, 4, PRE>(nb, w, pre, a, o),
+                (7, 4) => tile::<7, 4, PRE>(nb, w, pre, a, o),
+                (8, 8) => tile::<8, 8, PRE>(nb, w, pre, a, o),
+                (9, 8) => tile::<9, 8, PRE>(nb, w, pre, a, o),
+                (10, 8) => tile::<10, 8, PRE>(nb, w, pre, a, o),
+                (11, 8) => tile::<11, 8, PRE>(nb, w, pre, a, o),
+                _ => {
+                    for t in 0..n {
+                        let o = &mut o[t * R..(t + 1) * R];
+                        if t < g {
+                            tile::<1, 1, PRE>(nb, w, pre, &a[t..], o);
+                        } else {
+                            tile::<1, 0, PRE>(nb, w, pre, &a[t..], o);
+                        }
+                    }
+                }
+            }
+            c += n;
+        }
+    }
+
+    /// The group (`nb` super-blocks) against `N` activation rows (`acts[0..N]`): `out[t * 16 +
+    /// r]`, the first `G` tokens in the GEMM order, the rest in the GEMV order.
+    #[inline(always)]
+    unsafe fn tile<const N: usize, const G: usize, const PRE: bool>(
+        nb: usize,
+        w: &[u8],
+        pre: *const u8,
+        acts: &[&[u8]],
+        out: &mut [f32],
+    ) {
         let mut acc = [_mm512_setzero_ps(); N];
         let mut acc_min = [_mm512_setzero_ps(); N];
         let ahead = if PRE {
@@ -370,76 +386,94 @@ mod avx512 {
         for i in 0..nb {
             let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
             crate::cpu::prefetch_ahead(wb, ahead, GROUP_BLOCK_BYTES);
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(D_OFF) as *const __m256i));
-            let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(DMIN_OFF) as *const __m256i));
-            let mut dyd = [_mm512_setzero_ps(); N];
-            let mut dmyd = [_mm512_setzero_ps(); N];
-            let mut a = [std::ptr::null::<u8>(); N];
-            for c in 0..N {
-                a[c] = acts[c].as_ptr().add(i * Q8K_BYTES);
-                let yd = _mm512_set1_ps((a[c] as *const f32).read_unaligned());
-                dyd[c] = _mm512_mul_ps(d, yd);
-                dmyd[c] = _mm512_mul_ps(dmin, yd);
-            }
-            let mut isum = [_mm512_setzero_si512(); N];
-            let mut imin = [_mm512_setzero_si512(); N];
-            for sb in 0..4 {
-                let [sc0, sc1, mn0, mn1] = if PRE {
-                    let at = pre.add((i * 4 + sb) * 64);
-                    std::array::from_fn(|v| _mm_loadu_si128(at.add(16 * v) as *const __m128i))
-                } else {
-                    scales_pair(wb, sb)
-                };
-                let (sc0, sc1) = (_mm512_cvtepu8_epi32(sc0), _mm512_cvtepu8_epi32(sc1));
-                let (mn0, mn1) = (_mm512_cvtepu8_epi32(mn0), _mm512_cvtepu8_epi32(mn1));
-                let mut lo = [_mm512_setzero_si512(); N];
-                let mut hi = [_mm512_setzero_si512(); N];
-                for k in 0..8 {
-                    let at = wb.add(QS_OFF + (sb * 8 + k) * R * 4);
-                    let q = _mm512_loadu_si512(at as *const _);
-                    let ql = _mm512_and_si512(q, m4);
-                    let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
-                    for c in 0..N {
-                        let y = a[c].add(4 + 64 * sb + 4 * k);
-                        let yl = _mm512_set1_epi32((y as *const i32).read_unaligned());
-                        let yh = _mm512_set1_epi32((y.add(32) as *const i32).read_unaligned());
-                        lo[c] = _mm512_dpbusd_epi32(lo[c], ql, yl);
-                        hi[c] = _mm512_dpbusd_epi32(hi[c], qh, yh);
-                    }
-                }
-                for c in 0..N {
-                    let isb = _mm512_add_epi32(
-                        _mm512_mullo_epi32(lo[c], sc0),
-                        _mm512_mullo_epi32(hi[c], sc1),
-                    );
-                    let bs = a[c].add(260 + 8 * sb) as *const i16;
-                    let b0 = bs.read_unaligned() as i32 + bs.add(1).read_unaligned() as i32;
-                    let b1 = bs.add(2).read_unaligned() as i32 + bs.add(3).read_unaligned() as i32;
-                    let imb = _mm512_add_epi32(
-                        _mm512_mullo_epi32(mn0, _mm512_set1_epi32(b0)),
-                        _mm512_mullo_epi32(mn1, _mm512_set1_epi32(b1)),
-                    );
-                    if gemm[c] {
-                        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isb), dyd[c], acc[c]);
-                        acc_min[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imb), dmyd[c], acc_min[c]);
-                    } else {
-                        isum[c] = _mm512_add_epi32(isum[c], isb);
-                        imin[c] = _mm512_add_epi32(imin[c], imb);
-                    }
-                }
-            }
-            for c in 0..N {
-                if !gemm[c] {
-                    acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), dyd[c], acc[c]);
-                    acc_min[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[c]), dmyd[c], acc_min[c]);
-                }
-            }
+            let pre = pre.wrapping_add(i * 256);
+            block::<N, G, PRE>(i, wb, pre, acts, &mut acc, &mut acc_min);
         }
         for c in 0..N {
             _mm512_storeu_ps(
                 out.as_mut_ptr().add(c * R),
                 _mm512_sub_ps(acc[c], acc_min[c]),
             );
+        }
+    }
+
+    /// Super-block `i` (`wb`; with `PRE`, its scales unpacked at `pre`, [`unpack_scales`], else
+    /// taken from `wb`) against `N` activation rows (`acts[0..N]`): the first `G` in the GEMM
+    /// order, the rest in the GEMV order, into `acc` and `acc_min`. The order is a constant so
+    /// that only its accumulators are live: a few tokens run from registers.
+    #[inline(always)]
+    unsafe fn block<const N: usize, const G: usize, const PRE: bool>(
+        i: usize,
+        wb: *const u8,
+        pre: *const u8,
+        acts: &[&[u8]],
+        acc: &mut [__m512; N],
+        acc_min: &mut [__m512; N],
+    ) {
+        let m4 = _mm512_set1_epi8(0x0f);
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(D_OFF) as *const __m256i));
+        let dmin = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(DMIN_OFF) as *const __m256i));
+        let a: [*const u8; N] = std::array::from_fn(|c| acts[c].as_ptr().add(i * Q8K_BYTES));
+        // d * y_d and dmin * y_d of token c are computed where used (registers are scarce).
+        let yd = |c: usize| _mm512_set1_ps((a[c] as *const f32).read_unaligned());
+        let mut isum = [_mm512_setzero_si512(); N];
+        let mut imin = [_mm512_setzero_si512(); N];
+        for sb in 0..4 {
+            let [sc0, sc1, mn0, mn1] = if PRE {
+                let at = pre.add(sb * 64);
+                std::array::from_fn(|v| _mm_loadu_si128(at.add(16 * v) as *const __m128i))
+            } else {
+                scales_pair(wb, sb)
+            };
+            let (sc0, sc1) = (_mm512_cvtepu8_epi32(sc0), _mm512_cvtepu8_epi32(sc1));
+            // Each row's (m_j0, m_j1) as an i16 pair: the mins term is one `vpdpwssd` against
+            // the token's (bsum_j0, bsum_j1), the same integer as the two products.
+            let mins = _mm512_or_si512(
+                _mm512_cvtepu8_epi32(mn0),
+                _mm512_slli_epi32::<16>(_mm512_cvtepu8_epi32(mn1)),
+            );
+            let mut lo = [_mm512_setzero_si512(); N];
+            let mut hi = [_mm512_setzero_si512(); N];
+            for k in 0..8 {
+                let at = wb.add(QS_OFF + (sb * 8 + k) * R * 4);
+                let q = _mm512_loadu_si512(at as *const _);
+                let ql = _mm512_and_si512(q, m4);
+                let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                for c in 0..N {
+                    let y = a[c].add(4 + 64 * sb + 4 * k);
+                    let yl = _mm512_set1_epi32((y as *const i32).read_unaligned());
+                    let yh = _mm512_set1_epi32((y.add(32) as *const i32).read_unaligned());
+                    lo[c] = _mm512_dpbusd_epi32(lo[c], ql, yl);
+                    hi[c] = _mm512_dpbusd_epi32(hi[c], qh, yh);
+                }
+            }
+            for c in 0..N {
+                let isb = _mm512_add_epi32(
+                    _mm512_mullo_epi32(lo[c], sc0),
+                    _mm512_mullo_epi32(hi[c], sc1),
+                );
+                let bs = a[c].add(260 + 8 * sb) as *const i16;
+                let b0 = bs.read_unaligned() as i32 + bs.add(1).read_unaligned() as i32;
+                let b1 = bs.add(2).read_unaligned() as i32 + bs.add(3).read_unaligned() as i32;
+                // Each |bsum_j| <= 32 * 128 fits an i16.
+                let bsums = _mm512_set1_epi32((b0 & 0xffff) | b1 << 16);
+                if c < G {
+                    let imb = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mins, bsums);
+                    let (dyd, dmyd) = (_mm512_mul_ps(d, yd(c)), _mm512_mul_ps(dmin, yd(c)));
+                    acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isb), dyd, acc[c]);
+                    acc_min[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imb), dmyd, acc_min[c]);
+                } else {
+                    isum[c] = _mm512_add_epi32(isum[c], isb);
+                    imin[c] = _mm512_dpwssd_epi32(imin[c], mins, bsums);
+                }
+            }
+        }
+        for c in G..N {
+            {
+                let (dyd, dmyd) = (_mm512_mul_ps(d, yd(c)), _mm512_mul_ps(dmin, yd(c)));
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), dyd, acc[c]);
+                acc_min[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin[c]), dmyd, acc_min[c]);
+            }
         }
     }
 }
@@ -644,9 +678,9 @@ mod tests {
         let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
         assert_rows_round_trip(&w, rb, |r, out| packed.native_row(r, out));
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
-        // Up to 4 tokens: the scales unpacked in the kernel (decode); more: unpacked first;
+        // Every tile shape: up to 16 tokens, the scales unpacked in the kernel; more: first;
         // from AMX_MIN_TOKENS, through AMX tiles where the CPU has them.
-        for t in [1usize, 2, 4, 7, 9, 16, 19, 32, 35, 50] {
+        for t in [1usize, 2, 3, 4, 6, 7, 9, 14, 16, 19, 25, 32, 35, 50] {
             let acts = rng.acts(GgmlType::Q8_K, t, cols);
             // Each row its own allocation (rows need not be evenly spaced).
             let owned: Vec<Vec<u8>> = acts.chunks_exact(ab).map(|r| r.to_vec()).collect();
