@@ -32,9 +32,9 @@ const QS_OFF: usize = SCM_OFF + 4 * 3 * R;
 /// Bytes of one group's super-block.
 pub const GROUP_BLOCK_BYTES: usize = QS_OFF + 4 * 8 * R * 4;
 
-/// Up to this many tokens, a group runs 4 tokens at a time from its packed scales: measured on
-/// the 1.5B (AMD VM, 2 threads), a 9-token pass took 93 ms through the 8-token tiles with
-/// unpacked scales against a 29 ms one-token decode.
+/// Up to this many tokens, the tiles take the scales from the packed group; past it, the
+/// group's scales are unpacked once first (1.5B, AMD VM, 2 threads: pp9 149 tok/s unpacked
+/// first against 180 from the packed scales; pp512 the other way round).
 const FEW_TOKENS: usize = 16;
 
 /// A Q4_K matrix (`rows` a multiple of 16) in the repacked layout.
@@ -183,10 +183,10 @@ impl Q4KRepacked {
         #[cfg(target_arch = "x86_64")]
         if super::avx512_available() {
             if acts.len() <= FEW_TOKENS {
-                // A few tokens (a verify pass, a small batched decode): tiles of 4 straight from
-                // the packed scales; the group stays in L1 between the passes.
+                // A few tokens (a verify pass, a small batched decode): straight from the packed
+                // scales; the group stays in L1 between the tiles.
                 // SAFETY: AVX-512 VNNI is available; every row was length-checked above.
-                unsafe { avx512::tiles::<false>(nb, w, std::ptr::null(), acts, gemm_upto, 4, out) };
+                unsafe { avx512::tiles::<false>(nb, w, std::ptr::null(), acts, gemm_upto, out) };
                 return Ok(());
             }
             thread_local! {
@@ -198,7 +198,7 @@ impl Q4KRepacked {
                 // group's unpacked scales once `unpack_scales` has run.
                 unsafe {
                     avx512::unpack_scales(nb, w, pre);
-                    avx512::tiles::<true>(nb, w, pre.as_ptr(), acts, gemm_upto, 8, out);
+                    avx512::tiles::<true>(nb, w, pre.as_ptr(), acts, gemm_upto, out);
                 }
             });
             return Ok(());
@@ -316,7 +316,8 @@ mod avx512 {
         }
     }
 
-    /// All of `acts` through [`tile`]s of up to `max` tokens (4 or 8): the GEMM-order tokens
+    /// All of `acts` through [`tile`]s of 4 tokens (wider ones spill: 8-token tiles made the
+    /// 1.5B's pp512 12% slower, AMD VM, 2 threads): the GEMM-order tokens
     /// (`t < gemm_upto`) in whole tiles, a GEMV tail of up to 3 tokens joined to the last of
     /// them (one pass over the group saved). Shapes without a tile of their own (a `gemm_upto`
     /// that is not a multiple of 4) go one token at a time.
@@ -327,13 +328,12 @@ mod avx512 {
         pre: *const u8,
         acts: &[&[u8]],
         gemm_upto: usize,
-        max: usize,
         out: &mut [f32],
     ) {
         let t_len = acts.len();
         let mut c = 0;
         while c < t_len {
-            let mut n = (t_len - c).min(max);
+            let mut n = (t_len - c).min(4);
             let g = gemm_upto.saturating_sub(c).min(n);
             if g == n && t_len - c - n <= 3 && c + n >= gemm_upto {
                 n = t_len - c;
@@ -347,10 +347,6 @@ mod avx512 {
                 (5, 4) => tile::<5, 4, PRE>(nb, w, pre, a, o),
                 (6, 4) => tile::<6, 4, PRE>(nb, w, pre, a, o),
                 (7, 4) => tile::<7, 4, PRE>(nb, w, pre, a, o),
-                (8, 8) => tile::<8, 8, PRE>(nb, w, pre, a, o),
-                (9, 8) => tile::<9, 8, PRE>(nb, w, pre, a, o),
-                (10, 8) => tile::<10, 8, PRE>(nb, w, pre, a, o),
-                (11, 8) => tile::<11, 8, PRE>(nb, w, pre, a, o),
                 _ => {
                     for t in 0..n {
                         let o = &mut o[t * R..(t + 1) * R];
@@ -743,5 +739,34 @@ mod tests {
             }
         }
         assert!(Q4KRepacked::new(&w[..rb * 8], 8, cols).is_err());
+    }
+
+    #[test]
+    fn any_split_between_the_orders_equals_the_scalar_form() {
+        let (rows, cols) = (16, 512);
+        let mut rng = Rng::new(0x0dd5_1175);
+        let (w, _) = rng.matrix(GgmlType::Q4_K, rows, cols);
+        let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
+        let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
+        // Splits that are not a multiple of 4 (no tile of their own), few tokens and many.
+        for (t, gemm_upto) in [(3, 1), (6, 5), (9, 2), (13, 13), (19, 10), (21, 7)] {
+            let acts = rng.acts(GgmlType::Q8_K, t, cols);
+            let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+            let mut got = vec![0f32; t * R];
+            packed
+                .dot_group(0, &act_rows, None, gemm_upto, &mut got)
+                .unwrap();
+            for (c, a) in act_rows.iter().enumerate() {
+                let mut want = [0f32; R];
+                dot_scalar(cols / QK_K, packed.group(0), a, c < gemm_upto, &mut want);
+                for r in 0..R {
+                    assert_eq!(
+                        got[c * R + r].to_bits(),
+                        want[r].to_bits(),
+                        "{t}/{gemm_upto}"
+                    );
+                }
+            }
+        }
     }
 }
