@@ -5,7 +5,7 @@
 //! - [`q4k`]: Q4_K, as llama.cpp's own repacked `q4_K_8x8` kernels;
 //! - [`q6k`]: Q6_K, as its `ggml_vec_dot_q6_K_q8_K` (fewer than 8 tokens) and its tiled
 //!   K-quant matmul (8 tokens or more);
-//! - [`q32`]: Q8_0 and Q5_0, as its `vec_dot` and tinyBLAS kernels for them.
+//! - [`q32`]: Q8_0, Q5_0 and Q4_0, as its `vec_dot` and tinyBLAS kernels for them.
 //!
 //! A repacked group's super-block holds exactly the bytes of its 16 native blocks (decode
 //! streams every weight byte once per token, so the repack adds none); groups start on a
@@ -51,7 +51,7 @@ impl Repacked {
     pub fn supports(ty: GgmlType, rows: usize) -> bool {
         matches!(
             ty,
-            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0 | GgmlType::Q5_0
+            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0
         ) && rows.is_multiple_of(R)
             && avx512_available()
     }
@@ -72,9 +72,9 @@ impl Repacked {
         match ty {
             GgmlType::Q4_K => Ok(Self::Q4K(Q4KRepacked::new_with(bytes, rows, cols, done)?)),
             GgmlType::Q6_K => Ok(Self::Q6K(Q6KRepacked::new_with(bytes, rows, cols, done)?)),
-            GgmlType::Q8_0 | GgmlType::Q5_0 => Ok(Self::Q32(Q32Repacked::new_with(
-                ty, bytes, rows, cols, done,
-            )?)),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => Ok(Self::Q32(
+                Q32Repacked::new_with(ty, bytes, rows, cols, done)?,
+            )),
             _ => Err(QuantError::Unsupported { ty, op: "repack" }),
         }
     }
@@ -86,7 +86,9 @@ impl Repacked {
         let group = match ty {
             GgmlType::Q4_K => nb * q4k::GROUP_BLOCK_BYTES,
             GgmlType::Q6_K => nb * q6k::GROUP_BLOCK_BYTES,
-            GgmlType::Q8_0 | GgmlType::Q5_0 => cols / 32 * q32::group_block_bytes(ty),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => {
+                cols / 32 * q32::group_block_bytes(ty)
+            }
             _ => return 0,
         };
         ((rows / R) * (group.next_multiple_of(64) - group)) as u64

@@ -1,18 +1,20 @@
-//! Q8_0 and Q5_0 (32-element blocks, against Q8_0 activations) repacked into 16-row groups,
+//! Q8_0, Q5_0 and Q4_0 (32-element blocks, against Q8_0 activations) repacked into 16-row groups,
 //! with llama.cpp's f32 arithmetic for them (its `vec_dot` and tinyBLAS alike): per block and
 //! row, 8 integer lanes of 4 products (lane `l` holds elements `4l .. 4l + 4`), then
 //! `acc_l = fma(dx * dy, lane_l, acc_l)`, and at the end `hsum_float_8`. Here each lane is one
 //! vector over the 16 rows, from one `vpdpbusd` of unsigned levels `u = q + off` (`off` 128 for
-//! Q8_0, 16 for Q5_0) seeded with `-off * (y_4l + .. + y_4l+3)`, so the sums are exact.
+//! Q8_0, 16 for Q5_0, 8 for Q4_0) seeded with `-off * (y_4l + .. + y_4l+3)`, so the sums are
+//! exact.
 //!
 //! Layout of one group (16 rows), per block, as many bytes as the 16 native blocks:
 //! - Q8_0, 544 bytes: `u[8][16][4]` (chunk l, row r, element `4l + k`), then `d[16]` f16;
 //! - Q5_0, 352 bytes: `lo[4][16][4]` (byte = low nibbles of chunks m and m + 4), then
-//!   `hi[8]` u64 (chunk l's fifth bits, bit `4r + k`), then `d[16]` f16.
+//!   `hi[8]` u64 (chunk l's fifth bits, bit `4r + k`), then `d[16]` f16;
+//! - Q4_0, 288 bytes: `lo[4][16][4]` as Q5_0's (each byte is the file's own), then `d[16]` f16.
 //!
 //! Blocks go in pairs `[levels 2p][d 2p][d 2p+1][levels 2p+1]` so every block's levels start on
-//! a cache line; groups are padded to one. Matmuls over many tokens unpack a Q5_0 group once
-//! into the Q8_0 form (levels as bytes) and run the Q8_0 kernel on it.
+//! a cache line; groups are padded to one. Matmuls over many tokens unpack a Q5_0 or Q4_0
+//! group once into the Q8_0 form (levels as bytes) and run the Q8_0 kernel on it.
 
 use super::{AlignedBytes, R};
 use crate::float16::f16_to_f32;
@@ -24,7 +26,8 @@ const Q8_ACT_BYTES: usize = 34;
 const D_BYTES: usize = 2 * R;
 const Q8_LEVELS: usize = 8 * R * 4;
 const Q5_LEVELS: usize = 4 * R * 4 + 8 * 8;
-/// Tokens from which a Q5_0 matmul unpacks each group into the Q8_0 form first.
+const Q4_LEVELS: usize = 4 * R * 4;
+/// Tokens from which a Q5_0 or Q4_0 matmul unpacks each group into the Q8_0 form first.
 const UNPACK_MIN_TOKENS: usize = 8;
 
 /// Bytes of one group's block.
@@ -35,6 +38,7 @@ pub const fn group_block_bytes(ty: GgmlType) -> usize {
 const fn levels_bytes(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q5_0 => Q5_LEVELS,
+        GgmlType::Q4_0 => Q4_LEVELS,
         _ => Q8_LEVELS,
     }
 }
@@ -58,7 +62,7 @@ pub struct Q32Acts<'a> {
     seed: Vec<i32>,
 }
 
-/// A Q8_0 or Q5_0 matrix (`rows` a multiple of 16) in the repacked layout.
+/// A Q8_0, Q5_0 or Q4_0 matrix (`rows` a multiple of 16) in the repacked layout.
 pub struct Q32Repacked {
     ty: GgmlType,
     rows: usize,
@@ -69,10 +73,19 @@ pub struct Q32Repacked {
 
 /// Offset that makes a type's levels unsigned.
 fn level_offset(ty: GgmlType) -> i32 {
-    if ty == GgmlType::Q5_0 {
-        16
-    } else {
-        128
+    match ty {
+        GgmlType::Q5_0 => 16,
+        GgmlType::Q4_0 => 8,
+        _ => 128,
+    }
+}
+
+/// The bytes a file stores one block of `ty` in.
+fn native_block_bytes(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Q5_0 => 22,
+        GgmlType::Q4_0 => 18,
+        _ => 34,
     }
 }
 
@@ -80,7 +93,11 @@ fn level_offset(ty: GgmlType) -> i32 {
 fn native_levels(ty: GgmlType, b: &[u8]) -> (u16, [u8; QK]) {
     let d = u16::from_le_bytes([b[0], b[1]]);
     let mut u = [0u8; QK];
-    if ty == GgmlType::Q5_0 {
+    if ty == GgmlType::Q4_0 {
+        for (j, v) in u.iter_mut().enumerate() {
+            *v = b[2 + j % 16] >> (4 * (j / 16)) & 15;
+        }
+    } else if ty == GgmlType::Q5_0 {
         let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
         for (j, v) in u.iter_mut().enumerate() {
             let lo = if j < 16 {
@@ -99,7 +116,7 @@ fn native_levels(ty: GgmlType, b: &[u8]) -> (u16, [u8; QK]) {
 }
 
 impl Q32Repacked {
-    /// Repack `rows` rows of `cols` elements of `ty` (Q8_0 or Q5_0; `bytes` row-major).
+    /// Repack `rows` rows of `cols` elements of `ty` (Q8_0, Q5_0 or Q4_0; `bytes` row-major).
     pub fn new(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
         Self::new_with(ty, bytes, rows, cols, &mut |_| {})
     }
@@ -113,7 +130,7 @@ impl Q32Repacked {
         cols: usize,
         done: &mut dyn FnMut(usize),
     ) -> Result<Self, QuantError> {
-        if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0) {
+        if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0) {
             return Err(QuantError::Unsupported { ty, op: "repack" });
         }
         let row_bytes = super::source_row_bytes(
@@ -121,7 +138,7 @@ impl Q32Repacked {
             bytes,
             rows,
             cols,
-            "Q8_0 / Q5_0 repack (rows must be a multiple of 16)",
+            "Q8_0 / Q5_0 / Q4_0 repack (rows must be a multiple of 16)",
         )?;
         let nb = cols / QK;
         let (levels, native) = (levels_bytes(ty), row_bytes / nb);
@@ -142,8 +159,10 @@ impl Q32Repacked {
                             dst[lv + 64 * l + 4 * r + k] = v;
                         } else {
                             dst[lv + 64 * (l % 4) + 4 * r + k] |= (v & 15) << (4 * (l / 4));
-                            let bit = 4 * r + k;
-                            dst[lv + 256 + 8 * l + bit / 8] |= (v >> 4) << (bit % 8);
+                            if ty == GgmlType::Q5_0 {
+                                let bit = 4 * r + k;
+                                dst[lv + 256 + 8 * l + bit / 8] |= (v >> 4) << (bit % 8);
+                            }
                         }
                     }
                 }
@@ -178,18 +197,24 @@ impl Q32Repacked {
         self.data.len()
     }
 
-    /// Row `r` as the file stored it (`out`: the row's bytes, 34 or 22 per block).
+    /// Row `r` as the file stored it (`out`: the row's bytes, 34, 22 or 18 per block).
     pub fn native_row(&self, r: usize, out: &mut [u8]) {
         let (g, rr) = (r / R, r % R);
         let w = self.group(g);
-        let native = if self.ty == GgmlType::Q5_0 { 22 } else { 34 };
-        for (i, blk) in out.chunks_exact_mut(native).enumerate() {
+        for (i, blk) in out
+            .chunks_exact_mut(native_block_bytes(self.ty))
+            .enumerate()
+        {
             let (_, dp) = offsets(levels_bytes(self.ty), i);
             blk[0..2].copy_from_slice(&w[dp + 2 * rr..dp + 2 * rr + 2]);
             let u: Vec<u8> = (0..QK).map(|j| self.level(w, i, rr, j) as u8).collect();
             if self.ty == GgmlType::Q8_0 {
                 for j in 0..QK {
                     blk[2 + j] = u[j] ^ 0x80;
+                }
+            } else if self.ty == GgmlType::Q4_0 {
+                for j in 0..16 {
+                    blk[2 + j] = u[j] | u[j + 16] << 4;
                 }
             } else {
                 let qh = (0..QK).fold(0u32, |h, j| h | ((u[j] >> 4) as u32) << j);
@@ -248,13 +273,13 @@ impl Q32Repacked {
         #[cfg(target_arch = "x86_64")]
         if super::avx512_available() {
             // The weight stream is prefetched for decode (few tokens) reading the group from
-            // memory; an unpacked Q5_0 group is already in L2.
+            // memory; an unpacked group is already in L2.
             let ahead = if t_len <= 4 {
                 crate::cpu::weight_prefetch_ahead()
             } else {
                 0
             };
-            let run = |w: &[u8], five: bool, ahead: usize, out: &mut [f32]| {
+            let run = |w: &[u8], ty: GgmlType, ahead: usize, out: &mut [f32]| {
                 let mut c = 0;
                 while c < t_len {
                     let n = (t_len - c).min(2);
@@ -262,20 +287,21 @@ impl Q32Repacked {
                     // SAFETY: AVX-512 VNNI is available; the group, the activation rows and
                     // their preparation were length-checked above.
                     unsafe {
-                        match (five, n) {
-                            (true, 2) => avx512::lanes::<2, true>(nb, w, ahead, acts, c, o),
-                            (true, _) => avx512::lanes::<1, true>(nb, w, ahead, acts, c, o),
-                            (false, 2) => avx512::lanes::<2, false>(nb, w, ahead, acts, c, o),
-                            (false, _) => avx512::lanes::<1, false>(nb, w, ahead, acts, c, o),
+                        use avx512::{lanes, Q4, Q5, Q8};
+                        match (ty, n) {
+                            (GgmlType::Q5_0, 2) => lanes::<2, Q5>(nb, w, ahead, acts, c, o),
+                            (GgmlType::Q5_0, _) => lanes::<1, Q5>(nb, w, ahead, acts, c, o),
+                            (GgmlType::Q4_0, 2) => lanes::<2, Q4>(nb, w, ahead, acts, c, o),
+                            (GgmlType::Q4_0, _) => lanes::<1, Q4>(nb, w, ahead, acts, c, o),
+                            (_, 2) => lanes::<2, Q8>(nb, w, ahead, acts, c, o),
+                            (_, _) => lanes::<1, Q8>(nb, w, ahead, acts, c, o),
                         }
                     }
                     c += n;
                 }
             };
-            if self.ty == GgmlType::Q8_0 {
-                run(w, false, ahead, out);
-            } else if t_len < UNPACK_MIN_TOKENS {
-                run(w, true, ahead, out);
+            if self.ty == GgmlType::Q8_0 || t_len < UNPACK_MIN_TOKENS {
+                run(w, self.ty, ahead, out);
             } else {
                 thread_local! {
                     static UNPACKED: std::cell::RefCell<AlignedBytes> = std::cell::RefCell::new(AlignedBytes::zeroed(0));
@@ -287,9 +313,14 @@ impl Q32Repacked {
                     }
                     let dst = &mut buf.as_mut_slice()[..len];
                     // SAFETY: AVX-512 VNNI is available; `dst` holds the Q8_0 form of `nb`
-                    // blocks and `w` the Q5_0 form.
-                    unsafe { avx512::unpack_q5(nb, w, dst) };
-                    run(dst, false, 0, out);
+                    // blocks and `w` the form of `self.ty`.
+                    unsafe {
+                        match self.ty {
+                            GgmlType::Q5_0 => avx512::unpack::<{ avx512::Q5 }>(nb, w, dst),
+                            _ => avx512::unpack::<{ avx512::Q4 }>(nb, w, dst),
+                        }
+                    }
+                    run(dst, GgmlType::Q8_0, 0, out);
                 });
             }
             return Ok(());
@@ -308,6 +339,9 @@ impl Q32Repacked {
             return w[lv + 64 * l + 4 * r + k] as i32;
         }
         let lo = w[lv + 64 * (l % 4) + 4 * r + k] >> (4 * (l / 4)) & 15;
+        if self.ty == GgmlType::Q4_0 {
+            return lo as i32;
+        }
         let bit = 4 * r + k;
         let hi = w[lv + 256 + 8 * l + bit / 8] >> (bit % 8) & 1;
         (lo | hi << 4) as i32
@@ -344,17 +378,29 @@ mod avx512 {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// Block i's 8 chunks of unsigned levels (16 rows x 4 elements each).
+    /// The layouts, by the bits of a level (the kernels' constant parameter).
+    pub(super) const Q8: u8 = 8;
+    pub(super) const Q5: u8 = 5;
+    pub(super) const Q4: u8 = 4;
+
+    const fn levels(bits: u8) -> usize {
+        match bits {
+            Q5 => Q5_LEVELS,
+            Q4 => Q4_LEVELS,
+            _ => Q8_LEVELS,
+        }
+    }
+
+    /// Block i's 8 chunks of unsigned levels (16 rows x 4 elements each) in a group of the
+    /// `BITS` layout, and where its `d` are.
     #[inline(always)]
-    unsafe fn chunks<const FIVE: bool>(w: *const u8, i: usize) -> ([__m512i; 8], *const u8) {
-        if !FIVE {
-            let (lv, dp) = offsets(Q8_LEVELS, i);
-            let p = w.add(lv);
+    unsafe fn chunks<const BITS: u8>(w: *const u8, i: usize) -> ([__m512i; 8], *const u8) {
+        let (lv, dp) = offsets(levels(BITS), i);
+        let p = w.add(lv);
+        if BITS == Q8 {
             let u = std::array::from_fn(|l| _mm512_loadu_si512(p.add(64 * l) as *const _));
             return (u, w.add(dp));
         }
-        let (lv, dp) = offsets(Q5_LEVELS, i);
-        let p = w.add(lv);
         let m4 = _mm512_set1_epi8(0x0f);
         let sixteen = _mm512_set1_epi8(16);
         let hi = p.add(256) as *const u64;
@@ -363,8 +409,12 @@ mod avx512 {
             let z = _mm512_loadu_si512(p.add(64 * m) as *const _);
             let lo = _mm512_and_si512(z, m4);
             let up = _mm512_and_si512(_mm512_srli_epi16::<4>(z), m4);
-            u[m] = _mm512_mask_add_epi8(lo, hi.add(m).read_unaligned(), lo, sixteen);
-            u[m + 4] = _mm512_mask_add_epi8(up, hi.add(m + 4).read_unaligned(), up, sixteen);
+            if BITS == Q5 {
+                u[m] = _mm512_mask_add_epi8(lo, hi.add(m).read_unaligned(), lo, sixteen);
+                u[m + 4] = _mm512_mask_add_epi8(up, hi.add(m + 4).read_unaligned(), up, sixteen);
+            } else {
+                (u[m], u[m + 4]) = (lo, up);
+            }
         }
         (u, w.add(dp))
     }
@@ -372,7 +422,7 @@ mod avx512 {
     /// 16 rows x `N` tokens (`t0..t0 + N` of `acts`), prefetching the group `ahead` bytes
     /// ahead of its reads (0: not at all).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    pub(super) unsafe fn lanes<const N: usize, const FIVE: bool>(
+    pub(super) unsafe fn lanes<const N: usize, const BITS: u8>(
         nb: usize,
         w: &[u8],
         ahead: usize,
@@ -385,18 +435,14 @@ mod avx512 {
         let dy: [*const f32; N] = std::array::from_fn(|c| acts.dy.as_ptr().add((t0 + c) * nb));
         let seed: [*const i32; N] =
             std::array::from_fn(|c| acts.seed.as_ptr().add((t0 + c) * nb * 8));
-        let block_bytes = if FIVE {
-            group_block_bytes(GgmlType::Q5_0)
-        } else {
-            group_block_bytes(GgmlType::Q8_0)
-        };
+        let block_bytes = levels(BITS) + D_BYTES;
         for i in 0..nb {
             crate::cpu::prefetch_ahead(
                 w.as_ptr().wrapping_add(i * block_bytes),
                 ahead,
                 block_bytes,
             );
-            let (u, dp) = chunks::<FIVE>(w.as_ptr(), i);
+            let (u, dp) = chunks::<BITS>(w.as_ptr(), i);
             let dx = _mm512_cvtph_ps(_mm256_loadu_si256(dp as *const __m256i));
             for c in 0..N {
                 let d = _mm512_mul_ps(dx, _mm512_set1_ps(*dy[c].add(i)));
@@ -422,11 +468,12 @@ mod avx512 {
         }
     }
 
-    /// A Q5_0 group (`nb` blocks) rewritten in the Q8_0 form (levels as bytes, same `d`).
+    /// A Q5_0 or Q4_0 group (`nb` blocks, the `BITS` layout) rewritten in the Q8_0 form
+    /// (levels as bytes, same `d`).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-    pub(super) unsafe fn unpack_q5(nb: usize, w: &[u8], dst: &mut [u8]) {
+    pub(super) unsafe fn unpack<const BITS: u8>(nb: usize, w: &[u8], dst: &mut [u8]) {
         for i in 0..nb {
-            let (u, dp) = chunks::<true>(w.as_ptr(), i);
+            let (u, dp) = chunks::<BITS>(w.as_ptr(), i);
             let (lv, dq) = offsets(Q8_LEVELS, i);
             let p = dst.as_mut_ptr();
             for (l, v) in u.iter().enumerate() {
@@ -446,7 +493,7 @@ mod tests {
     fn simd_equals_the_scalar_form_and_the_row_major_kernels() {
         let (rows, cols) = (32, 160);
         let mut rng = Rng::new(0x5eed_1234_abcd_0001);
-        for ty in [GgmlType::Q8_0, GgmlType::Q5_0] {
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0] {
             let (w, rb) = rng.matrix(ty, rows, cols);
             let packed = Q32Repacked::new(ty, &w, rows, cols).unwrap();
             assert_rows_round_trip(&w, rb, |r, out| packed.native_row(r, out));
