@@ -239,6 +239,9 @@ impl CudaModel {
         if self.step.q8_of == Some(b) {
             self.step.q8_of = None;
         }
+        if self.step.ffn_q8_of == Some(b) {
+            self.step.ffn_q8_of = None;
+        }
         if self.step.q8t_of == Some(b) {
             self.step.q8t_of = None;
         }
