@@ -131,30 +131,6 @@ pub fn matvec_kernel(
     )
 }
 
-/// The one-token gate/up SwiGLU kernel that also writes its output's int8 blocks for the down
-/// projection (`mvs_*`, `kernels/matvec.cu`), where [`matvec_kernel`] would take warps per
-/// row and the rows split into 32-row groups; `KESTREL_CUDA_SWIGLU_Q=0` keeps the separate
-/// quantize kernel (A/B figures).
-pub fn swiglu_q_kernel(
-    kind: crate::weights::Kind,
-    rows: usize,
-    cols: usize,
-) -> Option<(String, u32)> {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !crate::ops::switch_on(&ON, "KESTREL_CUDA_SWIGLU_Q")
-        || !kind.int8_activations()
-        || short_rows(kind, cols)
-        || !rows.is_multiple_of(32)
-    {
-        return None;
-    }
-    let wpr = warps_per_row(kind, cols);
-    Some((
-        format!("mvs_{}_{wpr}", kind.name()),
-        rows.div_ceil(4 / wpr) as u32,
-    ))
-}
-
 /// Matrices one mat-mat launch takes at most (`kernels/mmq.cu`'s `MMQ_MATS_ARGS`, `mmq_pick`): the projections
 /// that share an input (q / gate / k / v, a DeltaNet layer's four) in one grid, so the small ones
 /// (k and v of 1,024 rows, alpha and beta of 32) do not each leave most SMs idle.
@@ -624,59 +600,10 @@ impl CudaModel {
                 self.mm_into(u, None, x, spare, false)?;
                 self.swiglu(op, spare, (rows * wrows) as u64)?;
             }
-            Some(u) if rows == 1 && self.swiglu_q(w, u, x, op)? => {
-                self.wrote(out);
-                self.step.ffn_q8_of = Some(out);
-                return Ok(());
-            }
             _ => self.mm_into(w, up, x, op, add)?,
         }
         self.wrote(out);
         Ok(())
-    }
-
-    /// One token's `out = silu(w · x) * (up · x)` by the kernel that also leaves the int8
-    /// blocks of `out` in `Scratch::ffn_q` / `ffn_d` ([`swiglu_q_kernel`]); false where that
-    /// kernel does not apply (nothing launched).
-    fn swiglu_q(&mut self, w: W, up: W, x: Buf, op: u64) -> Result<bool> {
-        let (kind, rows, cols, wp) = {
-            let m = self.matrix(w)?;
-            (m.kind, m.rows, m.cols, m.buf.ptr)
-        };
-        let Some((name, grid)) = swiglu_q_kernel(kind, rows, cols) else {
-            return Ok(false);
-        };
-        if self.matrix(up)?.kind != kind || rows > self.config.ffn_dim {
-            return Ok(false);
-        }
-        let up_ptr = self.matrix(up)?.buf.ptr;
-        self.quantize(x)?;
-        let f = self.gpu.func(&name)?;
-        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
-        let (oq, od, cnt) = (
-            self.scratch.ffn_q.ptr,
-            self.scratch.ffn_d.ptr,
-            self.scratch.ffn_count.ptr,
-        );
-        let (r, c) = (rows as i32, cols as i32);
-        // SAFETY: as in flush; ffn_q / ffn_d / ffn_count are sized for ffn_dim rows.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&wp)
-                .arg(&up_ptr)
-                .arg(&r)
-                .arg(&c)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&op)
-                .arg(&oq)
-                .arg(&od)
-                .arg(&cnt)
-                .launch(cfg((grid, 1, 1), 128))?;
-        }
-        Ok(true)
     }
 
     /// One product into device address `op` (rows of `w.rows`); `up` (same type as `w`, at most
@@ -705,19 +632,14 @@ impl CudaModel {
             Some(u) => self.matrix(u)?.buf.ptr,
             None => 0,
         };
-        // a one-token SwiGLU output's int8 blocks, where its mat-vec left them
-        let (q, qd) = if rows == 1 && self.step.ffn_q8_of == Some(x) {
-            (self.scratch.ffn_q.ptr, self.scratch.ffn_d.ptr)
-        } else {
-            if kind.int8_activations() {
-                self.quantize(x)?;
-            }
-            (self.scratch.xq.ptr, self.scratch.xd.ptr)
-        };
+        if kind.int8_activations() {
+            self.quantize(x)?;
+        }
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
         let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
         let f = self.gpu.func(&name)?;
+        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
         unsafe {

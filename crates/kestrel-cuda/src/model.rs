@@ -219,8 +219,6 @@ pub struct StepState {
     /// Sequences of the step (the DeltaNet kernels run one block row per sequence).
     pub n_seqs: usize,
     pub q8_of: Option<Buf>,
-    /// The buffer whose int8 blocks the SwiGLU mat-vec left in `Scratch::ffn_q` / `ffn_d`.
-    pub ffn_q8_of: Option<Buf>,
     /// The buffer the mat-mat's 8-bit copy holds.
     pub q8t_of: Option<Buf>,
     pub f16_of: Option<Buf>,

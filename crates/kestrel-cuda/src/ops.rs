@@ -239,9 +239,6 @@ impl CudaModel {
         if self.step.q8_of == Some(b) {
             self.step.q8_of = None;
         }
-        if self.step.ffn_q8_of == Some(b) {
-            self.step.ffn_q8_of = None;
-        }
         if self.step.q8t_of == Some(b) {
             self.step.q8t_of = None;
         }

@@ -33,12 +33,6 @@ pub struct Scratch {
     pub delta: DevBuf,
     pub xq: DevBuf,
     pub xd: DevBuf,
-    /// The int8 blocks of a one-token SwiGLU output, written by the gate/up mat-vec itself
-    /// (`mvs_*`: its input's blocks in `xq` / `xd` are still being read), and its finished
-    /// 32-row groups (zero between launches: the completing block resets its group).
-    pub ffn_q: DevBuf,
-    pub ffn_d: DevBuf,
-    pub ffn_count: DevBuf,
     /// The mat-mat's 8-bit copy (`kernels/mmq.cu`: piece-major, up to MMQ_MAX tokens).
     pub xqt: DevBuf,
     pub xdt: DevBuf,
@@ -80,11 +74,6 @@ fn hybrid_floats(cfg: &ModelConfig) -> usize {
         Some(h) => cfg.q_dim() + 2 * h.conv_channels() + 2 * h.value_dim() + 2 * h.n_v_heads,
         None => 0,
     }
-}
-
-/// Floats of `Scratch::ffn_q`, `ffn_d` and `ffn_count` together.
-fn ffn_q_floats(cfg: &ModelConfig) -> usize {
-    cfg.ffn_dim / 4 + 4 + cfg.ffn_dim.div_ceil(32) * 3 + 3
 }
 
 /// The widest row a matrix product reads (the 8-bit and f16 activation copies are this wide).
@@ -132,7 +121,7 @@ impl Scratch {
                 + 2 * cfg.ffn_dim
                 + cfg.vocab_size
                 + hybrid_floats(cfg)) as u64;
-        let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3 + ffn_q_floats(cfg) as u64 * 4;
+        let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3;
         let act16 = t * widest * 2;
         let partial =
             (Self::partial_floats(cfg) + max_batch.max(MATVEC_MAX) * cfg.n_heads) as u64 * 4;
@@ -189,9 +178,6 @@ impl Scratch {
             delta: f(t * vd)?,
             xq: f(MATVEC_MAX * widest / 4 + 4)?,
             xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
-            ffn_q: f(cfg.ffn_dim / 4 + 4)?,
-            ffn_d: f(cfg.ffn_dim.div_ceil(32) * 2 + 2)?,
-            ffn_count: f(cfg.ffn_dim.div_ceil(32) + 1)?,
             xqt: f(MMQ_MAX * widest / 4 + 4)?,
             xdt: f(MMQ_MAX * widest.div_ceil(32) * 2 + 2)?,
             act16: gpu.alloc(t * widest * 2)?,

@@ -140,86 +140,8 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                         });
                     }
                 }
-                if nt == 1 && kind.int8_activations() && rows % 32 == 0 {
-                    let want: Vec<f32> = (0..rows)
-                        .map(|i| (g1[i] / (1.0 + (-g1[i]).exp()) * g2[i]) as f32)
-                        .collect();
-                    let mats = (dw.ptr, dw2.ptr, rows, cols);
-                    check_swiglu_q(gpu, kind, mats, (dq.ptr, dd.ptr), &want, out)?;
-                }
             }
         }
-    }
-    Ok(())
-}
-
-/// The one-token SwiGLU that also quantizes its output (`mvs_*`), launched twice on the same
-/// buffers (the group counters must be back at zero after each launch): its f32 output against
-/// `want`, and its int8 blocks against that output.
-fn check_swiglu_q(
-    gpu: &mut Gpu,
-    kind: Kind,
-    (w, w2, rows, cols): (u64, u64, usize, usize),
-    (xq, xd): (u64, u64),
-    want: &[f32],
-    out: &mut Vec<CaseResult>,
-) -> Result<()> {
-    let groups = rows / 32;
-    let (dout, oq, od) = (
-        gpu.alloc(rows * 4)?,
-        gpu.alloc(rows)?,
-        gpu.alloc(groups * 8)?,
-    );
-    let cnt = gpu.upload(&vec![0u8; groups * 4])?;
-    for wpr in [1usize, 2, 4] {
-        let f = gpu.func(&format!("mvs_{}_{wpr}", kind.name()))?;
-        let (r, c) = (rows as i32, cols as i32);
-        let mut worst = 0f64;
-        for _ in 0..2 {
-            gpu.write(oq.ptr, &vec![0u8; rows])?;
-            // SAFETY: buffers sized above; arguments match the kernel.
-            unsafe {
-                gpu.stream
-                    .launch_builder(&f)
-                    .arg(&w)
-                    .arg(&w2)
-                    .arg(&r)
-                    .arg(&c)
-                    .arg(&xq)
-                    .arg(&xd)
-                    .arg(&dout.ptr)
-                    .arg(&oq.ptr)
-                    .arg(&od.ptr)
-                    .arg(&cnt.ptr)
-                    .launch(cfg((rows.div_ceil(4 / wpr) as u32, 1, 1), 128))?;
-            }
-            let got = gpu.read_f32(dout.ptr, rows)?;
-            let mut q = vec![0i8; rows];
-            let mut d = vec![[0f32; 2]; groups];
-            let mut counts = vec![0i32; groups];
-            gpu.read(oq.ptr, &mut q)?;
-            gpu.read(od.ptr, &mut d)?;
-            gpu.read(cnt.ptr, &mut counts)?;
-            let deq: Vec<f32> = (0..rows).map(|i| q[i] as f32 * d[i / 32][0]).collect();
-            let sums_ok = (0..groups).all(|g| {
-                let s: i32 = q[32 * g..32 * g + 32].iter().map(|&v| v as i32).sum();
-                (d[g][1] - d[g][0] * s as f32).abs() <= 1e-5 * (1.0 + d[g][1].abs())
-            });
-            let e = rel_err(&got, want).max(rel_err(&deq, &got));
-            worst = if sums_ok && counts.iter().all(|&n| n == 0) && !worst.is_nan() {
-                worst.max(e)
-            } else {
-                f64::NAN
-            };
-        }
-        out.push(CaseResult {
-            op: format!(
-                "matvec {} [{rows}x{cols}] swiglu + int8 blocks of the output, warps/row {wpr}, twice",
-                kind.name()
-            ),
-            err: worst,
-            tol: 1e-2,
-        });
     }
     Ok(())
 }

@@ -412,42 +412,6 @@ MV_ALL(MVQ, q6_k, T_Q6_K)
 MV_ALL(MVF, f32, T_F32)
 MV_ALL(MVF, f16, T_F16)
 
-// One token, the MLP's gate and up with SwiGLU (as mv_q's EPI 2), and the int8 blocks of the
-// result for the down projection written by the same launch: the block that completes a
-// 32-row group (counted in cnt[group], reset by that block) quantizes it into oq / od, so no
-// quantize kernel runs between the two mat-vecs. Rows a multiple of 32; oq / od are not the
-// input's xq / xd (other blocks still read those).
-template <int TY, int WPR>
-__device__ __forceinline__ void mv_swiglu_q(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
-                                            int cols, const i8* __restrict__ xq, const float2* __restrict__ xd,
-                                            float* out, i8* oq, float2* od, int* cnt) {
-    mv_q<TY, 1, 2, WPR>(W, W2, rows, cols, xq, xd, cols, out, rows);
-    constexpr int BPG = 32 / (4 / WPR);  // blocks a 32-row group spans
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    const int g = blockIdx.x / BPG;
-    if (threadIdx.x == 0) {
-        last = atomicAdd(cnt + g, 1) == BPG - 1;
-        if (last) cnt[g] = 0;
-    }
-    __syncthreads();
-    if (last && threadIdx.x < 32) quant32(__ldcg(out + 32 * g + threadIdx.x), oq + 32 * g, od + g);
-}
-
-#define MVS1(NAME, TY, WPR)                                                                      \
-    extern "C" __global__ void __launch_bounds__(128) mvs_##NAME##_##WPR(                        \
-        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd,           \
-        float* out, i8* oq, float2* od, int* cnt) { GRID_DEP();                                  \
-        mv_swiglu_q<TY, WPR>(W, W2, rows, cols, xq, xd, out, oq, od, cnt);                       \
-    }
-#define MVS(NAME, TY) MVS1(NAME, TY, 1) MVS1(NAME, TY, 2) MVS1(NAME, TY, 4)
-MVS(q4_0, T_Q4_0)
-MVS(q5_0, T_Q5_0)
-MVS(q8_0, T_Q8_0)
-MVS(q4_k, T_Q4_K)
-MVS(q6_k, T_Q6_K)
-
 // Up to four matrices over the same activations in one launch (q, k and v of attention; qkv, z,
 // alpha and beta of a DeltaNet layer):
 // warp g of the grid takes row g of the concatenated rows, whatever each matrix's type.
