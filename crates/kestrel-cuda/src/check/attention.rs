@@ -305,6 +305,166 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
     Ok(())
 }
 
+/// The decode kernel that runs the q/k/v epilogue itself (`attn_fused_h*`), on steps of one
+/// token per sequence: raw q / k / v rows (+ bias, head norms, RoPE, partial or whole) against
+/// the CPU's epilogue ops and the f64 attention over the cache with each token's finished k / v
+/// row in place; the rows it wrote to the cache against the CPU's too. Launched twice.
+pub fn check_fused_attention(
+    gpu: &mut Gpu,
+    rng: &mut Rng,
+    out: &mut Vec<CaseResult>,
+) -> Result<()> {
+    // (heads, KV heads, head dim, rotated dims, neox, biases, head norms)
+    for (nh, nkv, hd, rope_dim, neox, bias, norm) in [
+        (12usize, 2usize, 128usize, 128usize, true, true, false),
+        (32, 8, 128, 128, true, false, true),
+        (16, 4, 256, 64, true, false, true),
+        (4, 2, 16, 16, false, true, true),
+    ] {
+        let lens = [1usize, 37, 700, 5000];
+        let seqs: Vec<(usize, usize)> = lens.iter().map(|&l| (l, 1)).collect();
+        let s = Step::new(nh, nkv, hd, &seqs, rng);
+        let t = s.t();
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let (mut kc, mut vc, _) = random_cache(&s, rng);
+        let (q, k, v) = (
+            rng.vec(t * qd, 2.0),
+            rng.vec(t * kvd, 1.0),
+            rng.vec(t * kvd, 1.0),
+        );
+        let opt = |on: bool, v: Vec<f32>| if on { Some(v) } else { None };
+        let (bq, bk, bv) = (
+            opt(bias, rng.vec(qd, 0.5)),
+            opt(bias, rng.vec(kvd, 0.5)),
+            opt(bias, rng.vec(kvd, 0.5)),
+        );
+        let (qn, kn) = (opt(norm, rng.vec(hd, 1.0)), opt(norm, rng.vec(hd, 1.0)));
+        let (base, eps) = (1e6f32, 1e-6f32);
+        // the CPU's epilogue, per token
+        let (mut wq, mut wk, mut wv) = (q.clone(), k.clone(), v.clone());
+        for (x, b) in [(&mut wq, &bq), (&mut wk, &bk), (&mut wv, &bv)] {
+            if let Some(b) = b {
+                for row in x.chunks_exact_mut(b.len()) {
+                    kestrel_models::ops::add_bias(row, b);
+                }
+            }
+        }
+        if let (Some(qn), Some(kn)) = (&qn, &kn) {
+            kestrel_models::ops::rms_norm(&mut wq, qn, eps);
+            kestrel_models::ops::rms_norm(&mut wk, kn, eps);
+        }
+        let positions: Vec<usize> = s.pos.iter().map(|&p| p as usize).collect();
+        let rope = kestrel_models::ops::Rope::new(&positions, rope_dim, base, neox);
+        rope.apply(&mut wq, hd);
+        rope.apply(&mut wk, hd);
+        // each token's cache row: where its position lies in its table
+        let kv_row: Vec<i32> = (0..t)
+            .map(|i| {
+                let p = s.pos[i] as usize;
+                s.tables[s.tbl_off[i] as usize + p / BS] * BS as i32 + (p % BS) as i32
+            })
+            .collect();
+        let d = upload(gpu, &s, &q, &kc, &vc)?;
+        for (i, &r) in kv_row.iter().enumerate() {
+            let r = r as usize;
+            for j in 0..kvd {
+                kc[r * kvd + j] = half::f16::from_f32(wk[i * kvd + j]);
+                vc[r * kvd + j] = half::f16::from_f32(wv[i * kvd + j]);
+            }
+        }
+        let want = s.reference(&wq, &kc, &vc);
+        let splits = 64;
+        let scratch = DecodeScratch::new(gpu, &s, splits)?;
+        let up = |v: &Option<Vec<f32>>| -> Result<Option<DevBuf>> {
+            v.as_ref().map(|v| gpu.upload_f32(v)).transpose()
+        };
+        let bufs = [up(&bq)?, up(&bk)?, up(&bv)?, up(&qn)?, up(&kn)?];
+        let ptr = |b: &Option<DevBuf>| b.as_ref().map_or(0, |b| b.ptr);
+        let (dk, dv, drow) = (
+            gpu.upload_f32(&k)?,
+            gpu.upload_f32(&v)?,
+            gpu.upload(&bytes_i32(&kv_row))?,
+        );
+        let e = crate::ops::QkvEpi {
+            k: dk.ptr,
+            v: dv.ptr,
+            bq: ptr(&bufs[0]),
+            bk: ptr(&bufs[1]),
+            bv: ptr(&bufs[2]),
+            qn: ptr(&bufs[3]),
+            kn: ptr(&bufs[4]),
+            kv_row: drow.ptr,
+            eps,
+            theta_scale: base.powf(-2.0 / rope_dim as f32),
+            rope_dim: rope_dim as i32,
+            neox: neox as i32,
+        };
+        let f = gpu.func(&crate::ops::attn_fused_kernel(hd)?)?;
+        let (n, mut err, mut cache_err) = (t * qd, 0f64, 0f64);
+        for _ in 0..2 {
+            gpu.write(d.out.ptr, &vec![0xFFu8; n * 4])?;
+            let (nhi, nkvi, bs, ns) = (nh as i32, nkv as i32, BS as i32, splits as i32);
+            let scale = 1.0 / (hd as f32).sqrt();
+            let groups = crate::ops::attn_groups(nh, nkv) as u32;
+            let none = 0u64;
+            // SAFETY: as in launch_decode; the epilogue's buffers are sized for the step.
+            unsafe {
+                gpu.stream
+                    .launch_builder(&f)
+                    .arg(&d.q.ptr)
+                    .arg(&nhi)
+                    .arg(&nkvi)
+                    .arg(&d.kc.ptr)
+                    .arg(&d.vc.ptr)
+                    .arg(&bs)
+                    .arg(&d.pos.ptr)
+                    .arg(&d.off.ptr)
+                    .arg(&d.tables.ptr)
+                    .arg(&ns)
+                    .arg(&scale)
+                    .arg(&scratch.partial.ptr)
+                    .arg(&scratch.count.ptr)
+                    .arg(&d.out.ptr)
+                    .arg(&none)
+                    .arg(&none)
+                    .arg(&e)
+                    .launch(cfg((groups, t as u32, splits as u32), 128))?;
+            }
+            let got = gpu.read_f32(d.out.ptr, n)?;
+            err = err.max(rel_err(&got, &want));
+            let mut rows = vec![half::f16::ZERO; s.rows * kvd];
+            for (buf, host) in [(d.kc.ptr, &kc), (d.vc.ptr, &vc)] {
+                gpu.read(buf, &mut rows)?;
+                let pick = |c: &[half::f16]| -> Vec<f32> {
+                    kv_row
+                        .iter()
+                        .flat_map(|&r| c[r as usize * kvd..][..kvd].iter().map(|h| h.to_f32()))
+                        .collect()
+                };
+                cache_err = cache_err.max(rel_err(&pick(&rows), &pick(host)));
+            }
+        }
+        let what = format!(
+            "attention with the q/k/v epilogue ({}) {nh}/{nkv} heads of {hd}, rope {rope_dim} {}{}{}, {t} sequences",
+            crate::ops::attn_fused_kernel(hd)?,
+            if neox { "neox" } else { "normal" },
+            if bias { ", biases" } else { "" },
+            if norm { ", head norms" } else { "" },
+        );
+        out.push(CaseResult {
+            op: format!("{what}: k / v rows in the cache"),
+            err: cache_err,
+            tol: 1e-3,
+        });
+        out.push(CaseResult {
+            op: what,
+            err,
+            tol: 1e-3,
+        });
+    }
+    Ok(())
+}
+
 /// How far the kernel's 8-bit blocks of the output are from the output it wrote: per value
 /// the distance beyond rounding's half step, in steps, and the relative error of each block's
 /// scale (amax / 127) and of its stored scaled sum.
