@@ -6,9 +6,7 @@
 //! - RMSNorm writes the 8-bit activation blocks the next mat-vec reads (no separate pass);
 //!   attention's combine step does the same for the output projection.
 //! - Bias, q/k norm, RoPE and the KV write are recorded and run as one kernel
-//!   (`qkv_epilogue`) when the next other operation arrives; when that is the decode
-//!   attention of a step of one token per sequence, the attention kernel does them itself
-//!   (`attn_fused_h*`: one kernel fewer a layer).
+//!   (`qkv_epilogue`) when the next other operation arrives.
 //! - The residual add is the mat-vec's epilogue (`matmul_add`), SwiGLU the gate/up mat-vec's.
 
 use crate::device::Gpu;
@@ -37,42 +35,6 @@ pub struct Pending {
     pub kv_layer: Option<usize>,
     /// Highest stage recorded: bias 1, norm 2, rope 3, kv write 4 (0: nothing pending).
     pub stage: u8,
-}
-
-/// The q/k/v epilogue's arguments as the kernels take them (`kernels/attention.cu`'s `QkvEpi`,
-/// field for field): the raw k / v rows, biases and head-norm weights (0: none), each token's
-/// cache row, and the rotation.
-#[repr(C)]
-#[derive(Clone, Copy, Default, Debug)]
-pub struct QkvEpi {
-    pub k: u64,
-    pub v: u64,
-    pub bq: u64,
-    pub bk: u64,
-    pub bv: u64,
-    pub qn: u64,
-    pub kn: u64,
-    pub kv_row: u64,
-    pub eps: f32,
-    pub theta_scale: f32,
-    pub rope_dim: i32,
-    pub neox: i32,
-}
-
-// SAFETY: plain old data, laid out as the C struct the kernels declare.
-unsafe impl cudarc::driver::DeviceRepr for QkvEpi {}
-
-/// Whether a step of `t` tokens over `n_seqs` sequences runs the q/k/v epilogue inside the
-/// decode attention (one token per sequence: a token's k / v is read only by its own blocks);
-/// `KESTREL_CUDA_FUSED_ATTN=0` keeps the separate kernel (A/B figures).
-pub fn fuses_epilogue(t: usize, n_seqs: usize) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    t == n_seqs && !takes_flash(t, n_seqs) && switch_on(&ON, "KESTREL_CUDA_FUSED_ATTN")
-}
-
-/// The decode attention kernel that also runs the q/k/v epilogue, for a head size.
-pub fn attn_fused_kernel(head_dim: usize) -> Result<String> {
-    Ok(attn_kernel(head_dim)?.replace("attn_decode", "attn_fused"))
 }
 
 /// The decode attention kernel for a head size (`kernels/attention.cu`, `attn_decode_h<HD>`).
@@ -300,9 +262,11 @@ impl CudaModel {
         self.step.pending = Pending::default();
         let c = self.config.clone();
         let f = self.gpu.func("qkv_epilogue")?;
-        let q = self.scratch.q.ptr;
+        let (q, k, v) = (self.scratch.q.ptr, self.scratch.k.ptr, self.scratch.v.ptr);
         let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
-        let e = self.qkv_epi(&p);
+        let rope_dim = if p.rope { c.rope_dim as i32 } else { 0 };
+        let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
+        let neox = (c.rope_layout == kestrel_models::RopeLayout::NeoX) as i32;
         let (kc, vc) = match p.kv_layer {
             Some(l) => {
                 let kv = c.kv_layer(l);
@@ -310,7 +274,8 @@ impl CudaModel {
             }
             None => (0, 0),
         };
-        let pos = self.scratch.pos.ptr;
+        let (pos, kv_row) = (self.scratch.pos.ptr, self.scratch.kv_row.ptr);
+        let eps = c.rms_eps;
         let heads = (c.n_heads + 2 * c.n_kv_heads) as u32;
         let block = (c.head_dim.div_ceil(32) * 32) as u32;
         let s = &self.gpu.stream;
@@ -318,49 +283,30 @@ impl CudaModel {
         unsafe {
             s.launch_builder(&f)
                 .arg(&q)
-                .arg(&e.k)
-                .arg(&e.v)
+                .arg(&k)
+                .arg(&v)
                 .arg(&n_heads)
                 .arg(&n_kv)
                 .arg(&hd)
-                .arg(&e.bq)
-                .arg(&e.bk)
-                .arg(&e.bv)
-                .arg(&e.qn)
-                .arg(&e.kn)
-                .arg(&e.eps)
+                .arg(&p.bias[0])
+                .arg(&p.bias[1])
+                .arg(&p.bias[2])
+                .arg(&p.qn)
+                .arg(&p.kn)
+                .arg(&eps)
                 .arg(&pos)
-                .arg(&e.rope_dim)
-                .arg(&e.theta_scale)
-                .arg(&e.neox)
+                .arg(&rope_dim)
+                .arg(&theta_scale)
+                .arg(&neox)
                 .arg(&kc)
                 .arg(&vc)
-                .arg(&e.kv_row)
+                .arg(&kv_row)
                 .launch(cfg((heads, self.step.t as u32, 1), block))?;
         }
         for b in [Buf::Q, Buf::K, Buf::V] {
             self.wrote(b);
         }
         Ok(())
-    }
-
-    /// The kernels' arguments for the recorded epilogue `p`.
-    fn qkv_epi(&self, p: &Pending) -> QkvEpi {
-        let c = &self.config;
-        QkvEpi {
-            k: self.scratch.k.ptr,
-            v: self.scratch.v.ptr,
-            bq: p.bias[0],
-            bk: p.bias[1],
-            bv: p.bias[2],
-            qn: p.qn,
-            kn: p.kn,
-            kv_row: self.scratch.kv_row.ptr,
-            eps: c.rms_eps,
-            theta_scale: c.rope_base.powf(-2.0 / c.rope_dim as f32),
-            rope_dim: if p.rope { c.rope_dim as i32 } else { 0 },
-            neox: (c.rope_layout == kestrel_models::RopeLayout::NeoX) as i32,
-        }
     }
 
     fn record(&mut self, stage: u8, edit: impl FnOnce(&mut Pending)) -> Result<()> {
@@ -565,18 +511,7 @@ impl Ops for CudaModel {
     }
 
     fn attention(&mut self, layer: usize, q: Buf, out: Buf) -> Result<()> {
-        self.flush_mm()?;
-        // the recorded epilogue of this layer's q / k / v, done by the attention kernel
-        let p = self.step.pending;
-        let fused = (q == Buf::Q
-            && p.kv_layer == Some(layer)
-            && fuses_epilogue(self.step.t, self.step.n_seqs))
-        .then(|| self.qkv_epi(&p));
-        if fused.is_some() {
-            self.step.pending = Pending::default();
-        } else {
-            self.flush_epilogue()?;
-        }
+        self.flush()?;
         let c = self.config.clone();
         let (qp, _) = self.buf(q);
         let (op, _) = self.buf(out);
@@ -585,11 +520,7 @@ impl Ops for CudaModel {
             return self.flash_attention(layer, &name, qp, op, out);
         }
         let n_splits = self.step.n_splits;
-        let name = match fused {
-            Some(_) => attn_fused_kernel(c.head_dim)?,
-            None => attn_kernel(c.head_dim)?,
-        };
-        let f = self.gpu.func(&name)?;
+        let f = self.gpu.func(&attn_kernel(c.head_dim)?)?;
         let (nh, nkv) = (c.n_heads as i32, c.n_kv_heads as i32);
         let kvl = c.kv_layer(layer);
         let (kc, vc, bs) = (
@@ -607,8 +538,9 @@ impl Ops for CudaModel {
         let groups = attn_groups(c.n_heads, c.n_kv_heads) as u32;
         // SAFETY: as in flush.
         unsafe {
-            let mut launch = self.gpu.stream.launch_builder(&f);
-            launch
+            self.gpu
+                .stream
+                .launch_builder(&f)
                 .arg(&qp)
                 .arg(&nh)
                 .arg(&nkv)
@@ -624,11 +556,8 @@ impl Ops for CudaModel {
                 .arg(&count)
                 .arg(&op)
                 .arg(&xq)
-                .arg(&xd);
-            if let Some(e) = &fused {
-                launch.arg(e);
-            }
-            launch.launch(cfg((groups, t as u32, n_splits as u32), 128))?;
+                .arg(&xd)
+                .launch(cfg((groups, t as u32, n_splits as u32), 128))?;
         }
         self.wrote(out);
         if quant {

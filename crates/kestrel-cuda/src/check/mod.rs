@@ -13,7 +13,7 @@ mod mmq;
 mod rows;
 use crate::error::{CudaError, Result};
 use crate::weights::Kind;
-pub use attention::{check_attention, check_flash, check_fused_attention, perf_decode, perf_flash};
+pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
 pub use deltanet::{check_deltanet, perf_delta_rule};
 use kestrel_gguf::GgmlType;
@@ -197,7 +197,6 @@ pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
     check_argmax(gpu, &mut rng, &mut out)?;
     check_epilogue(gpu, &mut rng, &mut out)?;
     check_attention(gpu, &mut rng, &mut out)?;
-    check_fused_attention(gpu, &mut rng, &mut out)?;
     check_flash(gpu, &mut rng, &mut out)?;
     check_deltanet(gpu, &mut rng, &mut out)?;
     check_gemm_embed(gpu, &mut rng, &mut out)?;

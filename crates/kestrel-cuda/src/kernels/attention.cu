@@ -42,106 +42,12 @@ struct AttnTile {
     static constexpr int PS = HD + 4;  // floats of a range's result in partial
 };
 
-// The q/k/v epilogue (elementwise.cu's qkv_epilogue) done by the decode kernel itself, for
-// steps of one token per sequence (attn_fused_h<HD>): each block takes its query heads from
-// the raw q rows (+ bias, head norm, RoPE), and the blocks of a token's last context range -
-// the only ones that read the token's own position - also finish its k / v row and write it to
-// the cache before their first tile is loaded. Null pointers skip a part, as in qkv_epilogue.
-struct QkvEpi {
-    const float* K;
-    const float* V;
-    const float* bq;
-    const float* bk;
-    const float* bv;
-    const float* qn;
-    const float* kn;
-    const int* kv_row;
-    float eps, theta_scale;
-    int rope_dim, neox;
-};
-
-// A lane's share of one head's epilogue (dims lane, lane + 32, ...), everything that does not
-// come from the previous kernel loaded before the wait: bias and norm weights, the rotation.
 template <int HD>
-struct HeadEpi {
-    static constexpr int PL = (HD + 31) / 32;
-    float b[PL], w[PL], c[PL], sn[PL];
-
-    // bias / nw null: none; rope_dim 0: no rotation (theta by repeated products, as
-    // qkv_epilogue and the CPU compute it)
-    __device__ __forceinline__ void load(const float* bias, const float* nw, const QkvEpi& e, bool rope,
-                                         float posf) {
-        const int lane = threadIdx.x & 31, half = e.rope_dim / 2;
-#pragma unroll
-        for (int k = 0; k < PL; k++) {
-            const int d = lane + 32 * k;
-            b[k] = bias != nullptr && d < HD ? bias[d] : 0.f;
-            w[k] = nw != nullptr && d < HD ? nw[d] : 1.f;
-            c[k] = 1.f;
-            sn[k] = 0.f;
-            if (rope && d < e.rope_dim) {
-                const int pair = e.neox ? (d < half ? d : d - half) : d / 2;
-                float theta = posf;
-                for (int j = 0; j < pair; j++) theta *= e.theta_scale;
-                c[k] = cosf(theta);
-                sn[k] = sinf(theta);
-            }
-        }
-    }
-
-    // src (HD raw values) + bias, RMSNorm (norm), RoPE (rope), times mul, into dst (HD floats
-    // of shared memory) by one warp
-    __device__ __forceinline__ void apply(const float* src, bool norm, bool rope, const QkvEpi& e, float mul,
-                                          float* dst) const {
-        const int lane = threadIdx.x & 31, half = e.rope_dim / 2;
-        float v[PL];
-        float ss = 0.f;
-#pragma unroll
-        for (int k = 0; k < PL; k++) {
-            const int d = lane + 32 * k;
-            v[k] = d < HD ? src[d] + b[k] : 0.f;
-            ss += v[k] * v[k];
-        }
-        if (norm) {
-            const float r = rsqrtf(warp_sum(ss) / (float)HD + e.eps);
-#pragma unroll
-            for (int k = 0; k < PL; k++) v[k] = v[k] * r * w[k];
-        }
-        if (rope && e.rope_dim > 0) {
-#pragma unroll
-            for (int k = 0; k < PL; k++) {
-                const int d = lane + 32 * k;
-                if (d < HD) dst[d] = v[k];
-            }
-            __syncwarp();
-#pragma unroll
-            for (int k = 0; k < PL; k++) {
-                const int d = lane + 32 * k;
-                if (d < e.rope_dim) {
-                    const int pair = e.neox ? (d < half ? d : d - half) : d / 2;
-                    const bool first = e.neox ? d < half : (d % 2 == 0);
-                    const float x0 = e.neox ? dst[pair] : dst[2 * pair];
-                    const float x1 = e.neox ? dst[pair + half] : dst[2 * pair + 1];
-                    v[k] = first ? fmaf(x0, c[k], -(x1 * sn[k])) : fmaf(x0, sn[k], x1 * c[k]);
-                }
-            }
-            __syncwarp();
-        }
-#pragma unroll
-        for (int k = 0; k < PL; k++) {
-            const int d = lane + 32 * k;
-            if (d < HD) dst[d] = v[k] * mul;
-        }
-        __syncwarp();
-    }
-};
-
-template <int HD, bool FUSED>
 __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n_heads, int n_kv,
-                                              u16* __restrict__ kc, u16* __restrict__ vc,
+                                              const u16* __restrict__ kc, const u16* __restrict__ vc,
                                               int block_size, const int* pos, const int* tbl_off,
                                               const int* tables, int n_splits, float scale, float* partial,
-                                              int* count, float* out, i8* xq, float2* xd, const QkvEpi& e) {
+                                              int* count, float* out, i8* xq, float2* xd) {
     using A = AttnTile<HD>;
     constexpr int TP = A::TP, RS = A::RS, CPR = A::CPR, R = A::R, LPT = A::LPT, PS = A::PS;
     const int G = n_heads / n_kv, subs = (G + ATT_GQ - 1) / ATT_GQ, per = (G + subs - 1) / subs;
@@ -163,42 +69,12 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     __shared__ float scorr[ATT_GQ], sm[ATT_GQ], sl[ATT_GQ];
     __shared__ int last;
 
-    const u64 col = (u64)kvh * HD;
-    if (FUSED) {
-        // a warp per query head of the group, then (last range) warps 0 and 1 finish the
-        // token's k and v rows in the spent K / V buffers and write them to the cache; what
-        // does not come from the previous kernel is loaded before the wait
-        static_assert(ATT_GQ == ATT_THREADS / 32, "a warp per query head");
-        const float posf = (float)(len - 1);
-        const int hh = h0 + warp;
-        const bool is_k = warp == 0, kv = s == ns - 1 && warp < 2;
-        HeadEpi<HD> qe, ke;
-        qe.load(e.bq != nullptr && warp < nq ? e.bq + (u64)hh * HD : nullptr, e.qn, e, true, posf);
-        if (kv) {
-            const float* b = is_k ? e.bk : e.bv;
-            ke.load(b != nullptr ? b + col : nullptr, is_k ? e.kn : nullptr, e, is_k, posf);
-        }
-        const u64 row = kv ? (u64)e.kv_row[t] : 0;
-        GRID_DEP();
-        if (warp < nq) {
-            qe.apply(Q + ((u64)t * n_heads + hh) * HD, e.qn != nullptr, true, e, scale, sq + warp * HD);
-        } else {
-            for (int d = lane; d < HD; d += 32) sq[warp * HD + d] = 0.f;
-        }
-        if (kv) {
-            float* r = (float*)(is_k ? &sk[1][0] : &sv[1][0]);
-            ke.apply((is_k ? e.K : e.V) + (u64)t * kv_dim + col, is_k && e.kn != nullptr, is_k, e, 1.f, r);
-            u16* cache = (is_k ? kc : vc) + row * kv_dim + col;
-            for (int d = lane; d < HD; d += 32) cache[d] = f2h(r[d]);
-        }
-        __syncthreads();  // the token's k / v rows are in the cache before any tile is loaded
-    } else {
-        for (int i = tid; i < ATT_GQ * HD; i += ATT_THREADS) {
-            int j = i / HD;
-            sq[i] = j < nq ? Q[((u64)t * n_heads + h0 + j) * HD + i % HD] * scale : 0.f;
-        }
+    for (int i = tid; i < ATT_GQ * HD; i += ATT_THREADS) {
+        int j = i / HD;
+        sq[i] = j < nq ? Q[((u64)t * n_heads + h0 + j) * HD + i % HD] * scale : 0.f;
     }
     const int* tbl = tables + tbl_off[t];
+    const u64 col = (u64)kvh * HD;
     // a tile's rows in two steps, a tile apart: this thread's pieces' cache rows from the block
     // table (-1: past the range), then their copies into a buffer
     auto lookup = [&](int it, int* rows) {
@@ -393,18 +269,10 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
 // ops.rs computes it (`attn_groups`), 128 threads.
 #define ATTD(HD)                                                                                    \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_decode_h##HD(                    \
-        const float* Q, int n_heads, int n_kv, u16* kc, u16* vc, int block_size,                     \
+        const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc, int block_size,         \
         const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale,            \
         float* partial, int* count, float* out, i8* xq, float2* xd) { GRID_DEP();                  \
-        QkvEpi none = {};                                                                            \
-        attn_decode_g<HD, false>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables,        \
-                                 n_splits, scale, partial, count, out, xq, xd, none);                \
-    }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_fused_h##HD(                     \
-        const float* Q, int n_heads, int n_kv, u16* kc, u16* vc, int block_size,                     \
-        const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale,            \
-        float* partial, int* count, float* out, i8* xq, float2* xd, QkvEpi e) {                    \
-        attn_decode_g<HD, true>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables,         \
-                                n_splits, scale, partial, count, out, xq, xd, e);                    \
+        attn_decode_g<HD>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits,     \
+                          scale, partial, count, out, xq, xd);                                       \
     }
 ATTD(16) ATTD(32) ATTD(48) ATTD(64) ATTD(80) ATTD(96) ATTD(112) ATTD(128) ATTD(192) ATTD(256)
