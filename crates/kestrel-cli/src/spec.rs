@@ -94,6 +94,14 @@ impl SpecArgs {
             return Ok(None);
         };
         let draft = ModelSource::open(path)?;
+        if draft.config.hybrid.is_some() {
+            bail!(
+                "the draft model {} keeps a recurrent state (hybrid layers): a draft's rejected \
+                 proposals must be cut from its cache, which a recurrent state cannot be \
+                 rolled back to; use a dense draft of the same vocabulary, or --spec lookup",
+                path.display()
+            );
+        }
         check_same_vocabulary(target, &draft)?;
         Ok(Some(draft.into_draft()))
     }

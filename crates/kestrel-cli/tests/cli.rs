@@ -344,7 +344,8 @@ fn quantize_writes_what_quantizing_at_load_runs() {
 }
 
 /// Speculative decoding (`--spec lookup`, and `--spec draft` with the model as its own draft)
-/// keeps the transformers greedy continuations; a hybrid model refuses it in one line.
+/// keeps the transformers greedy continuations, on the hybrid model too (its state backed up and
+/// restored around rejections); a hybrid draft model is refused in one line.
 #[test]
 fn speculative_run_keeps_the_greedy_continuations() {
     for arch in ["llama", "qwen2", "qwen3"] {
@@ -420,17 +421,86 @@ fn speculative_run_keeps_the_greedy_continuations() {
             }
         }
     }
+    // The hybrid model speculates too: its recurrent state is backed up before each verify
+    // pass and restored after a rejection. With the dense tiny-qwen2 (same vocabulary) as its
+    // draft nearly every proposal is rejected, and the tokens stay the transformers greedy
+    // continuation; a hybrid draft is refused.
+    let hybrid_gguf = tiny("qwen3_5").join("qwen3_5-f32.gguf");
+    let qwen2_gguf = tiny("qwen2").join("qwen2-f32.gguf");
+    let (hybrid_gguf, qwen2_gguf) = (hybrid_gguf.to_str().unwrap(), qwen2_gguf.to_str().unwrap());
+    let ints = |name: &str| reference_ints("qwen3_5", name);
+    for i in 0..3 {
+        let prompt: Vec<String> = ints(&format!("tokens_{i}"))
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+        let prompt = prompt.join(",");
+        for spec in [
+            vec!["--spec", "lookup"],
+            vec![
+                "--spec",
+                "draft",
+                "--draft-model",
+                qwen2_gguf,
+                "--spec-k",
+                "4",
+            ],
+        ] {
+            let mut args = vec![
+                "run",
+                "-m",
+                hybrid_gguf,
+                "--prompt-ids",
+                &prompt,
+                "-n",
+                "24",
+                "--temp",
+                "0",
+                "--ignore-eos",
+                "--kv-type",
+                "f32",
+                "--json",
+                "--device",
+                "cpu",
+            ];
+            args.extend(&spec);
+            let out = kestrel(&args);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let got: Vec<u32> = v["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(
+                got,
+                ints(&format!("greedy_{i}")),
+                "qwen3_5 case {i} {spec:?}"
+            );
+            if spec[1] == "draft" {
+                let t = &v["timings"];
+                assert!(t["spec_proposed"].as_u64().unwrap() > 0, "{t}");
+            }
+        }
+    }
     let hybrid = tiny("qwen3_5");
     let out = kestrel(&[
         "run",
         "-m",
-        hybrid.to_str().unwrap(),
+        qwen2_gguf,
         "-p",
         "hi",
         "-n",
         "4",
         "--spec",
-        "lookup",
+        "draft",
+        "--draft-model",
+        hybrid_gguf,
         "--device",
         "cpu",
     ]);

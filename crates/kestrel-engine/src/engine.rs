@@ -75,8 +75,9 @@ impl Engine {
             cfg.max_running = cfg.max_running.min(model.state_slots());
             cfg.step_token_budget = cfg.step_token_budget.max(cfg.max_running);
         }
-        if model.state_slots() > 0 || cfg.spec.mode == SpecMode::Draft {
-            // No rollback for recurrent state; no draft model given.
+        let no_spare_slot = model.state_slots() > 0 && model.state_slots() <= cfg.max_running;
+        if no_spare_slot || cfg.spec.mode == SpecMode::Draft {
+            // No slot to back a recurrent state up in; no draft model given.
             cfg.spec.mode = SpecMode::Off;
         }
         Self::spawn(model, None, tokenizer, cfg)
@@ -346,7 +347,8 @@ fn scheduler_loop(
 }
 
 /// What speculative decoding needs of the models: a target whose positions can be rolled back
-/// (no recurrent state), and for draft mode a compatible draft model.
+/// (a hybrid target's recurrent state needs a spare state slot to be backed up in), and for
+/// draft mode a compatible draft model without recurrent state.
 fn check_speculation(
     model: &dyn StepModel,
     draft: Option<&dyn StepModel>,
@@ -354,12 +356,14 @@ fn check_speculation(
 ) -> Result<(), ConfigError> {
     let err = |m: String| Err(ConfigError::Speculation(m));
     let mode = cfg.spec.mode;
-    if mode != SpecMode::Off && model.state_slots() > 0 {
-        return err(
-            "the model keeps a recurrent state (hybrid layers), which cannot be rolled back to \
-             drop rejected tokens; use --spec off"
-                .into(),
-        );
+    let slots = model.state_slots();
+    if mode != SpecMode::Off && slots > 0 && slots <= cfg.max_running {
+        return err(format!(
+            "the model keeps a recurrent state (hybrid layers): speculation backs a sequence's \
+             state up before each verify pass, and the memory plan left no spare state slot \
+             ({slots} for {} running sequences); raise --max-memory or use --spec off",
+            cfg.max_running
+        ));
     }
     match (mode, draft) {
         (SpecMode::Draft, None) => err("--spec draft needs a draft model (--draft-model)".into()),

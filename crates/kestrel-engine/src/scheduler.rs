@@ -76,6 +76,10 @@ pub(crate) struct Scheduler<'t> {
     free_slots: Vec<u32>,
     /// Running-sequence state slots (0 for models without recurrent state).
     running_slots: usize,
+    /// Hybrid models with speculation: the slots a speculating sequence's state is copied
+    /// into before its verify pass and restored from after a rejection (taken from the
+    /// snapshot slots, one per sequence that may speculate in a step).
+    spec_slots: Vec<u32>,
     /// Counters (occupancy fields are filled in by `stats`).
     counters: EngineStats,
     /// The logits of the last step, kept to be reused by the next (no allocation per step), in
@@ -104,12 +108,21 @@ impl<'t> Scheduler<'t> {
             .logits_memory()
             .map(Logits::with_memory)
             .unwrap_or_default();
+        let spec_slots = if cfg.spec.mode == crate::config::SpecMode::Off {
+            0
+        } else {
+            cfg.spec.max_batch.min(state_slots - running_slots)
+        };
         if state_slots > 0 {
-            pool = pool.with_snapshots(running_slots as u32, state_slots - running_slots);
+            let first_snapshot = running_slots + spec_slots;
+            pool = pool.with_snapshots(first_snapshot as u32, state_slots - first_snapshot);
         }
         Self {
             free_slots: (0..running_slots as u32).rev().collect(),
             running_slots,
+            spec_slots: (running_slots..running_slots + spec_slots)
+                .map(|s| s as u32)
+                .collect(),
             vocab: model.vocab_size(),
             eog: tokenizer.eog_ids().to_vec(),
             model,
@@ -227,7 +240,9 @@ impl<'t> Scheduler<'t> {
             self.draft(&mut plan);
             self.draft_prefill(&plan, &mut outcomes);
             plan.retain(|p| outcomes[p.seq].is_none());
+            let backups = self.back_up_states(&plan);
             self.run_forward(&plan, &mut outcomes);
+            self.restore_states(&plan, &backups, &mut outcomes);
         }
         for i in (0..outcomes.len()).rev() {
             if let Some(o) = outcomes[i].take() {

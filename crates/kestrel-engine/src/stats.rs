@@ -50,4 +50,7 @@ pub struct EngineStats {
     pub spec_steps: u64,
     pub spec_proposed: u64,
     pub spec_accepted: u64,
+    /// Hybrid models: kept tokens run again after a rejection to bring the recurrent state
+    /// back to them.
+    pub spec_redone_tokens: u64,
 }

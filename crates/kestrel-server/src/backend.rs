@@ -29,6 +29,8 @@ pub struct BackendStats {
     /// Speculative decoding since start: tokens proposed, and kept after verification.
     pub spec_proposed: u64,
     pub spec_accepted: u64,
+    /// Hybrid models: kept tokens run again to restore the recurrent state after a rejection.
+    pub spec_redone: u64,
     /// Model steps since start, and the time spent in the model's forward passes and in the
     /// engine's work on their logits (sampling, indexing, streaming), in nanoseconds.
     pub forward_steps: u64,
@@ -77,6 +79,7 @@ impl From<&EngineStats> for BackendStats {
             running: s.running,
             spec_proposed: s.spec_proposed,
             spec_accepted: s.spec_accepted,
+            spec_redone: s.spec_redone_tokens,
             forward_steps: s.forward_steps,
             forward_ns: s.forward_ns,
             sample_ns: s.sample_ns,

@@ -242,6 +242,11 @@ impl Metrics {
                 stats.spec_accepted.to_string(),
             ),
             (
+                "kestrel_spec_redone_tokens_total",
+                "Speculative decoding on hybrid models: kept tokens run again to restore the recurrent state after a rejection.",
+                stats.spec_redone.to_string(),
+            ),
+            (
                 "kestrel_forward_steps_total",
                 "Model forward passes (one per scheduler step).",
                 stats.forward_steps.to_string(),
@@ -304,6 +309,7 @@ mod tests {
             running: 2,
             spec_proposed: 40,
             spec_accepted: 31,
+            spec_redone: 6,
             forward_steps: 7,
             forward_ns: 1_500_000_000,
             sample_ns: 2_000_000,
@@ -312,6 +318,7 @@ mod tests {
         for line in [
             "kestrel_spec_proposed_tokens_total 40",
             "kestrel_spec_accepted_tokens_total 31",
+            "kestrel_spec_redone_tokens_total 6",
             "kestrel_forward_steps_total 7",
             "kestrel_forward_seconds_total 1.500000",
             "kestrel_sample_seconds_total 0.002000",

@@ -14,6 +14,11 @@
 //! catches up over those tokens, but a block finished in that stretch and reused by another
 //! request from the prefix cache holds no draft K/V, which only makes that request's proposals
 //! worse (every kept token is still the target's own choice).
+//!
+//! A hybrid model's recurrent state cannot be cut back like K/V: a speculating sequence's state
+//! slot is copied into a spare slot (`spec_slots`) before the verify pass, and after a
+//! rejection it is restored and the kept tokens run again (no logits) to bring it to
+//! `computed`. A step that keeps every proposal needs neither.
 
 use kestrel_sampler::Verdict;
 
@@ -34,10 +39,19 @@ impl Scheduler<'_> {
         }
         let planned: usize = plan.iter().map(|p| p.len).sum();
         let mut budget = self.cfg.step_token_budget.saturating_sub(planned);
+        // a hybrid model's speculating sequences each need a slot to back their state up in
+        let mut backups = if self.running_slots > 0 {
+            self.spec_slots.len()
+        } else {
+            usize::MAX
+        };
         for p in plan.iter_mut().filter(|p| !p.prefill) {
             let seq = &mut self.running[p.seq];
             if seq.spec.pause > 0 {
                 seq.spec.pause -= 1;
+                continue;
+            }
+            if backups == 0 {
                 continue;
             }
             // The last proposal accepted plus the token after it must stay within max_tokens
@@ -57,6 +71,82 @@ impl Scheduler<'_> {
             p.len += n;
             p.drafts = n;
             budget -= n;
+            if n > 0 {
+                backups -= 1;
+            }
+        }
+    }
+
+    /// Hybrid models: copies the state of every sequence that verifies proposals this step
+    /// into a spare slot (by plan index; None: nothing backed up).
+    pub(super) fn back_up_states(&mut self, plan: &[Planned]) -> Vec<Option<u32>> {
+        let mut spare = self.spec_slots.iter().copied();
+        plan.iter()
+            .map(|p| {
+                if self.running_slots == 0 || p.drafts == 0 {
+                    return None;
+                }
+                let backup = spare.next()?;
+                self.model.copy_state(self.running[p.seq].slot, backup);
+                Some(backup)
+            })
+            .collect()
+    }
+
+    /// Hybrid models, after verification: a sequence that rejected a proposal gets its state
+    /// back from before the verify pass and runs its kept tokens again (one forward call for
+    /// all of them, no logits), so its state ends at `computed` like its K/V. A failure fails
+    /// those requests.
+    pub(super) fn restore_states(
+        &mut self,
+        plan: &[Planned],
+        backups: &[Option<u32>],
+        outcomes: &mut [Option<Outcome>],
+    ) {
+        let bs = self.cfg.block_size;
+        let redo: Vec<&Planned> = plan
+            .iter()
+            .zip(backups)
+            .filter_map(|(p, b)| {
+                let seq = &self.running[p.seq];
+                let rejected = seq.computed < p.start + p.len;
+                let b = b.filter(|_| rejected && outcomes[p.seq].is_none())?;
+                self.model.copy_state(b, seq.slot);
+                Some(p)
+            })
+            .collect();
+        if redo.is_empty() {
+            return;
+        }
+        let steps: Vec<SeqStep<'_>> = redo
+            .iter()
+            .map(|p| {
+                let seq = &self.running[p.seq];
+                SeqStep {
+                    tokens: &seq.tokens[p.start..seq.computed],
+                    start: p.start,
+                    blocks: &seq.blocks[..seq.computed.div_ceil(bs)],
+                    want_logits: false,
+                    all_logits: false,
+                    slot: seq.slot,
+                    argmax_only: false,
+                }
+            })
+            .collect();
+        let model = &mut self.model;
+        let t0 = std::time::Instant::now();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            model.forward(&steps, &mut crate::model::Logits::default())
+        }))
+        .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
+        self.counters.forward_ns += t0.elapsed().as_nanos() as u64;
+        self.counters.spec_redone_tokens +=
+            steps.iter().map(|s| s.tokens.len() as u64).sum::<u64>();
+        drop(steps);
+        if let Err(e) = result {
+            for p in redo {
+                outcomes[p.seq] = Some(Outcome::Failed(format!("model error: {e}")));
+            }
         }
     }
 

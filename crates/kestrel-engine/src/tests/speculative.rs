@@ -249,3 +249,51 @@ fn sampled_tokens_keep_plain_sampling_distribution() {
 }
 
 use crate::stats::EngineStats;
+
+/// A hybrid model (recurrent state, which the mock checks holds exactly the context before
+/// every step): speculating sequences back their state up before each verify pass and run
+/// their kept tokens again after a rejection, so greedy output stays plain decoding's, every
+/// step finds its state in place, and the slots and blocks are back at idle afterwards.
+#[test]
+fn hybrid_state_is_restored_after_rejections() {
+    let hybrid = |mode| {
+        let model = MockModel::new(VOCAB, 256, 16, cyclic_next).with_state_slots(16);
+        Harness::with_model(spec_cfg(mode, 2), model)
+    };
+    let ps = prompts();
+    let plain = generate(&mut hybrid(SpecMode::Off), &ps, 200);
+    let mut h = hybrid(SpecMode::Lookup);
+    let spec = generate(&mut h, &ps, 200);
+    assert_eq!(spec, plain, "lookup changed a hybrid model's greedy output");
+    let st = h.s.stats();
+    assert!(st.spec_accepted > 150, "few proposals kept: {st:?}");
+    assert!(
+        st.spec_proposed > st.spec_accepted + 20,
+        "few rejections: {st:?}"
+    );
+    assert!(st.spec_redone_tokens > 0, "no state restored: {st:?}");
+    assert!(
+        st.forward_steps < plain.iter().map(Vec::len).sum::<usize>() as u64,
+        "no steps saved: {st:?}"
+    );
+    h.finish();
+}
+
+/// A hybrid model whose state slots leave none spare beyond the running sequences' does not
+/// speculate (no backup for its state) and still decodes plainly.
+#[test]
+fn hybrid_without_a_spare_slot_decodes_plainly() {
+    let model = MockModel::new(VOCAB, 256, 16, cyclic_next).with_state_slots(2);
+    let mut h = Harness::with_model(spec_cfg(SpecMode::Lookup, 2), model);
+    let plain = {
+        let model = MockModel::new(VOCAB, 256, 16, cyclic_next).with_state_slots(2);
+        generate(
+            &mut Harness::with_model(spec_cfg(SpecMode::Off, 2), model),
+            &prompts(),
+            60,
+        )
+    };
+    assert_eq!(generate(&mut h, &prompts(), 60), plain);
+    assert_eq!(h.s.stats().spec_proposed, 0);
+    h.finish();
+}
