@@ -13,7 +13,8 @@
 #   - then, speculative decoding: SmolLM2 with --spec lookup and Qwen2.5-Coder 1.5B with the
 #     0.5B as its draft model: greedy output equals plain decoding through the CLI and the
 #     server (tests/e2e/spec_check.py); beside them the hybrid tiny-qwen3_5 (in the repository):
-#     its prefix cache through the SDK (tests/e2e/hybrid_cache.py).
+#     its prefix cache through the SDK (tests/e2e/hybrid_cache.py), and speculating with
+#     tiny-qwen2 as its draft: the server equals plain greedy (tests/e2e/hybrid_spec.py).
 # The servers are always killed on exit. Exits non-zero if any check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -149,10 +150,11 @@ for pid in "$QWEN_PID" "$SMOL_PID" "$AGENT_PID"; do
 done
 
 # Speculative decoding: two more servers, started now that the others are done with the CPU;
-# and the hybrid model (tiny-qwen3_5, in the repository) for its prefix cache.
-read -r LOOKUP_PORT DRAFT_PORT HYBRID_PORT < <("$PY" - <<'EOF'
+# and the hybrid model (tiny-qwen3_5, in the repository) for its prefix cache, and speculating
+# with tiny-qwen2 as its draft.
+read -r LOOKUP_PORT DRAFT_PORT HYBRID_PORT HYBRID_SPEC_PORT < <("$PY" - <<'EOF'
 import socket
-socks = [socket.socket() for _ in range(3)]
+socks = [socket.socket() for _ in range(4)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -169,9 +171,14 @@ DRAFT_PID=$!
 "$BIN" serve -m testdata/tiny/tiny-qwen3_5/qwen3_5-f32.gguf --port "$HYBRID_PORT" >"$WORK/hybrid.log" 2>&1 &
 PIDS+=($!)
 HYBRID_PID=$!
+"$BIN" serve -m testdata/tiny/tiny-qwen3_5/qwen3_5-f32.gguf --port "$HYBRID_SPEC_PORT" --spec draft \
+    --draft-model testdata/tiny/tiny-qwen2/qwen2-f32.gguf --spec-k 4 --kv-type f32 >"$WORK/hybrid-spec.log" 2>&1 &
+PIDS+=($!)
+HYBRID_SPEC_PID=$!
 wait_health lookup "$LOOKUP_PID" "$LOOKUP_PORT"
 wait_health draft "$DRAFT_PID" "$DRAFT_PORT"
 wait_health hybrid "$HYBRID_PID" "$HYBRID_PORT"
+wait_health hybrid-spec "$HYBRID_SPEC_PID" "$HYBRID_SPEC_PORT"
 step "hybrid prefix cache (tiny-qwen3_5: the same prompt reused whole, a second turn, a cold rerun)" \
     "$PY" tests/e2e/hybrid_cache.py "http://127.0.0.1:$HYBRID_PORT/v1"
 step "speculative decoding equals plain greedy (SmolLM2 lookup: CLI and server)" \
@@ -179,7 +186,10 @@ step "speculative decoding equals plain greedy (SmolLM2 lookup: CLI and server)"
 step "speculative decoding equals plain greedy (qwen 1.5B lookup and 0.5B draft: CLI; draft: server)" \
     "$PY" tests/e2e/spec_check.py --kestrel "$BIN" --model "$QWEN15" --draft-model "$QWEN" \
     --server "http://127.0.0.1:$DRAFT_PORT"
-for pid in "$LOOKUP_PID" "$DRAFT_PID" "$HYBRID_PID"; do
+step "speculative decoding on the hybrid model (tiny-qwen3_5, tiny-qwen2 drafting): server equals plain greedy" \
+    "$PY" tests/e2e/hybrid_spec.py --kestrel "$BIN" --model testdata/tiny/tiny-qwen3_5/qwen3_5-f32.gguf \
+    --server "http://127.0.0.1:$HYBRID_SPEC_PORT"
+for pid in "$LOOKUP_PID" "$DRAFT_PID" "$HYBRID_PID" "$HYBRID_SPEC_PID"; do
     if ! kill -0 "$pid" 2>/dev/null; then
         FAILED+=("server (pid $pid) exited during the tests")
     fi
