@@ -343,156 +343,110 @@ fn quantize_writes_what_quantizing_at_load_runs() {
     assert_clean_failure(&out, "kestrel quantize");
 }
 
+/// `kestrel run` of `model` on the prompt `ids` (24 greedy tokens, f32 KV, the CPU, `--json`)
+/// with the `spec` flags and `KESTREL_DRAFT_WEIGHTS=weights`: its tokens and timings.
+fn spec_run(model: &str, ids: &str, spec: &[&str], weights: &str) -> (Vec<u32>, serde_json::Value) {
+    let mut args = vec![
+        "run",
+        "-m",
+        model,
+        "--prompt-ids",
+        ids,
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--kv-type",
+        "f32",
+        "--json",
+        "--device",
+        "cpu",
+    ];
+    args.extend(spec);
+    let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(&args)
+        .env("KESTREL_DRAFT_WEIGHTS", weights)
+        .output()
+        .expect("kestrel runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tokens = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    (tokens, v["timings"].clone())
+}
+
 /// Speculative decoding (`--spec lookup`, and `--spec draft` with the model as its own draft)
-/// keeps the transformers greedy continuations, on the hybrid model too (its state backed up and
-/// restored around rejections); a hybrid draft model is refused in one line.
+/// keeps the transformers greedy continuations; on the hybrid model too (its recurrent state
+/// backed up and restored around rejections), with the dense tiny-qwen2 (same vocabulary) as
+/// its draft: nearly every proposal rejected, the tokens still exact. A hybrid draft is
+/// refused in one line.
 #[test]
 fn speculative_run_keeps_the_greedy_continuations() {
-    for arch in ["llama", "qwen2", "qwen3"] {
-        let gguf = tiny(arch).join(format!("{arch}-f32.gguf"));
-        let gguf = gguf.to_str().unwrap();
+    let gguf_of = |arch: &str| {
+        let p = tiny(arch).join(format!("{arch}-f32.gguf"));
+        p.to_str().unwrap().to_string()
+    };
+    let (qwen2_gguf, hybrid_gguf) = (gguf_of("qwen2"), gguf_of("qwen3_5"));
+    let mut runs = 0;
+    for arch in ["llama", "qwen2", "qwen3", "qwen3_5"] {
+        let gguf = gguf_of(arch);
         let ints = |name: &str| reference_ints(arch, name);
+        // (flags, KESTREL_DRAFT_WEIGHTS): a dense model drafts for itself, its matrices as a
+        // draft holds them (4.5 bits), then as stored
+        let drafter = if arch == "qwen3_5" {
+            &qwen2_gguf
+        } else {
+            &gguf
+        };
+        let draft = vec!["--spec", "draft", "--draft-model", drafter, "--spec-k", "4"];
+        let mut specs = vec![(vec!["--spec", "lookup"], ""), (draft.clone(), "")];
+        if arch != "qwen3_5" {
+            specs.push((draft, "stored"));
+        }
         for i in 0..3 {
             let prompt: Vec<String> = ints(&format!("tokens_{i}"))
                 .iter()
                 .map(|t| t.to_string())
                 .collect();
             let prompt = prompt.join(",");
-            // (flags, KESTREL_DRAFT_WEIGHTS): the draft's matrices as a draft holds them (4.5 bits), then
-            // as stored
-            let draft = vec!["--spec", "draft", "--draft-model", gguf, "--spec-k", "4"];
-            for (spec, weights) in [
-                (vec!["--spec", "lookup"], ""),
-                (draft.clone(), ""),
-                (draft, "stored"),
-            ] {
-                let mut args = vec![
-                    "run",
-                    "-m",
-                    gguf,
-                    "--prompt-ids",
-                    &prompt,
-                    "-n",
-                    "24",
-                    "--temp",
-                    "0",
-                    "--ignore-eos",
-                    "--kv-type",
-                    "f32",
-                    "--json",
-                    "--device",
-                    "cpu",
-                ];
-                args.extend(&spec);
-                let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-                    .args(&args)
-                    .env("KESTREL_DRAFT_WEIGHTS", weights)
-                    .output()
-                    .expect("kestrel runs");
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                let got: Vec<u32> = v["tokens"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_u64().unwrap() as u32)
-                    .collect();
-                assert_eq!(
-                    got,
-                    ints(&format!("greedy_{i}")),
-                    "{arch} case {i} {spec:?}"
-                );
-                let t = &v["timings"];
-                if spec[1] == "draft" {
-                    // The model drafting for itself: with its matrices as stored every proposal is
-                    // kept; held in 4.5 bits (source.rs DRAFT_TYPE) the random f32 weights'
-                    // near-ties flip many (some are kept), and the tokens above stay the
-                    // target's either way: every rejection rolled back exactly.
-                    assert!(t["spec_accepted"].as_u64().unwrap() > 0, "{t}");
-                    if weights == "stored" {
-                        assert!(t["acceptance_rate"].as_f64().unwrap() > 0.9, "{t}");
-                        assert!(t["tokens_per_step"].as_f64().unwrap() > 1.5, "{t}");
-                    }
+            let want = ints(&format!("greedy_{i}"));
+            for (spec, weights) in &specs {
+                let (got, t) = spec_run(&gguf, &prompt, spec, weights);
+                runs += 1;
+                assert_eq!(got, want, "{arch} case {i} {spec:?}");
+                if spec[1] != "draft" {
+                    continue;
+                }
+                // A model drafting for itself: with its matrices as stored every proposal is
+                // kept; held in 4.5 bits (source.rs DRAFT_TYPE) the random f32 weights'
+                // near-ties flip many (some are kept), and the tokens above stay the target's
+                // either way: every rejection rolled back exactly (the hybrid's state too).
+                if arch == "qwen3_5" {
+                    assert!(t["spec_proposed"].as_u64().unwrap() > 0, "{t}");
+                    continue;
+                }
+                assert!(t["spec_accepted"].as_u64().unwrap() > 0, "{t}");
+                if *weights == "stored" {
+                    assert!(t["acceptance_rate"].as_f64().unwrap() > 0.9, "{t}");
+                    assert!(t["tokens_per_step"].as_f64().unwrap() > 1.5, "{t}");
                 }
             }
         }
     }
-    // The hybrid model speculates too: its recurrent state is backed up before each verify
-    // pass and restored after a rejection. With the dense tiny-qwen2 (same vocabulary) as its
-    // draft nearly every proposal is rejected, and the tokens stay the transformers greedy
-    // continuation; a hybrid draft is refused.
-    let hybrid_gguf = tiny("qwen3_5").join("qwen3_5-f32.gguf");
-    let qwen2_gguf = tiny("qwen2").join("qwen2-f32.gguf");
-    let (hybrid_gguf, qwen2_gguf) = (hybrid_gguf.to_str().unwrap(), qwen2_gguf.to_str().unwrap());
-    let ints = |name: &str| reference_ints("qwen3_5", name);
-    for i in 0..3 {
-        let prompt: Vec<String> = ints(&format!("tokens_{i}"))
-            .iter()
-            .map(|t| t.to_string())
-            .collect();
-        let prompt = prompt.join(",");
-        for spec in [
-            vec!["--spec", "lookup"],
-            vec![
-                "--spec",
-                "draft",
-                "--draft-model",
-                qwen2_gguf,
-                "--spec-k",
-                "4",
-            ],
-        ] {
-            let mut args = vec![
-                "run",
-                "-m",
-                hybrid_gguf,
-                "--prompt-ids",
-                &prompt,
-                "-n",
-                "24",
-                "--temp",
-                "0",
-                "--ignore-eos",
-                "--kv-type",
-                "f32",
-                "--json",
-                "--device",
-                "cpu",
-            ];
-            args.extend(&spec);
-            let out = kestrel(&args);
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            let got: Vec<u32> = v["tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
-            assert_eq!(
-                got,
-                ints(&format!("greedy_{i}")),
-                "qwen3_5 case {i} {spec:?}"
-            );
-            if spec[1] == "draft" {
-                let t = &v["timings"];
-                assert!(t["spec_proposed"].as_u64().unwrap() > 0, "{t}");
-            }
-        }
-    }
-    let hybrid = tiny("qwen3_5");
+    assert_eq!(runs, 3 * (3 * 3 + 2));
     let out = kestrel(&[
         "run",
         "-m",
-        qwen2_gguf,
+        &qwen2_gguf,
         "-p",
         "hi",
         "-n",
@@ -500,26 +454,17 @@ fn speculative_run_keeps_the_greedy_continuations() {
         "--spec",
         "draft",
         "--draft-model",
-        hybrid_gguf,
+        &hybrid_gguf,
         "--device",
         "cpu",
     ]);
     assert_clean_failure(&out, "cannot be rolled back");
-    let out = kestrel(&[
-        "run",
-        "-m",
-        hybrid.to_str().unwrap(),
-        "-p",
-        "hi",
-        "--spec",
-        "draft",
-    ]);
+    let out = kestrel(&["run", "-m", &hybrid_gguf, "-p", "hi", "--spec", "draft"]);
     assert_clean_failure(&out, "--draft-model");
-    let tiny_gguf = tiny("qwen2").join("qwen2-f32.gguf");
     let out = kestrel(&[
         "run",
         "-m",
-        tiny_gguf.to_str().unwrap(),
+        &qwen2_gguf,
         "-p",
         "hi",
         "--spec",
