@@ -87,6 +87,16 @@ pub(crate) struct Scheduler<'t> {
     logits: Logits,
 }
 
+/// `model.forward`, a panic in it turned into the step's error (the engine thread lives on).
+fn forward_guarded(
+    model: &mut dyn StepModel,
+    steps: &[SeqStep<'_>],
+    logits: &mut Logits,
+) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(|| model.forward(steps, logits)))
+        .unwrap_or_else(|_| Err("model panicked in forward".to_string()))
+}
+
 /// Whether a planned step of `seq` needs only the argmax of its logits row: a sampled row
 /// (not a verification) of a sequence that picks greedily and reads nothing else, and not the
 /// end of a hybrid model's prompt (`hybrid`: its snapshot keeps the prompt's last logits).
@@ -322,8 +332,7 @@ impl<'t> Scheduler<'t> {
         let model = &mut self.model;
         let mut logits = std::mem::take(&mut self.logits);
         let t0 = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| model.forward(&steps, &mut logits)))
-            .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
+        let result = forward_guarded(model.as_mut(), &steps, &mut logits);
         let t1 = Instant::now();
         let argmax_asked: Vec<bool> = steps.iter().map(|s| s.argmax_only).collect();
         drop(steps);

@@ -133,12 +133,12 @@ impl Scheduler<'_> {
                 }
             })
             .collect();
-        let model = &mut self.model;
         let t0 = std::time::Instant::now();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            model.forward(&steps, &mut crate::model::Logits::default())
-        }))
-        .unwrap_or_else(|_| Err("model panicked in forward".to_string()));
+        let result = super::forward_guarded(
+            self.model.as_mut(),
+            &steps,
+            &mut crate::model::Logits::default(),
+        );
         self.counters.forward_ns += t0.elapsed().as_nanos() as u64;
         self.counters.spec_redone_tokens +=
             steps.iter().map(|s| s.tokens.len() as u64).sum::<u64>();

@@ -80,15 +80,6 @@ fn level_offset(ty: GgmlType) -> i32 {
     }
 }
 
-/// The bytes a file stores one block of `ty` in.
-fn native_block_bytes(ty: GgmlType) -> usize {
-    match ty {
-        GgmlType::Q5_0 => 22,
-        GgmlType::Q4_0 => 18,
-        _ => 34,
-    }
-}
-
 /// A native block's d (f16 bits) and 32 unsigned levels.
 fn native_levels(ty: GgmlType, b: &[u8]) -> (u16, [u8; QK]) {
     let d = u16::from_le_bytes([b[0], b[1]]);
@@ -202,7 +193,7 @@ impl Q32Repacked {
         let (g, rr) = (r / R, r % R);
         let w = self.group(g);
         for (i, blk) in out
-            .chunks_exact_mut(native_block_bytes(self.ty))
+            .chunks_exact_mut(self.ty.block_bytes() as usize)
             .enumerate()
         {
             let (_, dp) = offsets(levels_bytes(self.ty), i);
