@@ -65,10 +65,12 @@ model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
   while kill -0 $WARM 2>/dev/null; do sleep 1; done  # the kernels compiled
   echo $M
 }
-ab() {  # ab MODEL: tg128 again with each comma-separated setting of $AB_ENV (A/B in one call)
+ab() {  # ab MODEL: tg128 again with each comma-separated setting of $AB_ENV (A/B in one call;
+  # DEPTH_AB=1: tg128 at depth 16384 too)
   local e
   for e in $(echo "${AB_ENV:-}" | tr ',' ' '); do
     env $(echo $e | tr '+' ' ') $K bench -m $1 -p 0 -n 128 -r 3 --device cuda 2>&1 | grep "| tg" | sed "s/\$/ ($e)/"
+    [ -n "${DEPTH_AB:-}" ] && env $(echo $e | tr '+' ' ') $K bench -m $1 -p 0 -n 128 -d 16384 -r 2 --device cuda 2>&1 | grep "| tg" | sed "s/\$/ ($e)/"
   done
   return 0
 }

@@ -5,7 +5,7 @@
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::ops::{attn_groups, Pending, MATVEC_MAX, MMQ_MAX};
+use crate::ops::{AttnDecode, Pending, MATVEC_MAX, MMQ_MAX};
 pub use crate::scratch::{decode_splits, Scratch, DECODE_SPLITS, STEP_SECTIONS};
 use crate::weights::DevMatrix;
 use cudarc::driver::sys;
@@ -216,6 +216,8 @@ pub struct StepState {
     pub t: usize,
     pub n_out: usize,
     pub n_splits: usize,
+    /// Decode attention on the tensor cores (`CudaModel::attn_mma`) in this step.
+    pub attn_mma: bool,
     /// Sequences of the step (the DeltaNet kernels run one block row per sequence).
     pub n_seqs: usize,
     pub q8_of: Option<Buf>,
@@ -270,8 +272,9 @@ struct StepOut<'a> {
     picks: &'a mut Vec<Option<u32>>,
 }
 
-/// A captured decode step: (tokens, rows of logits, sequences) -> graph.
-struct Graphs(HashMap<(usize, usize, usize), crate::graph::StepGraph>);
+/// A captured decode step: (tokens, rows of logits, sequences, attention on the tensor cores)
+/// -> graph.
+struct Graphs(HashMap<(usize, usize, usize, bool), crate::graph::StepGraph>);
 // SAFETY: graphs are launched only by the model's owner, with the context bound (Gpu::bind).
 unsafe impl Send for Graphs {}
 
@@ -293,6 +296,10 @@ pub struct CudaModel {
     pub programmatic_edges: usize,
     /// Every matrix is of a type the int8 kernels read (batched decode steps can be graphs).
     int8_only: bool,
+    /// The decode attention kernels of the model's heads: on the CUDA cores, and on the tensor
+    /// cores where the heads take it (steps that read enough of the cache).
+    pub(crate) attn: AttnDecode,
+    pub(crate) attn_mma: Option<AttnDecode>,
     pub weight_bytes: u64,
 }
 
@@ -343,7 +350,7 @@ impl CudaModel {
                 )));
             }
         }
-        crate::ops::attn_kernel(cfg.head_dim)?;
+        let (attn, attn_mma) = AttnDecode::for_model(cfg.head_dim, cfg.n_heads, cfg.n_kv_heads)?;
         gpu.bind()?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let mut weight_bytes = 0u64;
@@ -406,6 +413,8 @@ impl CudaModel {
             use_graphs: true,
             programmatic_edges: 0,
             int8_only,
+            attn,
+            attn_mma,
             weight_bytes,
         })
     }
@@ -610,15 +619,11 @@ impl CudaModel {
         self.gpu.write(self.scratch.step_in.ptr, &host)?;
         let n_out = pick.len();
         let n_seqs = seqs.len();
-        self.step = StepState {
-            t,
-            n_out,
-            n_splits: decode_splits(t, attn_groups(self.config.n_heads, self.config.n_kv_heads)),
-            n_seqs,
-            ..StepState::default()
-        };
+        let positions: usize = pos.iter().map(|&p| p as usize + 1).sum();
+        let mma = self.attn_mma.is_some() && AttnDecode::pays(positions);
+        self.step = self.step_state(t, n_out, n_seqs, mma);
         if self.use_graphs && self.graphable(t, n_seqs) {
-            self.replay(t, n_out, n_seqs)?;
+            self.replay(t, n_out, n_seqs, mma)?;
         } else {
             self.run_recipe()?;
         }
@@ -676,23 +681,31 @@ impl CudaModel {
         t <= MATVEC_MAX || (t <= MMQ_MAX && t == n_seqs && self.int8_only)
     }
 
+    /// A fresh step of `t` tokens (`n_out` rows of logits, `n_seqs` sequences), its decode
+    /// attention on the tensor cores or not.
+    fn step_state(&self, t: usize, n_out: usize, n_seqs: usize, mma: bool) -> StepState {
+        let attn = match (&self.attn_mma, mma) {
+            (Some(k), true) => k,
+            _ => &self.attn,
+        };
+        StepState {
+            t,
+            n_out,
+            n_splits: attn.splits(t, self.gpu.sms as usize),
+            attn_mma: mma,
+            n_seqs,
+            ..StepState::default()
+        }
+    }
+
     /// Launches the graph of this step shape, capturing it first if it is new.
-    fn replay(&mut self, t: usize, n_out: usize, n_seqs: usize) -> Result<()> {
-        let key = (t, n_out, n_seqs);
+    fn replay(&mut self, t: usize, n_out: usize, n_seqs: usize, mma: bool) -> Result<()> {
+        let key = (t, n_out, n_seqs, mma);
         if !self.graphs.0.contains_key(&key) {
             // load every kernel before capture (module calls are not captured)
             self.run_recipe()
                 .map_err(|e| CudaError::Other(format!("decode step before capture: {e}")))?;
-            self.step = StepState {
-                t,
-                n_out,
-                n_splits: decode_splits(
-                    t,
-                    attn_groups(self.config.n_heads, self.config.n_kv_heads),
-                ),
-                n_seqs,
-                ..StepState::default()
-            };
+            self.step = self.step_state(t, n_out, n_seqs, mma);
             let stream = self.gpu.stream.clone();
             stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
             let r = self.run_recipe();

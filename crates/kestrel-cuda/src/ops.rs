@@ -37,7 +37,8 @@ pub struct Pending {
     pub stage: u8,
 }
 
-/// The decode attention kernel for a head size (`kernels/attention.cu`, `attn_decode_h<HD>`).
+/// The CUDA-core decode attention kernel for a head size (`kernels/attention.cu`,
+/// `attn_decode_h<HD>`): every head size the GPU takes.
 pub fn attn_kernel(head_dim: usize) -> Result<String> {
     match head_dim {
         d if d % 16 == 0 && (16..=128).contains(&d) || d == 192 || d == 256 => {
@@ -49,10 +50,117 @@ pub fn attn_kernel(head_dim: usize) -> Result<String> {
     }
 }
 
-/// Blocks of the decode attention kernel per (token, context range): per KV head, its query
-/// heads in groups of at most 4 (`kernels/attention.cu` splits them the same way).
-pub fn attn_groups(n_heads: usize, n_kv: usize) -> usize {
+/// Blocks of the CUDA-core decode attention kernel per (token, context range): per KV head,
+/// its query heads in groups of at most 4 (`kernels/attention.cu` splits them the same way).
+fn attn_groups(n_heads: usize, n_kv: usize) -> usize {
     n_kv * (n_heads / n_kv).div_ceil(4)
+}
+
+/// Query heads a KV head may have for the tensor-core decode kernel (the mma's N).
+const ATTN_MMA_HEADS: usize = 8;
+
+/// K/V rows a step reads (over its tokens) from which decode attention takes the tensor cores.
+const ATTN_MMA_MIN_POSITIONS: usize = 1024;
+
+/// A model's decode attention kernel and its launch shape: the tensor-core one
+/// (`kernels/flash.cu`, `attn_decode_mma_h{64,128,256}`: a block per KV head with all its
+/// query heads) for those head sizes and up to 8 query heads a KV head, else the CUDA-core one.
+/// Both take the same arguments and grid (KV-head groups, tokens, context ranges); a step
+/// takes the tensor-core one when it reads enough of the cache ([`AttnDecode::pays`]).
+/// `KESTREL_CUDA_ATTN_MMA=0` keeps the CUDA-core kernel everywhere (A/B figures).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttnDecode {
+    pub name: String,
+    /// Blocks per (token, context range).
+    pub groups: usize,
+    /// Dynamic shared memory a block, bytes.
+    pub smem: u32,
+}
+
+impl AttnDecode {
+    /// A model's decode attention kernels: the CUDA-core one, and the tensor-core one where
+    /// the heads take it (and the switch is on).
+    pub fn for_model(head_dim: usize, n_heads: usize, n_kv: usize) -> Result<(Self, Option<Self>)> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let cores = Self::pick(head_dim, n_heads, n_kv, false)?;
+        let mma = Self::pick(
+            head_dim,
+            n_heads,
+            n_kv,
+            switch_on(&ON, "KESTREL_CUDA_ATTN_MMA"),
+        )?;
+        Ok(if mma == cores {
+            (cores, None)
+        } else {
+            (cores, Some(mma))
+        })
+    }
+
+    /// As [`AttnDecode::new`], the tensor-core kernel allowed or not.
+    pub fn pick(head_dim: usize, n_heads: usize, n_kv: usize, mma: bool) -> Result<Self> {
+        let group = n_heads / n_kv.max(1);
+        if mma && matches!(head_dim, 64 | 128 | 256) && group <= ATTN_MMA_HEADS {
+            // kernels/flash.cu's AttnMma<HD>::SMEM: the warps' rings of K/V tiles, or the
+            // merge's space after them
+            let (ld, heads, splits) = (head_dim + 8, ATTN_MMA_HEADS, 128);
+            let ring = 4 * 2 * (2 * 16 * ld) * 2;
+            let merge = (4 * heads * head_dim
+                + heads * head_dim
+                + 2 * 4 * heads
+                + 2 * heads
+                + 2 * heads * splits)
+                * 4;
+            return Ok(Self {
+                name: format!("attn_decode_mma_h{head_dim}"),
+                groups: n_kv,
+                smem: ring.max(merge) as u32,
+            });
+        }
+        Ok(Self {
+            name: attn_kernel(head_dim)?,
+            groups: attn_groups(n_heads, n_kv),
+            smem: 0,
+        })
+    }
+
+    /// The kernel, allowed the dynamic shared memory it takes (above the default 48 KiB).
+    pub fn func(&self, gpu: &mut crate::device::Gpu) -> Result<cudarc::driver::CudaFunction> {
+        let f = gpu.func(&self.name)?;
+        if self.smem > 48 << 10 {
+            use cudarc::driver::sys::CUfunction_attribute_enum as A;
+            f.set_attribute(
+                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                self.smem as i32,
+            )?;
+        }
+        Ok(f)
+    }
+
+    /// Context ranges per token of a step of `t` tokens on a GPU of `sms` SMs.
+    pub fn splits(&self, t: usize, sms: usize) -> usize {
+        if self.smem == 0 {
+            return crate::scratch::decode_splits(t, self.groups);
+        }
+        // blocks an SM holds by shared memory (228 KiB an SM on Hopper, 1 KiB of it reserved a block)
+        let per_sm = ((228 << 10) / (self.smem as usize + 1024)).max(1);
+        crate::scratch::mma_decode_splits(t, self.groups, sms * per_sm)
+    }
+
+    /// Whether a step whose tokens read `positions` K/V rows in all takes the tensor-core
+    /// kernel rather than `cuda_cores`: each of its blocks ends in a merge of its warps, which
+    /// short contexts do not repay (Qwen2.5-1.5B tg128, contexts up to ~200: 930 tok/s with it
+    /// against 1,000 without; 8B heads at 16384: 29.7 us against 41.4).
+    pub fn pays(positions: usize) -> bool {
+        positions >= ATTN_MMA_MIN_POSITIONS
+    }
+
+    /// The grid of a step of `t` tokens over `n_splits` context ranges.
+    pub fn config(&self, t: usize, n_splits: usize) -> LaunchConfig {
+        LaunchConfig {
+            shared_mem_bytes: self.smem,
+            ..cfg((self.groups as u32, t as u32, n_splits as u32), 128)
+        }
+    }
 }
 
 /// The prompt attention kernel on the tensor cores (`kernels/flash.cu`, 64 queries of one
@@ -520,7 +628,11 @@ impl Ops for CudaModel {
             return self.flash_attention(layer, &name, qp, op, out);
         }
         let n_splits = self.step.n_splits;
-        let f = self.gpu.func(&attn_kernel(c.head_dim)?)?;
+        let kernel = match (&self.attn_mma, self.step.attn_mma) {
+            (Some(k), true) => k.clone(),
+            _ => self.attn.clone(),
+        };
+        let f = kernel.func(&mut self.gpu)?;
         let (nh, nkv) = (c.n_heads as i32, c.n_kv_heads as i32);
         let kvl = c.kv_layer(layer);
         let (kc, vc, bs) = (
@@ -535,7 +647,6 @@ impl Ops for CudaModel {
         // the kernel quantizes whole heads for the output projection: 32-wide blocks
         let quant = t <= MATVEC_MAX && c.head_dim.is_multiple_of(32);
         let (xq, xd) = if quant { (s.xq.ptr, s.xd.ptr) } else { (0, 0) };
-        let groups = attn_groups(c.n_heads, c.n_kv_heads) as u32;
         // SAFETY: as in flush.
         unsafe {
             self.gpu
@@ -557,7 +668,7 @@ impl Ops for CudaModel {
                 .arg(&op)
                 .arg(&xq)
                 .arg(&xd)
-                .launch(cfg((groups, t as u32, n_splits as u32), 128))?;
+                .launch(kernel.config(t, n_splits))?;
         }
         self.wrote(out);
         if quant {

@@ -1,5 +1,6 @@
 //! Attention over the paged f16 cache, against a plain f64 softmax over the same f16 values:
-//! the decode kernel (`kernels/attention.cu`, its context ranges merged by the last block) on a
+//! the decode kernels (`kernels/attention.cu` on the CUDA cores, and `kernels/flash.cu`'s on the
+//! tensor cores where a shape takes it; context ranges merged by the last block) on a
 //! sequence's last tokens, and the prompt kernel on the tensor cores (`kernels/flash.cu`) on steps of several
 //! sequences (a prompt chunk resuming at a later position, a whole prompt, a lone decode
 //! token), each with its own shuffled block table; and the prompt kernel's time against the
@@ -8,6 +9,7 @@
 use super::{bytes_i32, cfg, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::Result;
+use crate::ops::AttnDecode;
 use cudarc::driver::PushKernelArg;
 
 const BS: usize = 16;
@@ -162,22 +164,22 @@ fn launch_flash(gpu: &mut Gpu, s: &Step, d: &DevStep) -> Result<()> {
     Ok(())
 }
 
-/// Enqueues the decode kernel over up to `splits` ranges of each context (one: what prompt
+/// Enqueues a decode kernel over up to `splits` ranges of each context (one: what prompt
 /// steps without the prompt kernel take), launched as `CudaModel` launches it; `quant` gets the
 /// output's 8-bit blocks (xq, xd) when given.
 fn launch_decode(
     gpu: &mut Gpu,
+    kernel: &AttnDecode,
     s: &Step,
     d: &DevStep,
     scratch: &DecodeScratch,
     splits: usize,
     quant: Option<(u64, u64)>,
 ) -> Result<()> {
-    let f = gpu.func(&crate::ops::attn_kernel(s.hd)?)?;
+    let f = kernel.func(gpu)?;
     let (nh, nkv, bs, ns) = (s.nh as i32, s.nkv as i32, BS as i32, splits as i32);
     let scale = 1.0 / (s.hd as f32).sqrt();
     let (xq, xd) = quant.unwrap_or((0, 0));
-    let groups = crate::ops::attn_groups(s.nh, s.nkv) as u32;
     // SAFETY: as in launch_flash; scratch is sized for the step (DecodeScratch::new).
     unsafe {
         gpu.stream
@@ -198,9 +200,20 @@ fn launch_decode(
             .arg(&d.out.ptr)
             .arg(&xq)
             .arg(&xd)
-            .launch(cfg((groups, s.t() as u32, splits as u32), 128))?;
+            .launch(kernel.config(s.t(), splits))?;
     }
     Ok(())
+}
+
+/// The decode kernels a shape takes: the CUDA-core one, and the tensor-core one where it
+/// applies (the model picks the latter then).
+fn decode_kernels(s: &Step) -> Result<Vec<AttnDecode>> {
+    let mut ks = vec![AttnDecode::pick(s.hd, s.nh, s.nkv, false)?];
+    let mma = AttnDecode::pick(s.hd, s.nh, s.nkv, true)?;
+    if mma != ks[0] {
+        ks.push(mma);
+    }
+    Ok(ks)
 }
 
 /// The decode kernel's per-range results and its zeroed range counters.
@@ -235,7 +248,7 @@ fn random_cache(s: &Step, rng: &mut Rng) -> (Vec<half::f16>, Vec<half::f16>, Vec
     (kc, vc, q)
 }
 
-/// The decode kernel on the last `t` tokens of one sequence of `len`, against the f64
+/// The decode kernels on the last `t` tokens of one sequence of `len`, against the f64
 /// reference; each case launched twice (the merging block must leave the range counters at
 /// zero for the next step), with the output's 8-bit blocks checked where the model takes them.
 pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
@@ -258,6 +271,9 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
         (32, 8, 128, 3000, 6, 1),
         (32, 8, 128, 16384, 1, 128),
         (32, 8, 128, 2000, 32, 16),
+        (64, 8, 128, 2500, 2, 64),
+        (16, 2, 256, 777, 1, 64),
+        (24, 2, 128, 1500, 1, 64),
     ] {
         let s = Step::new(nh, nkv, hd, &[(len, t)], rng);
         let (kc, vc, q) = random_cache(&s, rng);
@@ -268,39 +284,40 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
         let quant = (hd % 32 == 0 && t <= crate::ops::MATVEC_MAX)
             .then(|| Ok::<_, crate::error::CudaError>((gpu.alloc(n)?, gpu.alloc(n / 32 * 8)?)))
             .transpose()?;
-        let (mut err, mut qerr) = (0f64, 0f64);
-        for _ in 0..2 {
-            gpu.write(d.out.ptr, &vec![0xFFu8; n * 4])?;
-            launch_decode(
-                gpu,
-                &s,
-                &d,
-                &scratch,
-                splits,
-                quant.as_ref().map(|(a, b)| (a.ptr, b.ptr)),
-            )?;
-            let got = gpu.read_f32(d.out.ptr, n)?;
-            err = err.max(rel_err(&got, &want));
-            if let Some((xq, xd)) = &quant {
-                qerr = qerr.max(quant_err(gpu, xq, xd, &got)?);
+        for kernel in decode_kernels(&s)? {
+            let (mut err, mut qerr) = (0f64, 0f64);
+            for _ in 0..2 {
+                gpu.write(d.out.ptr, &vec![0xFFu8; n * 4])?;
+                launch_decode(
+                    gpu,
+                    &kernel,
+                    &s,
+                    &d,
+                    &scratch,
+                    splits,
+                    quant.as_ref().map(|(a, b)| (a.ptr, b.ptr)),
+                )?;
+                let got = gpu.read_f32(d.out.ptr, n)?;
+                err = err.max(rel_err(&got, &want));
+                if let Some((xq, xd)) = &quant {
+                    qerr = qerr.max(quant_err(gpu, xq, xd, &got)?);
+                }
             }
+            let what = format!(
+                "attention ({}) {nh}/{nkv} heads of {hd}, context {len}, {t} queries, up to {splits} ranges",
+                kernel.name
+            );
+            if quant.is_some() {
+                out.push(CaseResult {
+                    op: format!("{what}: its 8-bit output blocks"),
+                    err: qerr,
+                    tol: 1e-3,
+                });
+            }
+            // the tensor-core kernel rounds its queries and weights to f16 (as the prompt kernel)
+            let tol = if kernel.smem > 0 { 5e-3 } else { 1e-4 };
+            out.push(CaseResult { op: what, err, tol });
         }
-        let what = format!(
-            "attention ({}) {nh}/{nkv} heads of {hd}, context {len}, {t} queries, up to {splits} ranges",
-            crate::ops::attn_kernel(hd)?
-        );
-        if quant.is_some() {
-            out.push(CaseResult {
-                op: format!("{what}: its 8-bit output blocks"),
-                err: qerr,
-                tol: 1e-3,
-            });
-        }
-        out.push(CaseResult {
-            op: what,
-            err,
-            tol: 1e-4,
-        });
     }
     Ok(())
 }
@@ -360,26 +377,33 @@ pub fn check_flash(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> R
     Ok(())
 }
 
-/// (what, us, GB/s of K/V read): the decode kernel on one token at a long context of the real
-/// shapes, up to 64 ranges (and 128 beside it), and on 32 sequences' tokens in one range each
-/// beside the ranges the model gives them; mean of 20 after a warm-up.
+/// (what, us, GB/s of K/V read): the decode kernels on one token at a long context of the real
+/// shapes over 32 to 128 ranges, and on 32 sequences' tokens in one range each beside the
+/// ranges the model gives them; mean of 20 after a warm-up.
 pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
     let (ns, batched) = (64, crate::model::decode_splits(32, 8));
     let (q3, q35, q25) = ("Qwen3-8B heads", "Qwen3.5-9B heads", "Qwen2.5-0.5B heads");
     let mut res = Vec::new();
     // (heads, KV heads, head size, context, tokens, ranges, what)
     for (nh, nkv, hd, len, t, splits, label) in [
+        (32, 8, 128, 16384, 1, ns / 2, q3),
         (32, 8, 128, 16384, 1, ns, q3),
         (32, 8, 128, 16384, 1, 2 * ns, q3),
+        (32, 8, 128, 4096, 1, ns / 2, q3),
         (32, 8, 128, 4096, 1, ns, q3),
+        (32, 8, 128, 1024, 1, ns / 2, q3),
         (32, 8, 128, 1024, 1, ns, q3),
+        (32, 8, 128, 4096, 8, 6, q3),
         (32, 8, 128, 4096, 32, 1, q3),
         (32, 8, 128, 4096, 32, batched, q3),
         (32, 8, 128, 256, 32, 1, q3),
         (32, 8, 128, 256, 32, batched, q3),
+        (16, 4, 256, 16384, 1, ns / 2, q35),
         (16, 4, 256, 16384, 1, ns, q35),
         (16, 4, 256, 16384, 1, 2 * ns, q35),
+        (14, 2, 64, 16384, 1, ns / 2, q25),
         (14, 2, 64, 16384, 1, ns, q25),
+        (14, 2, 64, 16384, 1, 2 * ns, q25),
     ] {
         // t tokens: t sequences of `len` each (the batched decode step)
         let s = Step::new(nh, nkv, hd, &vec![(len, 1); t], rng);
@@ -387,20 +411,25 @@ pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         let d = upload(gpu, &s, &q, &kc, &vc)?;
         let scratch = DecodeScratch::new(gpu, &s, splits)?;
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        launch_decode(gpu, &s, &d, &scratch, splits, None)?;
-        let e0 = gpu.stream.record_event(timing)?;
-        for _ in 0..20 {
-            launch_decode(gpu, &s, &d, &scratch, splits, None)?;
+        for kernel in decode_kernels(&s)? {
+            launch_decode(gpu, &kernel, &s, &d, &scratch, splits, None)?;
+            let e0 = gpu.stream.record_event(timing)?;
+            for _ in 0..20 {
+                launch_decode(gpu, &kernel, &s, &d, &scratch, splits, None)?;
+            }
+            let e1 = gpu.stream.record_event(timing)?;
+            e1.synchronize()?;
+            let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / 20.0;
+            let bytes = (t * len * nkv * hd * 2 * 2) as f64;
+            res.push((
+                format!(
+                    "{label} ({nh}/{nkv} of {hd}), {t} x context {len}, up to {splits} ranges, {}",
+                    kernel.name
+                ),
+                us,
+                bytes / us / 1e3,
+            ));
         }
-        let e1 = gpu.stream.record_event(timing)?;
-        e1.synchronize()?;
-        let us = e0.elapsed_ms(&e1)? as f64 * 1e3 / 20.0;
-        let bytes = (t * len * nkv * hd * 2 * 2) as f64;
-        res.push((
-            format!("{label} ({nh}/{nkv} of {hd}), {t} x context {len}, up to {splits} ranges"),
-            us,
-            bytes / us / 1e3,
-        ));
     }
     Ok(res)
 }
@@ -418,13 +447,14 @@ pub fn perf_flash(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64,
         let (kc, vc, q) = random_cache(&s, rng);
         let d = upload(gpu, &s, &q, &kc, &vc)?;
         let scratch = DecodeScratch::new(gpu, &s, 1)?;
+        let cuda_cores = AttnDecode::pick(hd, nh, nkv, false)?;
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let time = |gpu: &mut Gpu, flash: bool| -> Result<f64> {
             let go = |gpu: &mut Gpu| {
                 if flash {
                     launch_flash(gpu, &s, &d)
                 } else {
-                    launch_decode(gpu, &s, &d, &scratch, 1, None)
+                    launch_decode(gpu, &cuda_cores, &s, &d, &scratch, 1, None)
                 }
             };
             go(gpu)?;

@@ -39,8 +39,99 @@ struct AttnTile {
     static constexpr int CPR = HD / 8;  // 16-byte pieces a row
     static constexpr int R = (ATT_GQ * HD / 4 + ATT_THREADS - 1) / ATT_THREADS;  // (head, 4 dims) items a thread
     static constexpr int LPT = (TP * CPR + ATT_THREADS - 1) / ATT_THREADS;  // 16-byte pieces a thread loads a tile
-    static constexpr int PS = HD + 4;  // floats of a range's result in partial
 };
+
+// The end of a decode attention block of 128 threads over nq query heads h0 .. h0 + nq - 1 of
+// token t and context range s of ns: its unnormalized outputs so[j * HD + d], running maxima
+// sm[j] (natural-log units of the scaled scores) and sums sl[j] in shared memory (visible to
+// every thread). One range: the output is so / sl. Several: the block stores its range's
+// result in partial, and the last block of the (token, group) to finish merges every range's
+// (count[t * gridDim.x + blockIdx.x] counts them and is reset by it), in `merge` (2 * nq *
+// ATT_MAXSPLITS floats of shared memory). The output row is written, and quantized for the
+// output projection (32-value blocks) when xq is given.
+template <int HD>
+__device__ __forceinline__ void attn_decode_finish(float* so, float* sm, float* sl, float* merge, int nq, int h0,
+                                                   int t, int s, int ns, int n_splits, int n_heads, float* partial,
+                                                   int* count, float* out, i8* xq, float2* xd) {
+    constexpr int PS = HD + 4;  // floats of a range's result in partial
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int qdim = n_heads * HD, n = nq * HD;
+    __shared__ int last;
+    if (ns == 1) {
+        for (int i = tid; i < n; i += ATT_THREADS) so[i] /= sl[i / HD];
+    } else {
+        const u64 hs = (u64)n_splits * PS;  // a head's stride in partial
+        float* pb = partial + ((u64)t * n_heads + h0) * hs + (u64)s * PS;
+        for (int k = tid; k < n / 4; k += ATT_THREADS) {
+            const int j = k / (HD / 4), c = k % (HD / 4);
+            *(float4*)(pb + j * hs + 4 + 4 * c) = *(const float4*)(so + j * HD + 4 * c);
+        }
+        if (tid < nq) {
+            pb[tid * hs] = sm[tid];
+            pb[tid * hs + 1] = sl[tid];
+        }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int* cnt = count + (u64)t * gridDim.x + blockIdx.x;
+            last = atomicAdd(cnt, 1) == ns - 1;
+            if (last) *cnt = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        // every range's max and sum at once, a warp per head's factors, then a thread per
+        // (head, 4 dims) sums the ranges' accumulators (independent 16-byte loads)
+        const float* ph = partial + ((u64)t * n_heads + h0) * hs;
+        float* sf = merge;                       // [nq][ATT_MAXSPLITS] maxima, then factors
+        float* sfl = merge + nq * ATT_MAXSPLITS;  // sums
+        for (int k = tid; k < nq * ns; k += ATT_THREADS) {
+            const int j = k / ns, q = k % ns;
+            sf[j * ATT_MAXSPLITS + q] = __ldcg(ph + j * hs + q * PS);
+            sfl[j * ATT_MAXSPLITS + q] = __ldcg(ph + j * hs + q * PS + 1);
+        }
+        __syncthreads();
+        for (int j = warp; j < nq; j += ATT_THREADS / 32) {
+            float* f = sf + j * ATT_MAXSPLITS;
+            float M = -INFINITY, L = 0.f;
+            for (int q = lane; q < ns; q += 32) M = fmaxf(M, f[q]);
+            M = warp_max(M);
+            for (int q = lane; q < ns; q += 32) {
+                const float mr = f[q], e = mr == -INFINITY ? 0.f : __expf(mr - M);
+                f[q] = e;
+                L += sfl[j * ATT_MAXSPLITS + q] * e;
+            }
+            L = warp_sum(L);
+            if (lane == 0) sl[j] = L;
+        }
+        __syncthreads();
+        for (int k = tid; k < n / 4; k += ATT_THREADS) {
+            const int j = k / (HD / 4), c = k % (HD / 4);
+            const float* pa = ph + j * hs + 4 + 4 * c;
+            const float* f = sf + j * ATT_MAXSPLITS;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+            for (int q = 0; q < ns; q++) {
+                const float e = f[q];
+                const float4 v = __ldcg((const float4*)(pa + q * PS));
+                a.x += e * v.x; a.y += e * v.y; a.z += e * v.z; a.w += e * v.w;
+            }
+            const float il = 1.f / sl[j];
+            *(float4*)(so + j * HD + 4 * c) = make_float4(a.x * il, a.y * il, a.z * il, a.w * il);
+        }
+    }
+    __syncthreads();
+    float* orow = out + (u64)t * qdim + (u64)h0 * HD;
+    for (int b0 = 0; b0 < n; b0 += ATT_THREADS) {
+        const int i = b0 + tid;
+        const float v = i < n ? so[i] : 0.f;
+        if (i < n) orow[i] = v;
+        if (xq != nullptr && b0 + 32 * warp < n) {
+            u64 c = ((u64)t * qdim + (u64)h0 * HD + b0 + 32 * warp) / 32;
+            quant32(v, xq + 32 * c, xd + c);
+        }
+    }
+}
 
 template <int HD>
 __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n_heads, int n_kv,
@@ -49,7 +140,7 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
                                               const int* tables, int n_splits, float scale, float* partial,
                                               int* count, float* out, i8* xq, float2* xd) {
     using A = AttnTile<HD>;
-    constexpr int TP = A::TP, RS = A::RS, CPR = A::CPR, R = A::R, LPT = A::LPT, PS = A::PS;
+    constexpr int TP = A::TP, RS = A::RS, CPR = A::CPR, R = A::R, LPT = A::LPT;
     const int G = n_heads / n_kv, subs = (G + ATT_GQ - 1) / ATT_GQ, per = (G + subs - 1) / subs;
     const int kvh = blockIdx.x / subs, sub = blockIdx.x % subs;
     const int h0 = kvh * G + sub * per, nq = min(per, G - sub * per);
@@ -67,7 +158,6 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     __shared__ __align__(16) float sq[ATT_GQ * HD];  // the group's queries, scaled
     __shared__ float sw[ATT_GQ][TP];                 // scores, then weights
     __shared__ float scorr[ATT_GQ], sm[ATT_GQ], sl[ATT_GQ];
-    __shared__ int last;
 
     for (int i = tid; i < ATT_GQ * HD; i += ATT_THREADS) {
         int j = i / HD;
@@ -171,98 +261,20 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
         }
     }
     cp_async_wait_all();  // (an empty range's zero fills)
+    __syncthreads();
+    // the block's result into shared memory: the queries are spent (so), the K tiles too (the
+    // merge's factors)
+    float* so = sq;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int k = tid + ATT_THREADS * r, j = k / (HD / 4), c = k % (HD / 4);
+        if (j < nq) *(float4*)(so + j * HD + 4 * c) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    }
     if (warp < nq && lane == 0) { sm[warp] = m_run; sl[warp] = l_run; }
+    static_assert(sizeof(sk) >= 2 * ATT_GQ * ATT_MAXSPLITS * sizeof(float), "merge space");
     __syncthreads();
-    const int qdim = n_heads * HD, n = nq * HD;
-    float* so = sq;  // the queries are spent: the output is gathered here
-    if (ns == 1) {  // one range: the block's result is the output
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int k = tid + ATT_THREADS * r, j = k / (HD / 4), c = k % (HD / 4);
-            if (j < nq)
-#pragma unroll
-    #pragma unroll
-            for (int e = 0; e < 4; e++) so[j * HD + 4 * c + e] = acc[r][e] / sl[j];
-        }
-    } else {
-        // several ranges: store this one's, and the last block of the (token, group) merges them
-        const u64 hs = (u64)n_splits * PS;  // a head's stride in partial
-        float* pb = partial + ((u64)t * n_heads + h0) * hs + (u64)s * PS;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int k = tid + ATT_THREADS * r, j = k / (HD / 4), c = k % (HD / 4);
-            if (j < nq) *(float4*)(pb + j * hs + 4 + 4 * c) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-        }
-        if (tid < nq) {
-            pb[tid * hs] = sm[tid];
-            pb[tid * hs + 1] = sl[tid];
-        }
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            int* cnt = count + (u64)t * gridDim.x + blockIdx.x;
-            last = atomicAdd(cnt, 1) == ns - 1;
-            if (last) *cnt = 0;
-        }
-        __syncthreads();
-        if (!last) return;
-        __threadfence();
-        // every range's max and sum at once, a warp per head's factors, then a thread per
-        // (head, 4 dims) sums the ranges' accumulators (independent 16-byte loads)
-        const float* ph = partial + ((u64)t * n_heads + h0) * hs;
-        // the ranges' maxima and sums where the K tiles were (spent)
-        float(*sf)[ATT_MAXSPLITS] = (float(*)[ATT_MAXSPLITS])&sk[0][0];
-        float(*sfl)[ATT_MAXSPLITS] = sf + ATT_GQ;
-        static_assert(sizeof(sk) >= 2 * ATT_GQ * ATT_MAXSPLITS * sizeof(float), "merge space");
-        for (int k = tid; k < nq * ns; k += ATT_THREADS) {
-            const int j = k / ns, q = k % ns;
-            sf[j][q] = __ldcg(ph + j * hs + q * PS);
-            sfl[j][q] = __ldcg(ph + j * hs + q * PS + 1);
-        }
-        __syncthreads();
-        if (warp < nq) {
-            float M = -INFINITY, L = 0.f;
-            for (int q = lane; q < ns; q += 32) M = fmaxf(M, sf[warp][q]);
-            M = warp_max(M);
-            for (int q = lane; q < ns; q += 32) {
-                const float mr = sf[warp][q], f = mr == -INFINITY ? 0.f : __expf(mr - M);
-                sf[warp][q] = f;
-                L += sfl[warp][q] * f;
-            }
-            L = warp_sum(L);
-            if (lane == 0) sl[warp] = L;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int k = tid + ATT_THREADS * r, j = k / (HD / 4), c = k % (HD / 4);
-            if (j >= nq) continue;
-            const float* pa = ph + j * hs + 4 + 4 * c;
-            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-            for (int q = 0; q < ns; q++) {
-                const float f = sf[j][q];
-                const float4 v = __ldcg((const float4*)(pa + q * PS));
-                a.x += f * v.x; a.y += f * v.y; a.z += f * v.z; a.w += f * v.w;
-            }
-            const float il = 1.f / sl[j];
-            so[j * HD + 4 * c] = a.x * il;
-            so[j * HD + 4 * c + 1] = a.y * il;
-            so[j * HD + 4 * c + 2] = a.z * il;
-            so[j * HD + 4 * c + 3] = a.w * il;
-        }
-    }
-    __syncthreads();
-    float* orow = out + (u64)t * qdim + (u64)h0 * HD;
-    for (int b0 = 0; b0 < n; b0 += ATT_THREADS) {
-        const int i = b0 + tid;
-        const float v = i < n ? so[i] : 0.f;
-        if (i < n) orow[i] = v;
-        if (xq != nullptr && b0 + 32 * warp < n) {
-            u64 c = ((u64)t * qdim + (u64)h0 * HD + b0 + 32 * warp) / 32;
-            quant32(v, xq + 32 * c, xd + c);
-        }
-    }
+    attn_decode_finish<HD>(so, sm, sl, (float*)&sk[0][0], nq, h0, t, s, ns, n_splits, n_heads, partial, count,
+                           out, xq, xd);
 }
 
 // attn_decode_h<HD>: heads of HD dims. Grid (n_kv * ceil(G / ceil(G / 4)), t, n_splits) as

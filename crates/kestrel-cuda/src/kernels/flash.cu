@@ -201,3 +201,220 @@ __device__ __forceinline__ void flash_prefill(const float* Q, int n_heads, int n
                               n_seqs, scale, out);                                                            \
     }
 FLASH(64, 64) FLASH(128, 64) FLASH(256, 32)
+
+// Decode attention on the tensor cores (`attn_decode_mma_h<HD>`), for the grids of
+// `attn_decode_h<HD>` (kernels/attention.cu: a block per KV head, token and context range, the
+// ranges merged by the last block) with every query head of a KV head in one block (up to 8):
+// the CUDA-core kernel spends ~750 instructions a thread per 32 positions on its dot products
+// from shared memory, which at long contexts costs more than reading the cache. Here the group
+// is the 8-wide N of the mma and the positions its M: S^T = K Q^T (K's 16 x 16 pieces by
+// ldmatrix, Q^T's fragments in registers for the whole range), then O^T += V^T P^T (V's pieces
+// by ldmatrix.trans; P^T from S^T's accumulators by movmatrix, which transposes an 8 x 8 tile
+// across the warp). Each of the 4 warps walks its own tiles of 16 positions (tiles w, w + 4,
+// ...) through a 2-stage ring of shared memory filled by cp.async, with no block barrier;
+// the warps' softmax states are merged at the end and the block ends as attn_decode_h does.
+//
+// Per lane (gid = lane / 4, tid = lane % 4): S^T's c0..c3 are positions gid / gid + 8 of heads
+// 2tid / 2tid + 1, so a lane's softmax state is two heads', shared with the lanes of its tid
+// (maxima reduced over gid by xor 4, 8, 16); O^T's c0, c2 (dims gid, gid + 8 of each 16) are
+// head 2tid's, c1, c3 head 2tid + 1's.
+#define ATT_MMA_TP 16  // positions a warp's tile
+#define ATT_MMA_HEADS 8
+
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ u32 movmatrix_t(u32 x) {
+    u32 y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+
+// Shared memory the kernel takes (the host sizes its launch with the same formula in ops.rs):
+// the warps' rings, reused after the walk for their results and the merge.
+template <int HD>
+struct AttnMma {
+    static constexpr int LD = HD + 8;                 // halves a shared row (16 bytes of padding)
+    static constexpr int STAGE = 2 * ATT_MMA_TP * LD;  // halves: a tile's K rows, then its V rows
+    static constexpr int RING = 4 * 2 * STAGE * 2;     // bytes: 4 warps x 2 stages
+    static constexpr int MERGE = (4 * ATT_MMA_HEADS * HD + ATT_MMA_HEADS * HD + 2 * 4 * ATT_MMA_HEADS +
+                                  2 * ATT_MMA_HEADS + 2 * ATT_MMA_HEADS * ATT_MAXSPLITS) * 4;
+    static constexpr int SMEM = RING > MERGE ? RING : MERGE;
+};
+
+template <int HD>
+__device__ __forceinline__ void attn_decode_mma(const float* __restrict__ Q, int n_heads, int n_kv,
+                                                const u16* __restrict__ kc, const u16* __restrict__ vc,
+                                                int block_size, const int* pos, const int* tbl_off,
+                                                const int* tables, int n_splits, float scale, float* partial,
+                                                int* count, float* out, i8* xq, float2* xd) {
+    using A = AttnMma<HD>;
+    constexpr int LD = A::LD, STAGE = A::STAGE, TP = ATT_MMA_TP, KT = HD / 16, CPR = HD / 8;
+    extern __shared__ __align__(16) u8 att_smem[];
+    const int G = n_heads / n_kv;  // <= ATT_MMA_HEADS (the host picks this kernel only then)
+    const int kvh = blockIdx.x, h0 = kvh * G, t = blockIdx.y, s = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+    const int len = pos[t] + 1;
+    const int ns = min(n_splits, (len + ATT_MINLEN - 1) / ATT_MINLEN);
+    if (s >= ns) return;
+    const int chunk = (len + ns - 1) / ns;
+    const int p0 = s * chunk, p1 = min(len, p0 + chunk);
+    const int ntiles = (p1 - p0 + TP - 1) / TP;
+    const u64 kv_dim = (u64)n_kv * HD, col = (u64)kvh * HD;
+    const int* tbl = tables + tbl_off[t];
+    u16* ring = (u16*)att_smem + warp * 2 * STAGE;
+
+    // tile `it` (positions p0 + 16 it ..) into stage `st` of this warp's ring; always one
+    // commit group, empty past the last tile, so the waits below count tiles
+    auto issue = [&](int it, int st) {
+        if (it < ntiles) {
+            u16* K = ring + st * STAGE;
+            const int tp0 = p0 + it * TP;
+#pragma unroll
+            for (int i = lane; i < TP * CPR; i += 32) {
+                const int r = i / CPR, c = 8 * (i % CPR), p = tp0 + r;
+                const bool ok = p < p1;
+                const u64 row = ok ? (u64)tbl[p / block_size] * block_size + p % block_size : 0;
+                cp_async16(K + r * LD + c, kc + row * kv_dim + col + c, ok);
+                cp_async16(K + TP * LD + r * LD + c, vc + row * kv_dim + col + c, ok);
+            }
+        }
+        cp_async_commit();
+    };
+    issue(warp, 0);
+    issue(warp + 4, 1);
+
+    // Q^T as B fragments (k = dims, n = heads): heads past the group are zeros
+    const float qs = scale * 1.44269504f;  // exp2 softmax
+    u32 qf[KT][2];
+    {
+        const float* qr = Q + ((u64)t * n_heads + h0 + min(gid, G - 1)) * HD;
+#pragma unroll
+        for (int k = 0; k < KT; k++) {
+            const int c = 16 * k + 2 * tid;
+            qf[k][0] = gid < G ? pack_f16(qr[c] * qs, qr[c + 1] * qs) : 0u;
+            qf[k][1] = gid < G ? pack_f16(qr[c + 8] * qs, qr[c + 9] * qs) : 0u;
+        }
+    }
+    float o[KT][4];
+#pragma unroll
+    for (int k = 0; k < KT; k++) o[k][0] = o[k][1] = o[k][2] = o[k][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2tid, 2tid + 1
+
+    for (int j = 0, it = warp; it < ntiles; j++, it += 4) {
+        cp_async_wait<1>();
+        __syncwarp();
+        const u16* K = ring + (j & 1) * STAGE;
+        const u16* V = K + TP * LD;
+        // S^T = K Q^T: 16 positions x 8 heads
+        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < KT; k++) {
+            u32 a[4];
+            ldsm_x4(a, K + ((lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 16 * k + 8 * (lane >> 4));
+            mma_f16(sc, a, qf[k][0], qf[k][1]);
+        }
+        const int pa = p0 + it * TP + gid;
+        if (pa >= p1) sc[0] = sc[1] = -INFINITY;
+        if (pa + 8 >= p1) sc[2] = sc[3] = -INFINITY;
+        // online softmax per head (a column): maxima over the 16 positions (gid, gid + 8)
+        float x0 = fmaxf(sc[0], sc[2]), x1 = fmaxf(sc[1], sc[3]);
+#pragma unroll
+        for (int o2 = 4; o2 < 32; o2 <<= 1) {
+            x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o2));
+            x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o2));
+        }
+        // a tile holds at least one position of the range: the maxima are finite
+        x0 = fmaxf(m0, x0);
+        x1 = fmaxf(m1, x1);
+        const float c0 = exp2f(m0 - x0), c1 = exp2f(m1 - x1);
+        m0 = x0;
+        m1 = x1;
+        const float e0 = exp2f(sc[0] - x0), e1 = exp2f(sc[1] - x1);
+        const float e2 = exp2f(sc[2] - x0), e3 = exp2f(sc[3] - x1);
+        l0 = l0 * c0 + e0 + e2;
+        l1 = l1 * c1 + e1 + e3;
+        // P^T as B fragments (k = positions, n = heads): the two 8 x 8 halves transposed
+        const u32 b0 = movmatrix_t(pack_f16(e0, e1)), b1 = movmatrix_t(pack_f16(e2, e3));
+        // O^T += V^T P^T: dims 16k .. 16k + 15
+#pragma unroll
+        for (int k = 0; k < KT; k++) {
+            o[k][0] *= c0;
+            o[k][1] *= c1;
+            o[k][2] *= c0;
+            o[k][3] *= c1;
+            u32 a[4];
+            ldsm_x4_t(a, V + ((lane & 7) + 8 * (lane >> 4)) * LD + 16 * k + 8 * ((lane >> 3) & 1));
+            mma_f16(o[k], a, b0, b1);
+        }
+        __syncwarp();  // every lane has read this stage before it is refilled
+        issue(it + 8, j & 1);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int o2 = 4; o2 < 32; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    __syncthreads();  // every warp is done with its ring: the space is the merge's now
+    float* wo = (float*)att_smem;                  // [4 warps][8 heads][HD]
+    float* so = wo + 4 * ATT_MMA_HEADS * HD;       // [8][HD]
+    float* wm = so + ATT_MMA_HEADS * HD;           // [4][8]
+    float* wl = wm + 4 * ATT_MMA_HEADS;            // [4][8]
+    float* sm = wl + 4 * ATT_MMA_HEADS;            // [8]
+    float* sl = sm + ATT_MMA_HEADS;                // [8]
+    float* merge = sl + ATT_MMA_HEADS;             // [2][8][ATT_MAXSPLITS]
+    {
+        float* w = wo + warp * ATT_MMA_HEADS * HD;
+#pragma unroll
+        for (int k = 0; k < KT; k++) {
+            const int d = 16 * k + gid;
+            w[(2 * tid) * HD + d] = o[k][0];
+            w[(2 * tid + 1) * HD + d] = o[k][1];
+            w[(2 * tid) * HD + d + 8] = o[k][2];
+            w[(2 * tid + 1) * HD + d + 8] = o[k][3];
+        }
+        if (gid == 0) {
+            wm[warp * ATT_MMA_HEADS + 2 * tid] = m0;
+            wm[warp * ATT_MMA_HEADS + 2 * tid + 1] = m1;
+            wl[warp * ATT_MMA_HEADS + 2 * tid] = l0;
+            wl[warp * ATT_MMA_HEADS + 2 * tid + 1] = l1;
+        }
+    }
+    __syncthreads();
+    // the warps' states merged per head: maxima in natural-log units for attn_decode_finish
+    for (int i = threadIdx.x; i < G * HD; i += ATT_THREADS) {
+        const int h = i / HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < 4; w++) M = fmaxf(M, wm[w * ATT_MMA_HEADS + h]);
+        float acc = 0.f, L = 0.f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const float mw = wm[w * ATT_MMA_HEADS + h], f = mw == -INFINITY ? 0.f : exp2f(mw - M);
+            acc += f * wo[(w * ATT_MMA_HEADS + h) * HD + i % HD];
+            L += f * wl[w * ATT_MMA_HEADS + h];
+        }
+        so[i] = acc;
+        if (i % HD == 0) {
+            sm[h] = M * 0.69314718f;
+            sl[h] = L;
+        }
+    }
+    __syncthreads();
+    attn_decode_finish<HD>(so, sm, sl, merge, G, h0, t, s, ns, n_splits, n_heads, partial, count, out, xq, xd);
+}
+
+// attn_decode_mma_h<HD>: grid (n_kv, t, n_splits), 128 threads, AttnMma<HD>::SMEM bytes of
+// dynamic shared memory.
+#define ATTM(HD)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_decode_mma_h##HD(                \
+        const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc, int block_size,         \
+        const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale,            \
+        float* partial, int* count, float* out, i8* xq, float2* xd) { GRID_DEP();                  \
+        attn_decode_mma<HD>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits,   \
+                            scale, partial, count, out, xq, xd);                                     \
+    }
+ATTM(64) ATTM(128) ATTM(256)
