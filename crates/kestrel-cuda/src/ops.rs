@@ -96,14 +96,15 @@ impl AttnDecode {
         })
     }
 
-    /// As [`AttnDecode::new`], the tensor-core kernel allowed or not.
+    /// The kernel for these heads: the tensor-core one where it applies and `mma` allows it,
+    /// else the CUDA-core one.
     pub fn pick(head_dim: usize, n_heads: usize, n_kv: usize, mma: bool) -> Result<Self> {
         let group = n_heads / n_kv.max(1);
         if mma && matches!(head_dim, 64 | 128 | 256) && group <= ATTN_MMA_HEADS {
-            // kernels/flash.cu's AttnMma<HD>::SMEM: the warps' rings of K/V tiles, or the
-            // merge's space after them
-            let (ld, heads, splits) = (head_dim + 8, ATTN_MMA_HEADS, 128);
-            let ring = 4 * 2 * (2 * 16 * ld) * 2;
+            // kernels/flash.cu's AttnMma<HD, 2>::SMEM: the warps' rings of two K/V tiles, or
+            // the merge's space after them
+            let (ld, heads, splits, stages) = (head_dim + 8, ATTN_MMA_HEADS, 128, 2);
+            let ring = 4 * stages * (2 * 16 * ld) * 2;
             let merge = (4 * heads * head_dim
                 + heads * head_dim
                 + 2 * 4 * heads
@@ -111,7 +112,7 @@ impl AttnDecode {
                 + 2 * heads * splits)
                 * 4;
             return Ok(Self {
-                name: format!("attn_decode_mma_h{head_dim}"),
+                name: format!("attn_decode_mma_h{head_dim}_s{stages}"),
                 groups: n_kv,
                 smem: ring.max(merge) as u32,
             });

@@ -206,7 +206,7 @@ fn launch_decode(
 }
 
 /// The decode kernels a shape takes: the CUDA-core one, and the tensor-core one where it
-/// applies (the model picks the latter then).
+/// applies.
 fn decode_kernels(s: &Step) -> Result<Vec<AttnDecode>> {
     let mut ks = vec![AttnDecode::pick(s.hd, s.nh, s.nkv, false)?];
     let mma = AttnDecode::pick(s.hd, s.nh, s.nkv, true)?;

@@ -211,7 +211,7 @@ FLASH(64, 64) FLASH(128, 64) FLASH(256, 32)
 // ldmatrix, Q^T's fragments in registers for the whole range), then O^T += V^T P^T (V's pieces
 // by ldmatrix.trans; P^T from S^T's accumulators by movmatrix, which transposes an 8 x 8 tile
 // across the warp). Each of the 4 warps walks its own tiles of 16 positions (tiles w, w + 4,
-// ...) through a 2-stage ring of shared memory filled by cp.async, with no block barrier;
+// ...) through a ring of S stages of shared memory filled by cp.async, with no block barrier;
 // the warps' softmax states are merged at the end and the block ends as attn_decode_h does.
 //
 // Per lane (gid = lane / 4, tid = lane % 4): S^T's c0..c3 are positions gid / gid + 8 of heads
@@ -233,24 +233,27 @@ __device__ __forceinline__ u32 movmatrix_t(u32 x) {
 }
 
 // Shared memory the kernel takes (the host sizes its launch with the same formula in ops.rs):
-// the warps' rings, reused after the walk for their results and the merge.
-template <int HD>
+// the warps' rings of S stages, reused after the walk for their results and the merge.
+template <int HD, int S>
 struct AttnMma {
     static constexpr int LD = HD + 8;                 // halves a shared row (16 bytes of padding)
     static constexpr int STAGE = 2 * ATT_MMA_TP * LD;  // halves: a tile's K rows, then its V rows
-    static constexpr int RING = 4 * 2 * STAGE * 2;     // bytes: 4 warps x 2 stages
+    static constexpr int RING = 4 * S * STAGE * 2;     // bytes: 4 warps x S stages
     static constexpr int MERGE = (4 * ATT_MMA_HEADS * HD + ATT_MMA_HEADS * HD + 2 * 4 * ATT_MMA_HEADS +
                                   2 * ATT_MMA_HEADS + 2 * ATT_MMA_HEADS * ATT_MAXSPLITS) * 4;
     static constexpr int SMEM = RING > MERGE ? RING : MERGE;
 };
 
-template <int HD>
+// The kernel waits on the previous one (GRID_DEP) itself: positions and block tables come
+// from the host, so its first tiles' table entries are looked up before the wait; the K/V
+// rows (the step's own rows are written by the kernel before) and the queries after it.
+template <int HD, int S>
 __device__ __forceinline__ void attn_decode_mma(const float* __restrict__ Q, int n_heads, int n_kv,
                                                 const u16* __restrict__ kc, const u16* __restrict__ vc,
                                                 int block_size, const int* pos, const int* tbl_off,
                                                 const int* tables, int n_splits, float scale, float* partial,
                                                 int* count, float* out, i8* xq, float2* xd) {
-    using A = AttnMma<HD>;
+    using A = AttnMma<HD, S>;
     constexpr int LD = A::LD, STAGE = A::STAGE, TP = ATT_MMA_TP, KT = HD / 16, CPR = HD / 8;
     extern __shared__ __align__(16) u8 att_smem[];
     const int G = n_heads / n_kv;  // <= ATT_MMA_HEADS (the host picks this kernel only then)
@@ -258,33 +261,49 @@ __device__ __forceinline__ void attn_decode_mma(const float* __restrict__ Q, int
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
     const int len = pos[t] + 1;
     const int ns = min(n_splits, (len + ATT_MINLEN - 1) / ATT_MINLEN);
-    if (s >= ns) return;
+    if (s >= ns) {
+        GRID_DEP();
+        return;
+    }
     const int chunk = (len + ns - 1) / ns;
     const int p0 = s * chunk, p1 = min(len, p0 + chunk);
     const int ntiles = (p1 - p0 + TP - 1) / TP;
     const u64 kv_dim = (u64)n_kv * HD, col = (u64)kvh * HD;
     const int* tbl = tables + tbl_off[t];
-    u16* ring = (u16*)att_smem + warp * 2 * STAGE;
+    u16* ring = (u16*)att_smem + warp * S * STAGE;
 
+    // a tile's cache blocks: the entries of its first position's block and the next one (a
+    // 16-position tile spans at most two blocks of 16+ rows; smaller blocks look up the rest)
+    auto entries = [&](int it, int2& e) {
+        const int b = (p0 + it * TP) / block_size;
+        e.x = it < ntiles ? tbl[b] : 0;
+        e.y = it < ntiles && (b + 1) * block_size < p1 ? tbl[b + 1] : 0;
+    };
     // tile `it` (positions p0 + 16 it ..) into stage `st` of this warp's ring; always one
     // commit group, empty past the last tile, so the waits below count tiles
-    auto issue = [&](int it, int st) {
+    auto issue = [&](int it, int st, int2 e) {
         if (it < ntiles) {
             u16* K = ring + st * STAGE;
-            const int tp0 = p0 + it * TP;
+            const int tp0 = p0 + it * TP, b0 = tp0 / block_size;
 #pragma unroll
             for (int i = lane; i < TP * CPR; i += 32) {
                 const int r = i / CPR, c = 8 * (i % CPR), p = tp0 + r;
                 const bool ok = p < p1;
-                const u64 row = ok ? (u64)tbl[p / block_size] * block_size + p % block_size : 0;
+                const int b = p / block_size;
+                const int blk = b == b0 ? e.x : (b == b0 + 1 ? e.y : (ok ? tbl[b] : 0));
+                const u64 row = ok ? (u64)blk * block_size + p % block_size : 0;
                 cp_async16(K + r * LD + c, kc + row * kv_dim + col + c, ok);
                 cp_async16(K + TP * LD + r * LD + c, vc + row * kv_dim + col + c, ok);
             }
         }
         cp_async_commit();
     };
-    issue(warp, 0);
-    issue(warp + 4, 1);
+    int2 first[S];
+#pragma unroll
+    for (int k = 0; k < S; k++) entries(warp + 4 * k, first[k]);
+    GRID_DEP();
+#pragma unroll
+    for (int k = 0; k < S; k++) issue(warp + 4 * k, k, first[k]);
 
     // Q^T as B fragments (k = dims, n = heads): heads past the group are zeros
     const float qs = scale * 1.44269504f;  // exp2 softmax
@@ -304,9 +323,11 @@ __device__ __forceinline__ void attn_decode_mma(const float* __restrict__ Q, int
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // heads 2tid, 2tid + 1
 
     for (int j = 0, it = warp; it < ntiles; j++, it += 4) {
-        cp_async_wait<1>();
+        int2 e;
+        entries(it + 4 * S, e);  // the tile this stage takes next, looked up a step ahead
+        cp_async_wait<S - 1>();
         __syncwarp();
-        const u16* K = ring + (j & 1) * STAGE;
+        const u16* K = ring + (j % S) * STAGE;
         const u16* V = K + TP * LD;
         // S^T = K Q^T: 16 positions x 8 heads
         float sc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -350,7 +371,7 @@ __device__ __forceinline__ void attn_decode_mma(const float* __restrict__ Q, int
             mma_f16(o[k], a, b0, b1);
         }
         __syncwarp();  // every lane has read this stage before it is refilled
-        issue(it + 8, j & 1);
+        issue(it + 4 * S, j % S, e);
     }
     cp_async_wait_all();
 #pragma unroll
@@ -407,14 +428,16 @@ __device__ __forceinline__ void attn_decode_mma(const float* __restrict__ Q, int
     attn_decode_finish<HD>(so, sm, sl, merge, G, h0, t, s, ns, n_splits, n_heads, partial, count, out, xq, xd);
 }
 
-// attn_decode_mma_h<HD>: grid (n_kv, t, n_splits), 128 threads, AttnMma<HD>::SMEM bytes of
-// dynamic shared memory.
-#define ATTM(HD)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_decode_mma_h##HD(                \
+// attn_decode_mma_h<HD>_s<S>: grid (n_kv, t, n_splits), 128 threads, AttnMma<HD, S>::SMEM
+// bytes of dynamic shared memory.
+#define ATTM(HD, S)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_decode_mma_h##HD##_s##S(         \
         const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc, int block_size,         \
         const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale,            \
-        float* partial, int* count, float* out, i8* xq, float2* xd) { GRID_DEP();                  \
-        attn_decode_mma<HD>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits,   \
-                            scale, partial, count, out, xq, xd);                                     \
+        float* partial, int* count, float* out, i8* xq, float2* xd) {                               \
+        attn_decode_mma<HD, S>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits, \
+                               scale, partial, count, out, xq, xd);                                  \
     }
-ATTM(64) ATTM(128) ATTM(256)
+// Rings of 2 tiles: 3 were no faster anywhere (`gpu-check --perf`, 8B heads at 16384: 28.9 us
+// against 29.7, at 4096 13.3 against 12.8; 8B tg128 at depth 16384 305 against 311 tok/s).
+ATTM(64, 2) ATTM(128, 2) ATTM(256, 2)
