@@ -439,5 +439,5 @@ __device__ __forceinline__ void attn_decode_mma(const float* __restrict__ Q, int
                                scale, partial, count, out, xq, xd);                                  \
     }
 // Rings of 2 tiles: 3 were no faster anywhere (`gpu-check --perf`, 8B heads at 16384: 28.9 us
-// against 29.7, at 4096 13.3 against 12.8; 8B tg128 at depth 16384 305 against 311 tok/s).
+// against 28.6, at 4096 13.3 against 12.8; 8B tg128 at depth 16384 305 against 311 tok/s).
 ATTM(64, 2) ATTM(128, 2) ATTM(256, 2)
