@@ -189,6 +189,9 @@ step "speculative decoding equals plain greedy (qwen 1.5B lookup and 0.5B draft:
 step "speculative decoding on the hybrid model (tiny-qwen3_5, tiny-qwen2 drafting): server equals plain greedy" \
     "$PY" tests/e2e/hybrid_spec.py --kestrel "$BIN" --model testdata/tiny/tiny-qwen3_5/qwen3_5-f32.gguf \
     --server "http://127.0.0.1:$HYBRID_SPEC_PORT"
+step "the hybrid speculating server's plan says which state snapshot slots back up its sequences (the dense one's does not)" \
+    bash -c 'grep -q "speculation: 2 of the [0-9]* state snapshot slots" "$1" && ! grep -q "snapshot slots" "$2"' _ \
+    "$WORK/hybrid-spec.log" "$WORK/lookup.log"
 for pid in "$LOOKUP_PID" "$DRAFT_PID" "$HYBRID_PID" "$HYBRID_SPEC_PID"; do
     if ! kill -0 "$pid" 2>/dev/null; then
         FAILED+=("server (pid $pid) exited during the tests")

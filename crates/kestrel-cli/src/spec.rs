@@ -61,6 +61,21 @@ impl SpecArgs {
         })
     }
 
+    /// Says (unless `quiet`) how many of the plan's state snapshot slots speculation takes as
+    /// backups of speculating sequences' recurrent states (hybrid models: the state before a
+    /// verify pass, restored after a rejection), so the snapshot count printed with the memory
+    /// plan is not all for prefix reuse.
+    pub fn note_backups(&self, plan: &kestrel_engine::PoolPlan, quiet: bool) -> Result<()> {
+        let backups = self.config()?.backup_slots(plan.snapshot_slots);
+        if backups > 0 && !quiet {
+            eprintln!(
+                "speculation: {backups} of the {} state snapshot slots hold speculating sequences' states before their verify passes",
+                plan.snapshot_slots
+            );
+        }
+        Ok(())
+    }
+
     /// Where the model runs with these settings: speculation runs on the CPU backend for now
     /// (an explicit `--device cuda` is refused, `auto` stays on the CPU, saying so unless
     /// `quiet`). On the GPU the verification pass goes through the multi-token mat-mat, whose

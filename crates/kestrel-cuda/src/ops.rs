@@ -801,7 +801,41 @@ pub fn launch_argmax(
 
 #[cfg(test)]
 mod tests {
-    use super::whole_row_runs;
+    use super::{whole_row_runs, AttnDecode};
+
+    /// The tensor-core decode attention takes heads of 64 / 128 / 256 with up to 8 query heads
+    /// a KV head, one block per KV head, within a block's shared memory (227 KiB on Hopper);
+    /// the rest, and the switch off, take the CUDA-core kernel's grouping; short steps keep it.
+    #[test]
+    fn decode_attention_picks_the_tensor_cores_where_they_apply() {
+        let mma = |hd, nh, nkv| AttnDecode::pick(hd, nh, nkv, true).unwrap();
+        for (hd, nh, nkv) in [
+            (128, 32, 8),
+            (256, 16, 4),
+            (64, 14, 2),
+            (128, 12, 2),
+            (256, 16, 2),
+        ] {
+            let k = mma(hd, nh, nkv);
+            assert_eq!(k.name, format!("attn_decode_mma_h{hd}_s2"));
+            assert_eq!(k.groups, nkv);
+            assert!(k.smem > 0 && k.smem <= 227 << 10, "{k:?}");
+        }
+        // 12 query heads a KV head, 96-dim heads, the switch off: the CUDA-core kernel
+        assert_eq!(mma(128, 24, 2).name, "attn_decode_h128");
+        assert_eq!(mma(128, 24, 2).groups, 2 * 3);
+        assert_eq!(mma(96, 8, 4).name, "attn_decode_h96");
+        let off = AttnDecode::pick(128, 32, 8, false).unwrap();
+        assert_eq!(
+            (off.name.as_str(), off.groups, off.smem),
+            ("attn_decode_h128", 8, 0)
+        );
+        assert!(AttnDecode::pick(100, 8, 4, true).is_err());
+        // ranges: one wave of blocks, up to 32 (the 8B on 132 SMs: 3 blocks an SM)
+        assert_eq!(mma(128, 32, 8).splits(1, 132), 32);
+        assert_eq!(mma(128, 32, 8).splits(32, 132), 1);
+        assert!(!AttnDecode::pays(200) && AttnDecode::pays(1024));
+    }
 
     #[test]
     fn whole_rows_download_in_runs_between_the_picked_ones() {

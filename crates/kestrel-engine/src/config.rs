@@ -56,6 +56,18 @@ pub struct SpecConfig {
     pub max_batch: usize,
 }
 
+impl SpecConfig {
+    /// Recurrent-state slots set aside as backups of speculating sequences' states (hybrid
+    /// models), out of `spare` slots past the running ones (the snapshot pool's): one per
+    /// sequence that may speculate at once.
+    pub fn backup_slots(&self, spare: usize) -> usize {
+        match self.mode {
+            SpecMode::Off => 0,
+            _ => self.max_batch.min(spare),
+        }
+    }
+}
+
 impl Default for SpecConfig {
     fn default() -> Self {
         Self {

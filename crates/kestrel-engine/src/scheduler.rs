@@ -118,11 +118,7 @@ impl<'t> Scheduler<'t> {
             .logits_memory()
             .map(Logits::with_memory)
             .unwrap_or_default();
-        let spec_slots = if cfg.spec.mode == crate::config::SpecMode::Off {
-            0
-        } else {
-            cfg.spec.max_batch.min(state_slots - running_slots)
-        };
+        let spec_slots = cfg.spec.backup_slots(state_slots - running_slots);
         if state_slots > 0 {
             let first_snapshot = running_slots + spec_slots;
             pool = pool.with_snapshots(first_snapshot as u32, state_slots - first_snapshot);

@@ -138,6 +138,7 @@ impl EngineArgs {
             quiet_plan,
             quiet_load,
         )?;
+        self.spec.note_backups(&loaded.plan, quiet_plan)?;
         crate::generate::start_engine(src, loaded, ctx, spec)
     }
 

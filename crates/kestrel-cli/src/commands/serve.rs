@@ -101,6 +101,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         false,
         false,
     )?;
+    args.engine.spec.note_backups(&loaded.plan, false)?;
     let cfg = EngineConfig {
         block_size: loaded.plan.block_size,
         max_running: args.parallel.max(1),
