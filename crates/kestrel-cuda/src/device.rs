@@ -82,6 +82,10 @@ pub struct Gpu {
     pub name: String,
     pub arch: String,
     pub sms: u32,
+    /// Shared memory a block may take (opted in above 48 KiB) and an SM holds, bytes (227 /
+    /// 228 KiB on Hopper, 99 / 100 KiB on sm_86 / sm_89).
+    pub smem_per_block: usize,
+    pub smem_per_sm: usize,
     /// Milliseconds spent compiling (or loading from the cache) the kernels, and whether the
     /// cache served them.
     pub kernels_ms: f64,
@@ -129,6 +133,16 @@ impl Gpu {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .unwrap_or(1) as u32;
+        let smem_per_block = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .unwrap_or(48 << 10) as usize;
+        let smem_per_sm = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )
+            .unwrap_or(smem_per_block as i32) as usize;
         let mut blas: bsys::cublasHandle_t = std::ptr::null_mut();
         // SAFETY: creates a handle and binds it to our stream.
         unsafe {
@@ -147,6 +161,8 @@ impl Gpu {
             blas,
             arch,
             sms,
+            smem_per_block,
+            smem_per_sm,
             kernels_ms,
             kernels_cached: cached,
         })

@@ -350,7 +350,12 @@ impl CudaModel {
                 )));
             }
         }
-        let (attn, attn_mma) = AttnDecode::for_model(cfg.head_dim, cfg.n_heads, cfg.n_kv_heads)?;
+        let (attn, attn_mma) = AttnDecode::for_model(
+            cfg.head_dim,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            gpu.smem_per_block,
+        )?;
         gpu.bind()?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let mut weight_bytes = 0u64;
@@ -691,7 +696,7 @@ impl CudaModel {
         StepState {
             t,
             n_out,
-            n_splits: attn.splits(t, self.gpu.sms as usize),
+            n_splits: attn.splits(t, self.gpu.sms as usize, self.gpu.smem_per_sm),
             attn_mma: mma,
             n_seqs,
             ..StepState::default()

@@ -63,10 +63,12 @@ const ATTN_MMA_HEADS: usize = 8;
 const ATTN_MMA_MIN_POSITIONS: usize = 1024;
 
 /// A model's decode attention kernel and its launch shape: the tensor-core one
-/// (`kernels/flash.cu`, `attn_decode_mma_h{64,128,256}`: a block per KV head with all its
-/// query heads) for those head sizes and up to 8 query heads a KV head, else the CUDA-core one.
-/// Both take the same arguments and grid (KV-head groups, tokens, context ranges); a step
-/// takes the tensor-core one when it reads enough of the cache ([`AttnDecode::pays`]).
+/// (`kernels/flash.cu`, `attn_decode_mma_h{64,128,256}_s2`: a block per KV head with all its
+/// query heads) for those head sizes and up to 8 query heads a KV head, where the device gives
+/// a block its shared memory, else the CUDA-core one (a block per KV head and group of up to 4
+/// of its query heads). Both take the same arguments and a grid of (blocks per token and
+/// range, tokens, context ranges); a step takes the tensor-core one when it reads enough of
+/// the cache ([`AttnDecode::pays`]).
 /// `KESTREL_CUDA_ATTN_MMA=0` keeps the CUDA-core kernel everywhere (A/B figures).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttnDecode {
@@ -78,18 +80,20 @@ pub struct AttnDecode {
 }
 
 impl AttnDecode {
-    /// A model's decode attention kernels: the CUDA-core one, and the tensor-core one where
-    /// the heads take it (and the switch is on).
-    pub fn for_model(head_dim: usize, n_heads: usize, n_kv: usize) -> Result<(Self, Option<Self>)> {
+    /// A model's decode attention kernels on a GPU giving a block up to `smem_per_block` bytes
+    /// of shared memory: the CUDA-core one, and the tensor-core one where the heads take it,
+    /// its shared memory fits and the switch is on.
+    pub fn for_model(
+        head_dim: usize,
+        n_heads: usize,
+        n_kv: usize,
+        smem_per_block: usize,
+    ) -> Result<(Self, Option<Self>)> {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let cores = Self::pick(head_dim, n_heads, n_kv, false)?;
-        let mma = Self::pick(
-            head_dim,
-            n_heads,
-            n_kv,
-            switch_on(&ON, "KESTREL_CUDA_ATTN_MMA"),
-        )?;
-        Ok(if mma == cores {
+        let on = switch_on(&ON, "KESTREL_CUDA_ATTN_MMA");
+        let mma = Self::pick(head_dim, n_heads, n_kv, on)?;
+        Ok(if mma == cores || mma.smem as usize > smem_per_block {
             (cores, None)
         } else {
             (cores, Some(mma))
@@ -137,18 +141,19 @@ impl AttnDecode {
         Ok(f)
     }
 
-    /// Context ranges per token of a step of `t` tokens on a GPU of `sms` SMs.
-    pub fn splits(&self, t: usize, sms: usize) -> usize {
+    /// Context ranges per token of a step of `t` tokens on a GPU of `sms` SMs holding
+    /// `smem_per_sm` bytes of shared memory each.
+    pub fn splits(&self, t: usize, sms: usize, smem_per_sm: usize) -> usize {
         if self.smem == 0 {
             return crate::scratch::decode_splits(t, self.groups);
         }
-        // blocks an SM holds by shared memory (228 KiB an SM on Hopper, 1 KiB of it reserved a block)
-        let per_sm = ((228 << 10) / (self.smem as usize + 1024)).max(1);
+        // blocks an SM holds by shared memory (1 KiB of an SM's reserved per block)
+        let per_sm = (smem_per_sm / (self.smem as usize + 1024)).max(1);
         crate::scratch::mma_decode_splits(t, self.groups, sms * per_sm)
     }
 
     /// Whether a step whose tokens read `positions` K/V rows in all takes the tensor-core
-    /// kernel rather than `cuda_cores`: each of its blocks ends in a merge of its warps, which
+    /// kernel rather than the CUDA-core one: each of its blocks ends in a merge of its warps, which
     /// short contexts do not repay (Qwen2.5-1.5B tg128, contexts up to ~200: 930 tok/s with it
     /// against 1,000 without; 8B heads at 16384: 29.7 us against 41.4).
     pub fn pays(positions: usize) -> bool {
@@ -832,8 +837,12 @@ mod tests {
         );
         assert!(AttnDecode::pick(100, 8, 4, true).is_err());
         // ranges: one wave of blocks, up to 32 (the 8B on 132 SMs: 3 blocks an SM)
-        assert_eq!(mma(128, 32, 8).splits(1, 132), 32);
-        assert_eq!(mma(128, 32, 8).splits(32, 132), 1);
+        let hopper = 228 << 10;
+        assert_eq!(mma(128, 32, 8).splits(1, 132, hopper), 32);
+        assert_eq!(mma(128, 32, 8).splits(32, 132, hopper), 1);
+        // a GPU giving a block 99 KiB (sm_86 / sm_89) keeps heads of 256 on the CUDA cores
+        let on_99k = |hd, nh, nkv| AttnDecode::for_model(hd, nh, nkv, 99 << 10).unwrap().1;
+        assert!(on_99k(256, 16, 4).is_none() && on_99k(128, 32, 8).is_some());
         assert!(!AttnDecode::pays(200) && AttnDecode::pays(1024));
     }
 

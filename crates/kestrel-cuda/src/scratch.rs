@@ -1,7 +1,8 @@
 //! The device scratch of a model: activation buffers, the 8-bit and f16 copies of activations,
 //! decode attention's partial results, the argmax's, and the per-step inputs, all sized once
 //! for `max_batch` tokens (and counted in the GPU memory plan by [`Scratch::bytes_for`]); and
-//! how many context ranges a step's decode attention takes ([`decode_splits`]).
+//! how many context ranges a step's decode attention takes ([`decode_splits`] on the CUDA
+//! cores, [`mma_decode_splits`] on the tensor cores).
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::Result;
@@ -150,8 +151,8 @@ impl Scratch {
             + 4 * (STEP_SECTIONS as u64 * t + max_table as u64)
     }
 
-    /// Decode attention's per-range results (a step's tokens x [`decode_splits`] of them at
-    /// most [`SPLIT_SLOTS`]), `head_dim + 4` floats each.
+    /// Decode attention's per-range results (a step's tokens x its ranges ([`decode_splits`],
+    /// [`mma_decode_splits`]) of them at most [`SPLIT_SLOTS`]), `head_dim + 4` floats each.
     fn partial_floats(cfg: &ModelConfig) -> usize {
         SPLIT_SLOTS * cfg.n_heads * (cfg.head_dim + 4)
     }

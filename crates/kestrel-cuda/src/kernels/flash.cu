@@ -202,9 +202,10 @@ __device__ __forceinline__ void flash_prefill(const float* Q, int n_heads, int n
     }
 FLASH(64, 64) FLASH(128, 64) FLASH(256, 32)
 
-// Decode attention on the tensor cores (`attn_decode_mma_h<HD>`), for the grids of
-// `attn_decode_h<HD>` (kernels/attention.cu: a block per KV head, token and context range, the
-// ranges merged by the last block) with every query head of a KV head in one block (up to 8):
+// Decode attention on the tensor cores (`attn_decode_mma_h<HD>_s<S>`), in the form of
+// `attn_decode_h<HD>` (kernels/attention.cu: a block per token, context range and KV head (there:
+// and group of up to 4 of its query heads), the ranges merged by the last block) with every
+// query head of a KV head in one block (up to 8):
 // the CUDA-core kernel spends ~750 instructions a thread per 32 positions on its dot products
 // from shared memory, which at long contexts costs more than reading the cache. Here the group
 // is the 8-wide N of the mma and the positions its M: S^T = K Q^T (K's 16 x 16 pieces by
