@@ -188,6 +188,19 @@ impl Gpu {
         Ok(f)
     }
 
+    /// Kernel `name`, allowed `smem` bytes of dynamic shared memory a block (an opt-in above
+    /// the default 48 KiB).
+    pub fn func_with_smem(&mut self, name: &str, smem: u32) -> Result<CudaFunction> {
+        let f = self.func(name)?;
+        if smem > 48 << 10 {
+            f.set_attribute(
+                sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+        }
+        Ok(f)
+    }
+
     /// The kernels loaded so far, as function handles (addresses): what a captured graph's
     /// kernel nodes run when they are ours ([`crate::graph`]).
     pub(crate) fn kernel_funcs(&self) -> std::collections::HashSet<usize> {

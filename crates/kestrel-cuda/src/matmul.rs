@@ -162,15 +162,7 @@ pub struct MmqLaunch {
 impl MmqLaunch {
     /// The kernel, allowed the dynamic shared memory it takes (above the default 48 KiB).
     pub fn func(&self, gpu: &mut crate::device::Gpu) -> Result<cudarc::driver::CudaFunction> {
-        let f = gpu.func(&self.name)?;
-        if self.smem > 48 << 10 {
-            use cudarc::driver::sys::CUfunction_attribute_enum as A;
-            f.set_attribute(
-                A::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                self.smem as i32,
-            )?;
-        }
-        Ok(f)
+        gpu.func_with_smem(&self.name, self.smem)
     }
 
     /// Enqueues `out_i (+)= W_i · x` for 1 to [`MMQ_GROUP`] matrices of this launch's kind and
