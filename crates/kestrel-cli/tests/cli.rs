@@ -207,58 +207,38 @@ fn run_reproduces_transformers_greedy_continuations() {
                     .iter()
                     .map(|t| t.to_string())
                     .collect();
-                let out = kestrel(&[
-                    "run",
-                    "-m",
+                let (got, v) = run_json(
                     model.to_str().unwrap(),
-                    "--prompt-ids",
                     &prompt.join(","),
-                    "-n",
-                    "24",
-                    "--temp",
-                    "0",
-                    "--ignore-eos",
-                    "--kv-type",
-                    "f32",
-                    "--json",
-                ]);
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
+                    &["--kv-type", "f32"],
+                    &[],
                 );
-                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-                let got: Vec<u32> = v["tokens"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_u64().unwrap() as u32)
-                    .collect();
                 assert_eq!(
                     got,
                     ints(&format!("greedy_{i}")),
                     "{arch} {} case {i}",
                     model.display()
                 );
-                assert!(v["timings"]["decode_tok_s"].as_f64().unwrap() > 0.0);
+                assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
             }
         }
     }
 }
 
-/// Greedy tokens of `run -m model extra...` on a tiny model's reference prompt `i`.
-fn greedy_run(model: &str, arch: &str, i: usize, extra: &[&str]) -> Vec<u64> {
-    let prompt: Vec<String> = reference_ints(arch, &format!("tokens_{i}"))
-        .iter()
-        .map(|t| t.to_string())
-        .collect();
-    let prompt = prompt.join(",");
+/// `run -m model --prompt-ids ids -n 24` greedy, with `--json`, the `extra` flags and the
+/// environment `env`, checked to succeed: its tokens and its timings.
+fn run_json(
+    model: &str,
+    ids: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Vec<u32>, serde_json::Value) {
     let mut args = vec![
         "run",
         "-m",
         model,
         "--prompt-ids",
-        &prompt,
+        ids,
         "-n",
         "24",
         "--temp",
@@ -267,19 +247,33 @@ fn greedy_run(model: &str, arch: &str, i: usize, extra: &[&str]) -> Vec<u64> {
         "--json",
     ];
     args.extend_from_slice(extra);
-    let out = kestrel(&args);
+    let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(&args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("kestrel runs");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["tokens"]
+    let tokens = v["tokens"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    (tokens, v["timings"].clone())
+}
+
+/// Greedy tokens of `run -m model extra...` on a tiny model's reference prompt `i`.
+fn greedy_run(model: &str, arch: &str, i: usize, extra: &[&str]) -> Vec<u32> {
+    let prompt: Vec<String> = reference_ints(arch, &format!("tokens_{i}"))
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    run_json(model, &prompt.join(","), extra, &[]).0
 }
 
 /// `kestrel quantize` writes a GGUF that runs exactly as the folder quantized at load
@@ -346,42 +340,9 @@ fn quantize_writes_what_quantizing_at_load_runs() {
 /// `kestrel run` of `model` on the prompt `ids` (24 greedy tokens, f32 KV, the CPU, `--json`)
 /// with the `spec` flags and `KESTREL_DRAFT_WEIGHTS=weights`: its tokens and timings.
 fn spec_run(model: &str, ids: &str, spec: &[&str], weights: &str) -> (Vec<u32>, serde_json::Value) {
-    let mut args = vec![
-        "run",
-        "-m",
-        model,
-        "--prompt-ids",
-        ids,
-        "-n",
-        "24",
-        "--temp",
-        "0",
-        "--ignore-eos",
-        "--kv-type",
-        "f32",
-        "--json",
-        "--device",
-        "cpu",
-    ];
-    args.extend(spec);
-    let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .args(&args)
-        .env("KESTREL_DRAFT_WEIGHTS", weights)
-        .output()
-        .expect("kestrel runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tokens = v["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    (tokens, v["timings"].clone())
+    let mut extra = vec!["--kv-type", "f32", "--device", "cpu"];
+    extra.extend_from_slice(spec);
+    run_json(model, ids, &extra, &[("KESTREL_DRAFT_WEIGHTS", weights)])
 }
 
 /// Speculative decoding (`--spec lookup`, and `--spec draft` with the model as its own draft)
