@@ -92,8 +92,9 @@ impl CaseResult {
 }
 
 /// Microseconds per launch of `launch(gpu, i)` for i in 0..reps, after `warm` plain launches:
-/// `graph` replays them from one captured CUDA graph (no launch gaps between kernels, as
-/// decode runs), else they go as plain stream launches.
+/// `graph` replays them from one captured CUDA graph as decode runs (no launch gaps between
+/// kernels, programmatic edges where decode has them: each launch's weight loads before its
+/// `GRID_DEP()` overlap the previous one's tail), else they go as plain stream launches.
 pub(crate) fn time_us(
     gpu: &mut Gpu,
     warm: usize,
@@ -109,16 +110,17 @@ pub(crate) fn time_us(
         let stream = gpu.stream.clone();
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
         let r = (0..reps).try_for_each(|i| launch(&mut *gpu, i));
-        let g = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let programmatic = crate::graph::programmatic_launch(gpu);
+        let g = crate::graph::end_capture(gpu, &gpu.kernel_funcs(), programmatic);
         r?;
-        Some(g?.ok_or_else(|| CudaError::Other("an empty CUDA graph".into()))?)
+        Some(g?)
     } else {
         None
     };
     let timing = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
     let e0 = gpu.stream.record_event(timing)?;
     match &g {
-        Some(g) => g.launch()?,
+        Some(g) => g.launch(gpu)?,
         None => (0..reps).try_for_each(|i| launch(&mut *gpu, i))?,
     }
     let e1 = gpu.stream.record_event(timing)?;

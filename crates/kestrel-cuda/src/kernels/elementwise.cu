@@ -126,6 +126,17 @@ extern "C" __global__ void qkv_epilogue(float* Q, float* K, float* V, int n_head
     }
 }
 
+// Scale and min of sub-block j (< 8) of a Q4_K block, read from its scale bytes q.
+__device__ __forceinline__ void get_scale_min_k4(int j, const u8* q, int& d, int& m) {
+    if (j < 4) {
+        d = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
 // A weight element as f32, from the device layout of its type (see matvec.cu).
 __device__ float deq(int ty, const u8* W, int rows, int cols, u64 r, int c) {
     switch (ty) {

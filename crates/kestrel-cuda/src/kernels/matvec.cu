@@ -21,14 +21,27 @@ __device__ __forceinline__ int spread4(u32 b) {
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
 
-__device__ __forceinline__ void get_scale_min_k4(int j, const u8* q, int& d, int& m) {
+// Byte i (< 12) of the 12 scale bytes s0..s2 of a Q4_K block.
+__device__ __forceinline__ int kbyte(u32 s0, u32 s1, u32 s2, int i) {
+    u32 w = i < 4 ? s0 : (i < 8 ? s1 : s2);
+    return (int)((w >> (8 * (i & 3))) & 0xFF);
+}
+
+// Scale and min of sub-block j (< 8) of a Q4_K block from its scale bytes held in registers.
+__device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int& d, int& m) {
     if (j < 4) {
-        d = q[j] & 63;
-        m = q[j + 4] & 63;
+        d = kbyte(s0, s1, s2, j) & 63;
+        m = kbyte(s0, s1, s2, j + 4) & 63;
     } else {
-        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        int a = kbyte(s0, s1, s2, j + 4);
+        d = (a & 0xF) | ((kbyte(s0, s1, s2, j - 4) >> 6) << 4);
+        m = (a >> 4) | ((kbyte(s0, s1, s2, j) >> 6) << 4);
     }
+}
+
+// Signed byte i (< 8) of v.
+__device__ __forceinline__ float sbyte(uint2 v, int i) {
+    return (float)(i8)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFF);
 }
 
 // One 32-weight piece in int8 form: value_i = a(i) * q_i + b, a = a0 for i < 16, a1 after.
@@ -37,89 +50,115 @@ struct Piece {
     float a0, a1, b;
 };
 
-// Adds piece P's dot with every token's activations.
-template <int NT>
-__device__ __forceinline__ void piece_acc(const Piece& w, int P, const i8* __restrict__ xq,
-                                          const float2* __restrict__ xd, int xld, float* acc) {
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const int4* xp = (const int4*)(xq + (u64)t * xld + 32 * P);
-        int4 x0 = xp[0], x1 = xp[1];
-        int lo = __dp4a(w.q[0], x0.x, __dp4a(w.q[1], x0.y, __dp4a(w.q[2], x0.z, __dp4a(w.q[3], x0.w, 0))));
-        int hi = __dp4a(w.q[4], x1.x, __dp4a(w.q[5], x1.y, __dp4a(w.q[6], x1.z, __dp4a(w.q[7], x1.w, 0))));
-        float2 ds = xd[t * (xld / 32) + P];
-        acc[t] += ds.x * (w.a0 * (float)lo + w.a1 * (float)hi) + w.b * ds.y;
-    }
+// Pieces in a unit: two for the K-quants' 64 weights, one for the 32-weight blocks.
+template <int TY> struct UnitPieces { enum { N = (TY == T_Q4_K || TY == T_Q6_K) ? 2 : 1 }; };
+
+// Index among the row's 32-weight pieces of piece h of unit u (the activations it meets).
+template <int TY>
+__device__ __forceinline__ int piece_index(int u, int h) {
+    if (TY == T_Q4_K) return 2 * u + h;  // block u / 4, sub-block 2 (u % 4) + h
+    if (TY == T_Q6_K) return (u >> 2) * 8 + 4 * ((u >> 1) & 1) + (u & 1) + 2 * h;
+    return u;
 }
 
-// Unit u of row `row` (UNIT weights): its one or two pieces, accumulated into acc.
-template <int TY, int NT>
-__device__ __forceinline__ void unit_acc(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u,
-                                         const i8* __restrict__ xq, const float2* __restrict__ xd,
-                                         int xld, float* acc) {
-    Piece w;
-    if (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
+// The words of unit u of one row as loaded: a K-quant block's scales in one wide load (Q4_K:
+// d, dmin and the 12 scale bytes are the block's first 16 bytes; Q6_K: the half's 8 scales),
+// not a load a byte. Loading is apart from unpacking so a kernel can put a batch of units of
+// all its rows in flight (the one-token kernels: the first batch before the wait on the
+// previous kernel) before it unpacks any.
+template <int TY> struct RawU;
+template <> struct RawU<T_Q4_0> { int4 v; u16 d; };
+template <> struct RawU<T_Q5_0> { u32 qh, qs[4]; u16 d; };
+template <> struct RawU<T_Q8_0> { int4 v0, v1; u16 d; };
+template <> struct RawU<T_Q4_K> { uint4 hd, v0, v1; };
+template <> struct RawU<T_Q6_K> { int4 l0, l1, h0, h1; uint2 sv; u16 d; };
+
+template <int TY>
+__device__ __forceinline__ RawU<TY> unit_load(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u) {
+    RawU<TY> r;
+    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
         u64 blk = (u64)row * bpr + u;
         const u8* a = W + blk * Blk<TY>::A;
-        float d = h2f(((const u16*)(W + nblk * Blk<TY>::A))[blk]);
-        w.a0 = w.a1 = d;
-        if (TY == T_Q8_0) {
-            int4 v0 = ((const int4*)a)[0], v1 = ((const int4*)a)[1];
-            w.q[0] = v0.x; w.q[1] = v0.y; w.q[2] = v0.z; w.q[3] = v0.w;
-            w.q[4] = v1.x; w.q[5] = v1.y; w.q[6] = v1.z; w.q[7] = v1.w;
-            w.b = 0.f;
-        } else if (TY == T_Q4_0) {
-            int4 v = *(const int4*)a;
-            int vs[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                w.q[i] = vs[i] & 0x0F0F0F0F;
-                w.q[4 + i] = (vs[i] >> 4) & 0x0F0F0F0F;
-            }
-            w.b = -8.f * d;
-        } else {  // Q5_0: qh (4 bytes) then qs (16 bytes)
+        r.d = ((const u16*)(W + nblk * Blk<TY>::A))[blk];
+        if constexpr (TY == T_Q8_0) {
+            r.v0 = ((const int4*)a)[0];
+            r.v1 = ((const int4*)a)[1];
+        } else if constexpr (TY == T_Q4_0) {
+            r.v = *(const int4*)a;
+        } else {  // Q5_0: qh (4 bytes) then qs (16 bytes), 4-byte aligned
             const u32* p = (const u32*)a;
-            u32 qh = p[0];
+            r.qh = p[0];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                u32 qs = p[1 + i];
-                w.q[i] = (int)(qs & 0x0F0F0F0Fu) | spread4(qh >> (4 * i));
-                w.q[4 + i] = (int)((qs >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (16 + 4 * i));
-            }
-            w.b = -16.f * d;
+            for (int i = 0; i < 4; i++) r.qs[i] = p[1 + i];
         }
-        piece_acc<NT>(w, u, xq, xd, xld, acc);
-    } else if (TY == T_Q4_K) {
+    } else if constexpr (TY == T_Q4_K) {
         // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c+1 (high nibbles) of chunk c
         int b = u >> 2, c = u & 3;
-        const u8* blk = W + ((u64)row * bpr + b) * 144;
-        float d = h2f(*(const u16*)blk), dmin = h2f(*(const u16*)(blk + 2));
-        const u8* sc = blk + 4;
-        const int4* qp = (const int4*)(blk + 16 + 32 * c);
-        int4 v0 = qp[0], v1 = qp[1];
-        int vs[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int s, m;
-            get_scale_min_k4(2 * c + h, sc, s, m);
-#pragma unroll
-            for (int i = 0; i < 8; i++) w.q[i] = (vs[i] >> (4 * h)) & 0x0F0F0F0F;
-            w.a0 = w.a1 = d * (float)s;
-            w.b = -dmin * (float)m;
-            piece_acc<NT>(w, b * 8 + 2 * c + h, xq, xd, xld, acc);
-        }
-    } else if (TY == T_Q6_K) {
-        // unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
+        const uint4* bp = (const uint4*)(W + ((u64)row * bpr + b) * 144);
+        r.hd = bp[0];
+        r.v0 = bp[1 + 2 * c];
+        r.v1 = bp[2 + 2 * c];
+    } else {
+        // Q6_K unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
         int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
         u64 bi = (u64)row * bpr + b;
         const u8* blk = W + bi * 208;
-        float d = h2f(((const u16*)(W + nblk * 208))[bi]);
+        r.d = ((const u16*)(W + nblk * 208))[bi];
         const int4* qlp = (const int4*)(blk + 64 * n + 32 * pp);
         const int4* qhp = (const int4*)(blk + 128 + 32 * n);
-        const i8* sc = (const i8*)(blk + 192 + 8 * n);
-        int4 l0 = qlp[0], l1 = qlp[1], h0 = qhp[0], h1 = qhp[1];
-        int ls[8] = {l0.x, l0.y, l0.z, l0.w, l1.x, l1.y, l1.z, l1.w};
-        int hs[8] = {h0.x, h0.y, h0.z, h0.w, h1.x, h1.y, h1.z, h1.w};
+        r.l0 = qlp[0];
+        r.l1 = qlp[1];
+        r.h0 = qhp[0];
+        r.h1 = qhp[1];
+        r.sv = *(const uint2*)(blk + 192 + 8 * n);
+    }
+    return r;
+}
+
+// Unit u's pieces from its loaded words.
+template <int TY>
+__device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) {
+    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
+        float d = h2f(r.d);
+        w[0].a0 = w[0].a1 = d;
+        if constexpr (TY == T_Q8_0) {
+            w[0].q[0] = r.v0.x; w[0].q[1] = r.v0.y; w[0].q[2] = r.v0.z; w[0].q[3] = r.v0.w;
+            w[0].q[4] = r.v1.x; w[0].q[5] = r.v1.y; w[0].q[6] = r.v1.z; w[0].q[7] = r.v1.w;
+            w[0].b = 0.f;
+        } else if constexpr (TY == T_Q4_0) {
+            int vs[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                w[0].q[i] = vs[i] & 0x0F0F0F0F;
+                w[0].q[4 + i] = (vs[i] >> 4) & 0x0F0F0F0F;
+            }
+            w[0].b = -8.f * d;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                w[0].q[i] = (int)(r.qs[i] & 0x0F0F0F0Fu) | spread4(r.qh >> (4 * i));
+                w[0].q[4 + i] = (int)((r.qs[i] >> 4) & 0x0F0F0F0Fu) | spread4(r.qh >> (16 + 4 * i));
+            }
+            w[0].b = -16.f * d;
+        }
+    } else if constexpr (TY == T_Q4_K) {
+        int c = u & 3;
+        float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
+        u32 vs[8] = {r.v0.x, r.v0.y, r.v0.z, r.v0.w, r.v1.x, r.v1.y, r.v1.z, r.v1.w};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int s, m;
+            scale_min_k4(2 * c + h, r.hd.y, r.hd.z, r.hd.w, s, m);
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[h].q[i] = (int)((vs[i] >> (4 * h)) & 0x0F0F0F0Fu);
+            w[h].a0 = w[h].a1 = d * (float)s;
+            w[h].b = -dmin * (float)m;
+        }
+    } else {
+        int pp = u & 1;
+        float d = h2f(r.d);
+        int ls[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
+        int hs[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int p = pp + 2 * h;  // piece within the half
@@ -127,14 +166,65 @@ __device__ __forceinline__ void unit_acc(const u8* __restrict__ W, u64 nblk, int
             for (int i = 0; i < 8; i++) {
                 int lo = (ls[i] >> (4 * h)) & 0x0F0F0F0F;
                 int hi = ((hs[i] >> (2 * p)) & 0x03030303) << 4;
-                w.q[i] = __vsubss4(lo | hi, 0x20202020);
+                w[h].q[i] = __vsubss4(lo | hi, 0x20202020);
             }
-            w.a0 = d * (float)sc[2 * p];
-            w.a1 = d * (float)sc[2 * p + 1];
-            w.b = 0.f;
-            piece_acc<NT>(w, b * 8 + 4 * n + p, xq, xd, xld, acc);
+            w[h].a0 = d * sbyte(r.sv, 2 * p);
+            w[h].a1 = d * sbyte(r.sv, 2 * p + 1);
+            w[h].b = 0.f;
         }
     }
+}
+
+// Piece P of token t's activations: 32 int8 and (d, d * their sum).
+struct XPiece {
+    int4 x0, x1;
+    float2 ds;
+};
+
+__device__ __forceinline__ XPiece x_piece(const i8* __restrict__ xq, const float2* __restrict__ xd, int xld,
+                                          int t, int P) {
+    const int4* xp = (const int4*)(xq + (u64)t * xld + 32 * P);
+    return XPiece{xp[0], xp[1], xd[t * (xld / 32) + P]};
+}
+
+__device__ __forceinline__ float piece_dot(const Piece& w, const XPiece& x) {
+    int lo = __dp4a(w.q[0], x.x0.x, __dp4a(w.q[1], x.x0.y, __dp4a(w.q[2], x.x0.z, __dp4a(w.q[3], x.x0.w, 0))));
+    int hi = __dp4a(w.q[4], x.x1.x, __dp4a(w.q[5], x.x1.y, __dp4a(w.q[6], x.x1.z, __dp4a(w.q[7], x.x1.w, 0))));
+    return x.ds.x * (w.a0 * (float)lo + w.a1 * (float)hi) + w.b * x.ds.y;
+}
+
+// Unit u of M rows from their loaded words, dotted with NT tokens into acc[m][t]: each token's
+// activations are loaded once for all M rows (not once a row and matrix).
+template <int TY, int NT, int M>
+__device__ __forceinline__ void units_dot(const RawU<TY>* raw, int u, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xd, int xld, float (*acc)[NT]) {
+    constexpr int N = UnitPieces<TY>::N;
+    Piece w[M][N];
+#pragma unroll
+    for (int m = 0; m < M; m++) unit_unpack<TY>(raw[m], u, w[m]);
+#pragma unroll
+    for (int h = 0; h < N; h++) {
+        int P = piece_index<TY>(u, h);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            XPiece x = x_piece(xq, xd, xld, t, P);
+#pragma unroll
+            for (int m = 0; m < M; m++) acc[m][t] += piece_dot(w[m][h], x);
+        }
+    }
+}
+
+// Unit u of rows rm[0..R) of W, and with TWO (the SwiGLU's up) of W2 too (same shape), into
+// acc[m][t] (m < R: W's rows, then W2's): every row's words are loaded before any is unpacked.
+template <int TY, int NT, int R, bool TWO>
+__device__ __forceinline__ void units_acc(const u8* __restrict__ W, const u8* __restrict__ W2, const int* rm,
+                                          u64 nblk, int bpr, int u, const i8* __restrict__ xq,
+                                          const float2* __restrict__ xd, int xld, float (*acc)[NT]) {
+    constexpr int M = TWO ? 2 * R : R;
+    RawU<TY> raw[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) raw[m] = unit_load<TY>(m < R ? W : W2, nblk, rm[m % R], bpr, u);
+    units_dot<TY, NT, M>(raw, u, xq, xd, xld, acc);
 }
 
 // Sums each row's partial dots over its WPR warps and applies the epilogue.
@@ -183,109 +273,94 @@ __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restr
     int bpr = cols / Blk<TY>::QK;
     u64 nblk = (u64)rows * bpr;
     int units = active ? cols / Blk<TY>::UNIT : 0;
-    float acc[NT], acc2[NT];
+    int rm[1] = {row};
+    float acc[2][NT];  // W's row, W2's (SwiGLU)
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.f;
+    for (int t = 0; t < NT; t++) acc[0][t] = acc[1][t] = 0.f;
 #pragma unroll 2
-    for (int u = lr; u < units; u += 32 * WPR) {
-        unit_acc<TY, NT>(W, nblk, row, bpr, u, xq, xd, xld, acc);
-        if (EPI == 2) unit_acc<TY, NT>(W2, nblk, row, bpr, u, xq, xd, xld, acc2);
-    }
-    mv_finish<NT, EPI, WPR>(acc, acc2, active, row, out, old);
+    for (int u = lr; u < units; u += 32 * WPR)
+        units_acc<TY, NT, 1, EPI == 2>(W, W2, rm, nblk, bpr, u, xq, xd, xld, acc);
+    mv_finish<NT, EPI, WPR>(acc[0], acc[1], active, row, out, old);
 }
 
-// One token, R rows per warp (decode): each lane keeps R rows' (and, for the SwiGLU, both
-// matrices') loads in flight before it waits, instead of one unit at a time; no branch between
-// them (rows past the end re-read the last row, only the stores are guarded). Rows
-// row0 .. row0 + R - 1 of W (and W2); out gets the epilogue as in mv_finish.
-template <int TY, int EPI, int R>
-__device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
-                                         int cols, int row0, const i8* __restrict__ xq,
-                                         const float2* __restrict__ xd, float* __restrict__ out) {
-    int lane = threadIdx.x & 31;
-    int bpr = cols / Blk<TY>::QK;
-    u64 nblk = (u64)rows * bpr;
-    int units = cols / Blk<TY>::UNIT;
-    float acc[R][1], acc2[R][1];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r][0] = acc2[r][0] = 0.f;
-#pragma unroll 2
-    for (int u = lane; u < units; u += 32) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int row = min(row0 + r, rows - 1);
-            unit_acc<TY, 1>(W, nblk, row, bpr, u, xq, xd, cols, acc[r]);
-            if (EPI == 2) unit_acc<TY, 1>(W2, nblk, row, bpr, u, xq, xd, cols, acc2[r]);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = warp_sum(acc[r][0]);
-        float v2 = EPI == 2 ? warp_sum(acc2[r][0]) : 0.f;
-        if (lane == 0 && row0 + r < rows) {
-            float* o = out + row0 + r;
-            if (EPI == 0) *o = v;
-            else if (EPI == 1) *o += v;
-            else *o = silu(v) * v2;
-        }
-    }
-}
-
-// Before it waits on the previous kernel (GRID_DEP), a one-token mat-vec starts pulling the
-// first 512 bytes of each of its n rows from row0 into L2: weights never depend on an earlier
-// kernel, and the DRAM latency of the first loads then overlaps the previous kernel's tail.
-template <int TY>
-__device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, int row0, int n) {
-    int lane = threadIdx.x & 31;
-    u64 rb = (u64)(cols / Blk<TY>::QK) * Blk<TY>::A;
-    int lines = (int)min((rb + 127) / 128, (u64)4);
-    for (int i = lane; i < n * lines; i += 32) {
-        u64 r = (u64)min(row0 + i / lines, rows - 1);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r * rb + (u64)(i % lines) * 128));
-    }
-}
-
-// One token, short rows: a K-quant row of 1024 columns is 16 units, so a warp per row leaves
-// half its lanes idle (every mat-vec of a 1024-wide model, the 248k-row output included). Here
-// each half-warp takes rows instead: lane l of half h takes units l, l + 16, ... of rows
-// row0 + 2r + h (r < R), sums over its half (xor shuffles below 16 stay in it), and lane 0 of
-// the half stores. Rows past the end re-read the last row; only the stores are guarded.
 __device__ __forceinline__ float half_warp_sum(float v) {
     for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
-template <int TY, int EPI, int R>
-__device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2,
-                                              int rows, int cols, int row0, const i8* __restrict__ xq,
-                                              const float2* __restrict__ xd, float* __restrict__ out) {
-    int lane = threadIdx.x & 31, half = lane >> 4, hl = lane & 15;
+// One token (decode): a warp takes groups of R rows (of W, and for the SwiGLU the same rows of
+// W2; out gets the epilogue as in mv_finish), groups g0, g0 + gstride, ... of the matrix: one
+// group when the grid has a warp for each, else a grid of one wave whose warps loop over the
+// rows. Each group's units go in batches (UB units a lane of every row), and a batch's words
+// are loaded while the one before it is unpacked and summed: a warp keeps its loads in flight
+// from row to row instead of draining them at the end of a short life, and the first batch is
+// loaded before the wait on the previous kernel (GRID_DEP; weights never depend on it).
+// HALF (short rows: a K-quant row of 1024 columns is 16 units, so a warp per row would leave
+// half its lanes idle): each half-warp takes rows instead, lane l of half h units l, l + 16,
+// ... of rows 2r + h of the group (r < R), summed over its half (xor shuffles below 16 stay in
+// it). Rows and units past the end re-read the last one (no branch between the loads); only
+// their sums and stores are skipped.
+template <int TY, int EPI, int R, bool HALF>
+__device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
+                                         int cols, int g0, int gstride, const i8* __restrict__ xq,
+                                         const float2* __restrict__ xd, float* __restrict__ out) {
+    constexpr int S = HALF ? 16 : 32;  // lanes a row
+    constexpr int RG = HALF ? 2 * R : R;  // rows a group
+    constexpr int M = EPI == 2 ? 2 * R : R;
+    // units a lane takes a batch: two where a batch of every row's words stays within 48 bytes
+    // (12 registers; two batches live at once)
+    constexpr int UB = M * sizeof(RawU<TY>) <= 48 ? 2 : 1;
+    typedef RawU<TY> Batch[UB][M];
+    int lane = threadIdx.x & 31, l = HALF ? lane & 15 : lane, half = HALF ? lane >> 4 : 0;
     int bpr = cols / Blk<TY>::QK;
     u64 nblk = (u64)rows * bpr;
     int units = cols / Blk<TY>::UNIT;
-    float acc[R][1], acc2[R][1];
+    int nb = (units + S * UB - 1) / (S * UB);  // batches a group
+    int groups = (rows + RG - 1) / RG;
+    int nsteps = g0 < groups ? ((groups - 1 - g0) / gstride + 1) * nb : 0;
+    auto row_of = [&](int g, int r) { return g * RG + (HALF ? 2 * r + half : r); };
+    // step s: batch s % nb of group g0 + gstride * (s / nb)
+    auto load = [&](Batch& raw, int s) {
+        int g = g0 + gstride * (s / nb), u0 = l + S * UB * (s % nb);
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r][0] = acc2[r][0] = 0.f;
-#pragma unroll 2
-    for (int u = hl; u < units; u += 16) {
+        for (int b = 0; b < UB; b++) {
+            int u = min(u0 + S * b, units - 1);
+#pragma unroll
+            for (int m = 0; m < M; m++)
+                raw[b][m] = unit_load<TY>(m < R ? W : W2, nblk, min(row_of(g, m % R), rows - 1), bpr, u);
+        }
+    };
+    float acc[M][1];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m][0] = 0.f;
+    auto step = [&](int s, const Batch& cur, Batch& next) {
+        if (s + 1 < nsteps) load(next, s + 1);
+        int g = g0 + gstride * (s / nb), u0 = l + S * UB * (s % nb);
+#pragma unroll
+        for (int b = 0; b < UB; b++)
+            if (u0 + S * b < units) units_dot<TY, 1, M>(cur[b], u0 + S * b, xq, xd, cols, acc);
+        if (s % nb != nb - 1) return;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            int row = min(row0 + 2 * r + half, rows - 1);
-            unit_acc<TY, 1>(W, nblk, row, bpr, u, xq, xd, cols, acc[r]);
-            if (EPI == 2) unit_acc<TY, 1>(W2, nblk, row, bpr, u, xq, xd, cols, acc2[r]);
+            float v = HALF ? half_warp_sum(acc[r][0]) : warp_sum(acc[r][0]);
+            float v2 = EPI != 2 ? 0.f : HALF ? half_warp_sum(acc[R + r][0]) : warp_sum(acc[R + r][0]);
+            int row = row_of(g, r);
+            if (l == 0 && row < rows) {
+                float* o = out + row;
+                if (EPI == 0) *o = v;
+                else if (EPI == 1) *o += v;
+                else *o = silu(v) * v2;
+            }
         }
-    }
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = half_warp_sum(acc[r][0]);
-        float v2 = EPI == 2 ? half_warp_sum(acc2[r][0]) : 0.f;
-        int row = row0 + 2 * r + half;
-        if (hl == 0 && row < rows) {
-            float* o = out + row;
-            if (EPI == 0) *o = v;
-            else if (EPI == 1) *o += v;
-            else *o = silu(v) * v2;
-        }
+        for (int m = 0; m < M; m++) acc[m][0] = 0.f;
+    };
+    Batch a, b;
+    if (nsteps > 0) load(a, 0);
+    GRID_DEP();
+    for (int s = 0; s < nsteps; s += 2) {
+        step(s, a, b);
+        if (s + 1 < nsteps) step(s + 1, b, a);
     }
 }
 
@@ -294,11 +369,8 @@ __device__ __forceinline__ void half_rows_acc(const u8* __restrict__ W, const u8
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
-        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
-        prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
-        if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
-        GRID_DEP();                                                                              \
-        half_rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                         \
+        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, blockIdx.x * 4 + (threadIdx.x >> 5),       \
+                                   gridDim.x * 4, xq, xd, out);                                  \
     }
 #define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
     MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
@@ -312,11 +384,8 @@ MVH(q6_k, T_Q6_K)
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
-        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
-        prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
-        if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
-        GRID_DEP();                                                                              \
-        rows_acc<TY, EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                              \
+        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, blockIdx.x * 4 + (threadIdx.x >> 5),      \
+                                    gridDim.x * 4, xq, xd, out);                                 \
     }
 #define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
     MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
@@ -419,18 +488,20 @@ template <int TY, int NT>
 __device__ __forceinline__ void mvx_row(const u8* W, int rows, int cols, int row, const i8* xq,
                                         const float2* xd, const float* xf, float* out) {
     int lane = threadIdx.x & 31;
-    float acc[NT], acc2[NT];
+    float acc[1][NT], acc2[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.f;
+    for (int t = 0; t < NT; t++) acc[0][t] = acc2[t] = 0.f;
     if constexpr (TY == T_F32 || TY == T_F16) {
-        for (int u = lane; u < cols / 8; u += 32) unit_acc_f<TY, NT>(W, row, cols, u, xf, cols, acc);
+        for (int u = lane; u < cols / 8; u += 32) unit_acc_f<TY, NT>(W, row, cols, u, xf, cols, acc[0]);
     } else {
         int bpr = cols / Blk<TY>::QK;
         u64 nblk = (u64)rows * bpr;
+        int rm[1] = {row};
 #pragma unroll 2
-        for (int u = lane; u < cols / Blk<TY>::UNIT; u += 32) unit_acc<TY, NT>(W, nblk, row, bpr, u, xq, xd, cols, acc);
+        for (int u = lane; u < cols / Blk<TY>::UNIT; u += 32)
+            units_acc<TY, NT, 1, false>(W, W, rm, nblk, bpr, u, xq, xd, cols, acc);
     }
-    mv_finish<NT, 0, 1>(acc, acc2, true, row, out, rows);
+    mv_finish<NT, 0, 1>(acc[0], acc2, true, row, out, rows);
 }
 
 template <int NT>
@@ -459,7 +530,9 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
 }
 
 // One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
-// lie in one matrix when every matrix's row count is a multiple of R (the host checks).
+// lie in one matrix when every matrix's row count is a multiple of R (the host checks). The
+// wait on the previous kernel is rows_acc's, after its first weight loads (warps past the
+// rows return at once: they read and write nothing).
 template <int R>
 __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
@@ -475,12 +548,13 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
     default:  // f32 / f16 (the host takes R = 1 for those)
+        GRID_DEP();
         for (int r = 0; r < R && row + r < rows; r++) {
             if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, out);
             else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, out);
@@ -503,11 +577,11 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: half_rows_acc<T_Q4_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_0: half_rows_acc<T_Q5_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q8_0: half_rows_acc<T_Q8_0, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q4_K: half_rows_acc<T_Q4_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q6_K: half_rows_acc<T_Q6_K, 0, R>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
     default: break;  // f32 / f16: the host never picks this kernel for them
     }
 }
@@ -515,7 +589,7 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) {                                        \
         mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
     }
 MVXH(1) MVXH(2)
@@ -524,7 +598,7 @@ MVXH(1) MVXH(2)
     extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        int cols, const i8* xq, const float2* xd, const float* xf) {                                        \
         mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
 MVXR(2) MVXR(4)

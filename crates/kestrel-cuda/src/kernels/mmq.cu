@@ -66,29 +66,6 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q_t(const float* x, i
     }
 }
 
-// Byte i (< 12) of the 12 scale bytes s0..s2 of a Q4_K block.
-__device__ __forceinline__ int kbyte(u32 s0, u32 s1, u32 s2, int i) {
-    u32 w = i < 4 ? s0 : (i < 8 ? s1 : s2);
-    return (int)((w >> (8 * (i & 3))) & 0xFF);
-}
-
-// get_scale_min_k4 on the scale bytes held in registers.
-__device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int& d, int& m) {
-    if (j < 4) {
-        d = kbyte(s0, s1, s2, j) & 63;
-        m = kbyte(s0, s1, s2, j + 4) & 63;
-    } else {
-        int a = kbyte(s0, s1, s2, j + 4);
-        d = (a & 0xF) | ((kbyte(s0, s1, s2, j - 4) >> 6) << 4);
-        m = (a >> 4) | ((kbyte(s0, s1, s2, j) >> 6) << 4);
-    }
-}
-
-// Signed byte i (< 8) of v.
-__device__ __forceinline__ float sbyte(uint2 v, int i) {
-    return (float)(i8)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFF);
-}
-
 // Whether a piece has one scale (its words pair up, see above) or two (Q6_K).
 template <int TY> struct Halves { enum { V = TY == T_Q6_K }; };
 
