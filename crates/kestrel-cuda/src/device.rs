@@ -201,12 +201,6 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Blocks of `threads` threads running kernel `f` that the whole device holds at once (its
-    /// SMs times the blocks one SM fits, from the kernel's registers and shared memory).
-    pub fn resident_blocks(&self, f: &CudaFunction, threads: u32) -> Result<u32> {
-        Ok(self.sms * f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?)
-    }
-
     /// The kernels loaded so far, as function handles (addresses): what a captured graph's
     /// kernel nodes run when they are ours ([`crate::graph`]).
     pub(crate) fn kernel_funcs(&self) -> std::collections::HashSet<usize> {

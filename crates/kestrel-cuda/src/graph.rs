@@ -6,11 +6,10 @@
 //! the chain's kernel -> kernel edges whose target is one of ours become programmatic
 //! (`CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC` from the source's programmatic port): the next
 //! kernel's blocks are scheduled as soon as every block of the previous one has started, run up
-//! to `GRID_DEP()` (kernels/common.cuh; the one-token mat-vecs load their first batch of weights
-//! into registers before it) and wait there until the previous kernel has finished and its
-//! writes are visible. Every kernel of ours calls `GRID_DEP()` before it reads anything an
-//! earlier kernel wrote, so each link still orders what it reads after what the link before it
-//! wrote; kernels not ours (cuBLAS) keep plain edges.
+//! to `GRID_DEP()` (kernels/common.cuh; the one-token mat-vecs prefetch their first weight bytes
+//! into L2 before it) and wait there until the previous kernel has finished and its writes are
+//! visible. Every kernel of ours calls `GRID_DEP()` first, so each link still orders what
+//! it reads after what the link before it wrote; kernels not ours (cuBLAS) keep plain edges.
 //! `KESTREL_CUDA_PDL=0` keeps every edge plain (A/B figures).
 
 use crate::device::Gpu;

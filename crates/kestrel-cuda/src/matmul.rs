@@ -92,80 +92,42 @@ pub fn half_rows_per_warp(rows: usize, exact: bool) -> usize {
     }
 }
 
-/// A mat-vec launch: the kernel and its grid of 128-thread blocks (a warp for each row group).
-#[derive(Clone, Debug, PartialEq)]
-pub struct MatvecLaunch {
-    pub name: String,
-    pub grid: u32,
-    /// The one-token row kernels (`rows_acc` in kernels/matvec.cu): their warps loop over row
-    /// groups, so the grid may be cut to the blocks the device holds at once ([`Self::grid_on`]).
-    pub loops: bool,
-}
-
-impl MatvecLaunch {
-    /// The grid to launch `f` (this launch's kernel) with: for the row kernels one wave of the
-    /// blocks the device holds at once when that is fewer (each warp then walks several row
-    /// groups with its next loads in flight, rather than every block living for one round
-    /// trip); the full grid with `KESTREL_CUDA_MV_WAVE=0` (A/B figures).
-    pub fn grid_on(
-        &self,
-        gpu: &crate::device::Gpu,
-        f: &cudarc::driver::CudaFunction,
-    ) -> Result<u32> {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if !self.loops || !crate::ops::switch_on(&ON, "KESTREL_CUDA_MV_WAVE") {
-            return Ok(self.grid);
-        }
-        Ok(self.grid.min(gpu.resident_blocks(f, 128)?.max(1)))
-    }
-}
-
 /// The mat-vec kernel for `nt` tokens over a `rows x cols` matrix of `kind` with epilogue
-/// `epi` (0 store, 1 add, 2 SwiGLU), and its full grid. One token over int8 activations takes
-/// the row kernels (`rows_acc` in kernels/matvec.cu), the fused SwiGLU too, since those load a
-/// unit's activations once for both matrices and every row (the 8B's gate/up, H200: 15.8 us
-/// in row pairs against 19.0 on a warp per row, `gpu-check --perf`).
+/// `epi` (0 store, 1 add, 2 SwiGLU), and its grid of 128-thread blocks. The fused SwiGLU reads
+/// two matrices per row already: it stays on warps per row (the 8B's gate/up: 19.4 us there
+/// against 26.7 in row pairs, `gpu-check --perf`).
 pub fn matvec_kernel(
     kind: crate::weights::Kind,
     rows: usize,
     cols: usize,
     nt: usize,
     epi: u32,
-) -> MatvecLaunch {
-    let launch = |name: String, grid: usize, loops: bool| MatvecLaunch {
-        name,
-        grid: grid as u32,
-        loops,
-    };
+) -> (String, u32) {
     if nt == 1 && short_rows(kind, cols) {
         let r = half_rows_per_warp(rows, false);
-        return launch(
+        return (
             format!("mv_{}_1_{epi}_h{r}", kind.name()),
-            rows.div_ceil(4 * 2 * r),
-            true,
+            rows.div_ceil(4 * 2 * r) as u32,
         );
     }
-    if nt == 1 && kind.int8_activations() {
+    if nt == 1 && kind.int8_activations() && epi != 2 {
         let w = few_rows_wpr(kind, rows, cols);
         if w > 1 {
-            return launch(
+            return (
                 format!("mv_{}_1_{epi}_{w}", kind.name()),
-                rows.div_ceil(4 / w),
-                false,
+                rows.div_ceil(4 / w) as u32,
             );
         }
         let r = rows_per_warp(rows, false);
-        return launch(
+        return (
             format!("mv_{}_1_{epi}_r{r}", kind.name()),
-            rows.div_ceil(4 * r),
-            true,
+            rows.div_ceil(4 * r) as u32,
         );
     }
     let wpr = warps_per_row(kind, cols);
-    launch(
+    (
         format!("mv_{}_{nt}_{epi}_{wpr}", kind.name()),
-        rows.div_ceil(4 / wpr),
-        false,
+        rows.div_ceil(4 / wpr) as u32,
     )
 }
 
@@ -667,9 +629,8 @@ impl CudaModel {
         }
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
-        let mv = matvec_kernel(kind, wrows, wcols, nt, epi);
-        let f = self.gpu.func(&mv.name)?;
-        let grid = mv.grid_on(&self.gpu, &f)?;
+        let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
+        let f = self.gpu.func(&name)?;
         let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.

@@ -81,29 +81,19 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                         })
                         .collect();
                     if nt == 1 && kind.int8_activations() {
-                        // the row kernels with a warp for each row group, then with 7 blocks
-                        // (28 warps) that loop over all of them
                         for r in [1usize, 2, 4] {
-                            for (grid, how) in
-                                [(rows.div_ceil(4 * r), ""), (7, ", 7 blocks looping")]
-                            {
-                                kernels.push((
-                                    format!("mv_{}_1_{epi}_r{r}", kind.name()),
-                                    grid as u32,
-                                    format!("rows/warp {r}{how}"),
-                                ));
-                            }
+                            kernels.push((
+                                format!("mv_{}_1_{epi}_r{r}", kind.name()),
+                                rows.div_ceil(4 * r) as u32,
+                                format!("rows/warp {r}"),
+                            ));
                         }
                         for r in [1usize, 2] {
-                            for (grid, how) in
-                                [(rows.div_ceil(8 * r), ""), (7, ", 7 blocks looping")]
-                            {
-                                kernels.push((
-                                    format!("mv_{}_1_{epi}_h{r}", kind.name()),
-                                    grid as u32,
-                                    format!("rows/half-warp {r}{how}"),
-                                ));
-                            }
+                            kernels.push((
+                                format!("mv_{}_1_{epi}_h{r}", kind.name()),
+                                rows.div_ceil(8 * r) as u32,
+                                format!("rows/half-warp {r}"),
+                            ));
                         }
                     }
                     for (name, grid, label) in &kernels {
@@ -343,91 +333,82 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     .arg(&n)
                     .launch(cfg((1, 1, 1), 256))?;
             }
-            use crate::matmul::{matvec_kernel, MatvecLaunch};
-            let named = |name: String, grid: usize, loops: bool| MatvecLaunch {
-                name,
-                grid: grid as u32,
-                loops,
-            };
-            let mut variants = vec![matvec_kernel(kind, rows, cols, 1, 0)];
+            let mut variants = vec![crate::matmul::matvec_kernel(kind, rows, cols, 1, 0)];
             if kquant {
                 for w in [1usize, 2, 4] {
-                    let name = format!("mv_{}_1_0_{w}", kind.name());
-                    variants.push(named(name, rows.div_ceil(4 / w), false));
+                    variants.push((
+                        format!("mv_{}_1_0_{w}", kind.name()),
+                        rows.div_ceil(4 / w) as u32,
+                    ));
                 }
                 for r in [1usize, 2, 4] {
-                    let name = format!("mv_{}_1_0_r{r}", kind.name());
-                    variants.push(named(name, rows.div_ceil(4 * r), true));
+                    variants.push((
+                        format!("mv_{}_1_0_r{r}", kind.name()),
+                        rows.div_ceil(4 * r) as u32,
+                    ));
                 }
                 for r in [1usize, 2] {
-                    let name = format!("mv_{}_1_0_h{r}", kind.name());
-                    variants.push(named(name, rows.div_ceil(8 * r), true));
+                    variants.push((
+                        format!("mv_{}_1_0_h{r}", kind.name()),
+                        rows.div_ceil(8 * r) as u32,
+                    ));
                 }
             }
-            // the fused SwiGLU on the gate/up shape (gate and up: two different copies)
+            // the fused SwiGLU on the gate/up shape (gate and up: two different copies; the
+            // same matrix twice would read its second pass from L2)
             let swiglu_from = variants.len();
             if kquant && si == 0 {
-                variants.push(matvec_kernel(kind, rows, cols, 1, 2));
+                variants.push(crate::matmul::matvec_kernel(kind, rows, cols, 1, 2));
                 for w in [1usize, 2, 4] {
-                    let name = format!("mv_{}_1_2_{w}", kind.name());
-                    variants.push(named(name, rows.div_ceil(4 / w), false));
+                    variants.push((
+                        format!("mv_{}_1_2_{w}", kind.name()),
+                        rows.div_ceil(4 / w) as u32,
+                    ));
                 }
                 for r in [1usize, 2] {
-                    let name = format!("mv_{}_1_2_r{r}", kind.name());
-                    variants.push(named(name, rows.div_ceil(4 * r), true));
+                    variants.push((
+                        format!("mv_{}_1_2_r{r}", kind.name()),
+                        rows.div_ceil(4 * r) as u32,
+                    ));
                 }
             }
             let (r, c) = (rows as i32, cols as i32);
-            for (vi, mv) in variants.iter().enumerate() {
-                let f = gpu.func(&mv.name)?;
-                // the row kernels also as one wave of resident blocks looping over row groups
-                let wave = mv.grid.min(gpu.resident_blocks(&f, 128)?.max(1));
-                let grids: Vec<u32> = if mv.loops && wave < mv.grid {
-                    vec![mv.grid, wave]
-                } else {
-                    vec![mv.grid]
+            for (vi, (name, grid)) in variants.iter().enumerate() {
+                let f = gpu.func(name)?;
+                let launch = |gpu: &Gpu, i: usize| -> Result<()> {
+                    let w = copies[i % copies.len()].ptr;
+                    let w2 = copies[(i + 1) % copies.len()].ptr;
+                    // SAFETY: as in check_matvec.
+                    unsafe {
+                        gpu.stream
+                            .launch_builder(&f)
+                            .arg(&w)
+                            .arg(&w2)
+                            .arg(&r)
+                            .arg(&c)
+                            .arg(&dq.ptr)
+                            .arg(&dd.ptr)
+                            .arg(&c)
+                            .arg(&dx.ptr)
+                            .arg(&dout.ptr)
+                            .arg(&r)
+                            .launch(cfg((*grid, 1, 1), 128))?;
+                    }
+                    Ok(())
                 };
-                for &grid in &grids {
-                    let launch = |gpu: &Gpu, i: usize| -> Result<()> {
-                        let w = copies[i % copies.len()].ptr;
-                        let w2 = copies[(i + 1) % copies.len()].ptr;
-                        // SAFETY: as in check_matvec.
-                        unsafe {
-                            gpu.stream
-                                .launch_builder(&f)
-                                .arg(&w)
-                                .arg(&w2)
-                                .arg(&r)
-                                .arg(&c)
-                                .arg(&dq.ptr)
-                                .arg(&dd.ptr)
-                                .arg(&c)
-                                .arg(&dx.ptr)
-                                .arg(&dout.ptr)
-                                .arg(&r)
-                                .launch(cfg((grid, 1, 1), 128))?;
-                        }
-                        Ok(())
-                    };
-                    let first = si == 0 && vi == 0 && grid == mv.grid;
-                    let us = super::time_us(gpu, 20, 200, !first, |g: &mut Gpu, i| launch(g, i))?;
-                    let name = if grid < mv.grid {
-                        format!("{} in one wave ({grid} blocks)", mv.name)
-                    } else {
-                        mv.name.clone()
-                    };
-                    let label = match (first, vi) {
-                        (true, _) => kind.name().to_string(),
-                        (false, 0) => format!("{rows}x{cols} {name} (decode's, graph)"),
-                        (false, v) if v == swiglu_from => {
-                            format!("{rows}x{cols} {name} (decode's SwiGLU, 2 matrices, graph)")
-                        }
-                        _ => format!("{rows}x{cols} {name} (graph)"),
-                    };
-                    // a SwiGLU launch reads two matrices
-                    let bytes = dev.len() * if vi >= swiglu_from { 2 } else { 1 };
-                    res.push((label, us, bytes as f64 / us / 1e3));
-                }
+                let first = si == 0 && vi == 0;
+                let us = super::time_us(gpu, 20, 200, !first, |g: &mut Gpu, i| launch(g, i))?;
+                let label = match (first, vi) {
+                    (true, _) => kind.name().to_string(),
+                    (false, 0) => format!("{rows}x{cols} {name} (decode's, graph)"),
+                    (false, v) if v == swiglu_from => {
+                        format!("{rows}x{cols} {name} (decode's SwiGLU, 2 matrices, graph)")
+                    }
+                    _ => format!("{rows}x{cols} {name} (graph)"),
+                };
+                // a SwiGLU launch reads two matrices
+                let bytes = dev.len() * if vi >= swiglu_from { 2 } else { 1 };
+                res.push((label, us, bytes as f64 / us / 1e3));
             }
             let us = read_floor_us(gpu, &copies, dev.len())?;
             res.push((

@@ -200,8 +200,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
             }
             if kind == Kind::Q4K || kind == Kind::Q6K {
                 // the mat-vec of 8 tokens (decode of 8 sequences) beside the mat-mat's 8-token tile
-                let mv = crate::matmul::matvec_kernel(kind, rows, cols, 8, 0);
-                let (name, grid) = (mv.name, mv.grid);
+                let (name, grid) = crate::matmul::matvec_kernel(kind, rows, cols, 8, 0);
                 let us = matvec8_us(gpu, &name, grid, &copies, rows, cols, rng)?;
                 res.push((
                     format!(

@@ -288,79 +288,57 @@ __device__ __forceinline__ float half_warp_sum(float v) {
     return v;
 }
 
-// One token (decode): a warp takes groups of R rows (of W, and for the SwiGLU the same rows of
-// W2; out gets the epilogue as in mv_finish), groups g0, g0 + gstride, ... of the matrix: one
-// group when the grid has a warp for each, else a grid of one wave whose warps loop over the
-// rows. Each group's units go in batches (UB units a lane of every row), and a batch's words
-// are loaded while the one before it is unpacked and summed: a warp keeps its loads in flight
-// from row to row instead of draining them at the end of a short life, and the first batch is
-// loaded before the wait on the previous kernel (GRID_DEP; weights never depend on it).
-// HALF (short rows: a K-quant row of 1024 columns is 16 units, so a warp per row would leave
-// half its lanes idle): each half-warp takes rows instead, lane l of half h units l, l + 16,
-// ... of rows 2r + h of the group (r < R), summed over its half (xor shuffles below 16 stay in
-// it). Rows and units past the end re-read the last one (no branch between the loads); only
-// their sums and stores are skipped.
+// One token (decode), R rows per warp: rows row0 .. row0 + R - 1 of W (and, for the SwiGLU,
+// of W2), out gets the epilogue as in mv_finish. Each lane keeps every row's loads of a unit in
+// flight before it waits, and loads the unit's activations once for all of them. HALF (short
+// rows: a K-quant row of 1024 columns is 16 units, so a warp per row would leave half its
+// lanes idle): each half-warp takes rows instead, lane l of half h units l, l + 16, ... of
+// rows row0 + 2r + h (r < R), summed over its half (xor shuffles below 16 stay in it). Rows
+// past the end re-read the last row (no branch between the loads); only the stores are guarded.
 template <int TY, int EPI, int R, bool HALF>
 __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
-                                         int cols, int g0, int gstride, const i8* __restrict__ xq,
+                                         int cols, int row0, const i8* __restrict__ xq,
                                          const float2* __restrict__ xd, float* __restrict__ out) {
     constexpr int S = HALF ? 16 : 32;  // lanes a row
-    constexpr int RG = HALF ? 2 * R : R;  // rows a group
-    constexpr int M = EPI == 2 ? 2 * R : R;
-    // units a lane takes a batch: two where a batch of every row's words stays within 48 bytes
-    // (12 registers; two batches live at once)
-    constexpr int UB = M * sizeof(RawU<TY>) <= 48 ? 2 : 1;
-    typedef RawU<TY> Batch[UB][M];
     int lane = threadIdx.x & 31, l = HALF ? lane & 15 : lane, half = HALF ? lane >> 4 : 0;
     int bpr = cols / Blk<TY>::QK;
     u64 nblk = (u64)rows * bpr;
     int units = cols / Blk<TY>::UNIT;
-    int nb = (units + S * UB - 1) / (S * UB);  // batches a group
-    int groups = (rows + RG - 1) / RG;
-    int nsteps = g0 < groups ? ((groups - 1 - g0) / gstride + 1) * nb : 0;
-    auto row_of = [&](int g, int r) { return g * RG + (HALF ? 2 * r + half : r); };
-    // step s: batch s % nb of group g0 + gstride * (s / nb)
-    auto load = [&](Batch& raw, int s) {
-        int g = g0 + gstride * (s / nb), u0 = l + S * UB * (s % nb);
+    int rm[R];
+    float acc[2 * R][1];  // rows 0..R-1 of W, then (SwiGLU) the same rows of W2
 #pragma unroll
-        for (int b = 0; b < UB; b++) {
-            int u = min(u0 + S * b, units - 1);
+    for (int r = 0; r < R; r++) {
+        rm[r] = min(row0 + (HALF ? 2 * r + half : r), rows - 1);
+        acc[r][0] = acc[R + r][0] = 0.f;
+    }
+#pragma unroll 2
+    for (int u = l; u < units; u += S)
+        units_acc<TY, 1, R, EPI == 2>(W, W2, rm, nblk, bpr, u, xq, xd, cols, acc);
 #pragma unroll
-            for (int m = 0; m < M; m++)
-                raw[b][m] = unit_load<TY>(m < R ? W : W2, nblk, min(row_of(g, m % R), rows - 1), bpr, u);
+    for (int r = 0; r < R; r++) {
+        float v = HALF ? half_warp_sum(acc[r][0]) : warp_sum(acc[r][0]);
+        float v2 = EPI != 2 ? 0.f : HALF ? half_warp_sum(acc[R + r][0]) : warp_sum(acc[R + r][0]);
+        int row = row0 + (HALF ? 2 * r + half : r);
+        if (l == 0 && row < rows) {
+            float* o = out + row;
+            if (EPI == 0) *o = v;
+            else if (EPI == 1) *o += v;
+            else *o = silu(v) * v2;
         }
-    };
-    float acc[M][1];
-#pragma unroll
-    for (int m = 0; m < M; m++) acc[m][0] = 0.f;
-    auto step = [&](int s, const Batch& cur, Batch& next) {
-        if (s + 1 < nsteps) load(next, s + 1);
-        int g = g0 + gstride * (s / nb), u0 = l + S * UB * (s % nb);
-#pragma unroll
-        for (int b = 0; b < UB; b++)
-            if (u0 + S * b < units) units_dot<TY, 1, M>(cur[b], u0 + S * b, xq, xd, cols, acc);
-        if (s % nb != nb - 1) return;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float v = HALF ? half_warp_sum(acc[r][0]) : warp_sum(acc[r][0]);
-            float v2 = EPI != 2 ? 0.f : HALF ? half_warp_sum(acc[R + r][0]) : warp_sum(acc[R + r][0]);
-            int row = row_of(g, r);
-            if (l == 0 && row < rows) {
-                float* o = out + row;
-                if (EPI == 0) *o = v;
-                else if (EPI == 1) *o += v;
-                else *o = silu(v) * v2;
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < M; m++) acc[m][0] = 0.f;
-    };
-    Batch a, b;
-    if (nsteps > 0) load(a, 0);
-    GRID_DEP();
-    for (int s = 0; s < nsteps; s += 2) {
-        step(s, a, b);
-        if (s + 1 < nsteps) step(s + 1, b, a);
+    }
+}
+
+// Before it waits on the previous kernel (GRID_DEP), a one-token mat-vec starts pulling the
+// first 512 bytes of each of its n rows from row0 into L2: weights never depend on an earlier
+// kernel, and the DRAM latency of the first loads then overlaps the previous kernel's tail.
+template <int TY>
+__device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, int row0, int n) {
+    int lane = threadIdx.x & 31;
+    u64 rb = (u64)(cols / Blk<TY>::QK) * Blk<TY>::A;
+    int lines = (int)min((rb + 127) / 128, (u64)4);
+    for (int i = lane; i < n * lines; i += 32) {
+        u64 r = (u64)min(row0 + i / lines, rows - 1);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r * rb + (u64)(i % lines) * 128));
     }
 }
 
@@ -369,8 +347,11 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
-        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, blockIdx.x * 4 + (threadIdx.x >> 5),       \
-                                   gridDim.x * 4, xq, xd, out);                                  \
+        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
+        prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
+        if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
+        GRID_DEP();                                                                              \
+        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, row0, xq, xd, out);                        \
     }
 #define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
     MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
@@ -384,8 +365,11 @@ MVH(q6_k, T_Q6_K)
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
-        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, blockIdx.x * 4 + (threadIdx.x >> 5),      \
-                                    gridDim.x * 4, xq, xd, out);                                 \
+        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
+        prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
+        if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
+        GRID_DEP();                                                                              \
+        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, row0, xq, xd, out);                       \
     }
 #define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
     MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
@@ -530,9 +514,7 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
 }
 
 // One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
-// lie in one matrix when every matrix's row count is a multiple of R (the host checks). The
-// wait on the previous kernel is rows_acc's, after its first weight loads (warps past the
-// rows return at once: they read and write nothing).
+// lie in one matrix when every matrix's row count is a multiple of R (the host checks).
 template <int R>
 __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
@@ -548,13 +530,12 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R, false>(W, W, rows, cols, row / R, 1 << 30, xq, xd, out); break;
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
     default:  // f32 / f16 (the host takes R = 1 for those)
-        GRID_DEP();
         for (int r = 0; r < R && row + r < rows; r++) {
             if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, out);
             else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, out);
@@ -577,11 +558,11 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R, true>(W, W, rows, cols, row / (2 * R), 1 << 30, xq, xd, out); break;
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
     default: break;  // f32 / f16: the host never picks this kernel for them
     }
 }
@@ -589,7 +570,7 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                                        \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
         mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
     }
 MVXH(1) MVXH(2)
@@ -598,7 +579,7 @@ MVXH(1) MVXH(2)
     extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                                        \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
         mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
 MVXR(2) MVXR(4)
