@@ -94,8 +94,9 @@ pub fn half_rows_per_warp(rows: usize, exact: bool) -> usize {
 
 /// The mat-vec kernel for `nt` tokens over a `rows x cols` matrix of `kind` with epilogue
 /// `epi` (0 store, 1 add, 2 SwiGLU), and its grid of 128-thread blocks. The fused SwiGLU reads
-/// two matrices per row already: it stays on warps per row (the 8B's gate/up: 19.4 us there
-/// against 26.7 in row pairs, `gpu-check --perf`).
+/// two matrices per row already: it stays on warps per row (the 8B's gate/up, two distinct
+/// matrices: 19.5 us there against 19.8 / 20.3 in rows of one / two a warp, `gpu-check --perf`,
+/// H200, 2026-12-04).
 pub fn matvec_kernel(
     kind: crate::weights::Kind,
     rows: usize,
