@@ -376,8 +376,15 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
             for (vi, (name, grid)) in variants.iter().enumerate() {
                 let f = gpu.func(name)?;
                 let launch = |gpu: &Gpu, i: usize| -> Result<()> {
-                    let w = copies[i % copies.len()].ptr;
-                    let w2 = copies[(i + 1) % copies.len()].ptr;
+                    // a SwiGLU launch reads a pair of copies no launch next to it reads
+                    let (w, w2) = if vi >= swiglu_from {
+                        (
+                            copies[2 * i % copies.len()].ptr,
+                            copies[(2 * i + 1) % copies.len()].ptr,
+                        )
+                    } else {
+                        (copies[i % copies.len()].ptr, copies[i % copies.len()].ptr)
+                    };
                     // SAFETY: as in check_matvec.
                     unsafe {
                         gpu.stream

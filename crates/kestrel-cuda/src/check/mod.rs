@@ -93,8 +93,9 @@ impl CaseResult {
 
 /// Microseconds per launch of `launch(gpu, i)` for i in 0..reps, after `warm` plain launches:
 /// `graph` replays them from one captured CUDA graph as decode runs (no launch gaps between
-/// kernels, programmatic edges where decode has them: each launch's weight loads before its
-/// `GRID_DEP()` overlap the previous one's tail), else they go as plain stream launches.
+/// kernels, programmatic edges where decode has them: the one-token row kernels' L2 prefetches
+/// before their `GRID_DEP()` overlap the previous launch's tail; `read_floor` has no
+/// `GRID_DEP()`, so its launches do not overlap), else they go as plain stream launches.
 pub(crate) fn time_us(
     gpu: &mut Gpu,
     warm: usize,

@@ -63,9 +63,9 @@ __device__ __forceinline__ int piece_index(int u, int h) {
 
 // The words of unit u of one row as loaded: a K-quant block's scales in one wide load (Q4_K:
 // d, dmin and the 12 scale bytes are the block's first 16 bytes; Q6_K: the half's 8 scales),
-// not a load a byte. Loading is apart from unpacking so a kernel can put a batch of units of
-// all its rows in flight (the one-token kernels: the first batch before the wait on the
-// previous kernel) before it unpacks any.
+// not a load a byte. Loading is apart from unpacking so a kernel puts a unit's words of all its
+// rows in flight before it unpacks any. (The mat-mat's `unit_load` in mmq.cu loads one lane's
+// share of a unit for the tensor cores' fragments.)
 template <int TY> struct RawU;
 template <> struct RawU<T_Q4_0> { int4 v; u16 d; };
 template <> struct RawU<T_Q5_0> { u32 qh, qs[4]; u16 d; };
@@ -74,7 +74,7 @@ template <> struct RawU<T_Q4_K> { uint4 hd, v0, v1; };
 template <> struct RawU<T_Q6_K> { int4 l0, l1, h0, h1; uint2 sv; u16 d; };
 
 template <int TY>
-__device__ __forceinline__ RawU<TY> unit_load(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u) {
+__device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u) {
     RawU<TY> r;
     if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
         u64 blk = (u64)row * bpr + u;
@@ -223,7 +223,7 @@ __device__ __forceinline__ void units_acc(const u8* __restrict__ W, const u8* __
     constexpr int M = TWO ? 2 * R : R;
     RawU<TY> raw[M];
 #pragma unroll
-    for (int m = 0; m < M; m++) raw[m] = unit_load<TY>(m < R ? W : W2, nblk, rm[m % R], bpr, u);
+    for (int m = 0; m < M; m++) raw[m] = unit_raw<TY>(m < R ? W : W2, nblk, rm[m % R], bpr, u);
     units_dot<TY, NT, M>(raw, u, xq, xd, xld, acc);
 }
 
