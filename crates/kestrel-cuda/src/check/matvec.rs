@@ -81,19 +81,22 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                         })
                         .collect();
                     if nt == 1 && kind.int8_activations() {
-                        for r in [1usize, 2, 4] {
-                            kernels.push((
-                                format!("mv_{}_1_{epi}_r{r}", kind.name()),
-                                rows.div_ceil(4 * r) as u32,
-                                format!("rows/warp {r}"),
-                            ));
-                        }
-                        for r in [1usize, 2] {
-                            kernels.push((
-                                format!("mv_{}_1_{epi}_h{r}", kind.name()),
-                                rows.div_ceil(8 * r) as u32,
-                                format!("rows/half-warp {r}"),
-                            ));
+                        // the suffix e: first units loaded before the wait
+                        for e in ["", "e"] {
+                            for r in [1usize, 2, 4] {
+                                kernels.push((
+                                    format!("mv_{}_1_{epi}_r{r}{e}", kind.name()),
+                                    rows.div_ceil(4 * r) as u32,
+                                    format!("rows/warp {r}{e}"),
+                                ));
+                            }
+                            for r in [1usize, 2] {
+                                kernels.push((
+                                    format!("mv_{}_1_{epi}_h{r}{e}", kind.name()),
+                                    rows.div_ceil(8 * r) as u32,
+                                    format!("rows/half-warp {r}{e}"),
+                                ));
+                            }
                         }
                     }
                     for (name, grid, label) in &kernels {
@@ -194,9 +197,12 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         if nt == 1 && quantized {
             for r in [2usize, 4] {
                 if rows.iter().all(|n| n % r == 0) {
-                    kernels.push((format!("mvx_1_r{r}"), r));
-                    // half-warp rows: 2 (h1) or 4 (h2) rows per warp
-                    kernels.push((format!("mvx_1_h{}", r / 2), r));
+                    // half-warp rows: 2 (h1) or 4 (h2) rows per warp; the suffix e: first
+                    // units loaded before the wait
+                    for e in ["", "e"] {
+                        kernels.push((format!("mvx_1_r{r}{e}"), r));
+                        kernels.push((format!("mvx_1_h{}{e}", r / 2), r));
+                    }
                 }
             }
         }
@@ -304,11 +310,17 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 (65536, 1024),
                 (1536, 8960),
                 (1024, 3584),
+                // the output projections of the 8B and the 9B (Q6_K in a Q4_K_M file)
+                (151936, 4096),
+                (248320, 4096),
             ]
         } else {
             &[(12288, 4096)]
         };
         for (si, &(rows, cols)) in shapes.iter().enumerate() {
+            if rows > 100_000 && kind != Kind::Q6K {
+                continue; // output projections are Q6_K
+            }
             // random bytes (speed does not depend on the values); 8 copies rotate so the
             // 50 MB L2 never holds the weights
             let rb = kestrel_quant::row_bytes(ggml(kind), cols)
@@ -341,17 +353,19 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         rows.div_ceil(4 / w) as u32,
                     ));
                 }
-                for r in [1usize, 2, 4] {
-                    variants.push((
-                        format!("mv_{}_1_0_r{r}", kind.name()),
-                        rows.div_ceil(4 * r) as u32,
-                    ));
-                }
-                for r in [1usize, 2] {
-                    variants.push((
-                        format!("mv_{}_1_0_h{r}", kind.name()),
-                        rows.div_ceil(8 * r) as u32,
-                    ));
+                for e in ["", "e"] {
+                    for r in [1usize, 2, 4] {
+                        variants.push((
+                            format!("mv_{}_1_0_r{r}{e}", kind.name()),
+                            rows.div_ceil(4 * r) as u32,
+                        ));
+                    }
+                    for r in [1usize, 2] {
+                        variants.push((
+                            format!("mv_{}_1_0_h{r}{e}", kind.name()),
+                            rows.div_ceil(8 * r) as u32,
+                        ));
+                    }
                 }
             }
             // the fused SwiGLU on the gate/up shape (gate and up: two different copies; the
@@ -365,10 +379,10 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         rows.div_ceil(4 / w) as u32,
                     ));
                 }
-                for r in [1usize, 2] {
+                for r in ["1", "2", "1e", "2e"] {
                     variants.push((
                         format!("mv_{}_1_2_r{r}", kind.name()),
-                        rows.div_ceil(4 * r) as u32,
+                        rows.div_ceil(4 * r[..1].parse::<usize>().unwrap_or(1)) as u32,
                     ));
                 }
             }
