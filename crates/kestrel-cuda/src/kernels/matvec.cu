@@ -325,17 +325,10 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
         RawU<TY> cur[M];
         if (l < units) units_load<TY, R, EPI == 2>(W, W2, rm, nblk, bpr, l, cur);
         GRID_DEP();
+        if (l < units) units_dot<TY, 1, M>(cur, l, xq, xd, cols, acc);
 #pragma unroll 2
-        for (int u = l; u < units; u += S) {
-            RawU<TY> nxt[M];
-            bool more = u + S < units;
-            if (more) units_load<TY, R, EPI == 2>(W, W2, rm, nblk, bpr, u + S, nxt);
-            units_dot<TY, 1, M>(cur, u, xq, xd, cols, acc);
-            if (more) {
-#pragma unroll
-                for (int m = 0; m < M; m++) cur[m] = nxt[m];
-            }
-        }
+        for (int u = l + S; u < units; u += S)
+            units_acc<TY, 1, R, EPI == 2>(W, W2, rm, nblk, bpr, u, xq, xd, cols, acc);
     } else {
         GRID_DEP();
 #pragma unroll 2
