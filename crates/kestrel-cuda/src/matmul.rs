@@ -75,23 +75,6 @@ pub fn few_rows_wpr(kind: crate::weights::Kind, rows: usize, cols: usize) -> usi
     w
 }
 
-/// Whether the one-token row kernels load every row's first unit before they wait on the
-/// previous kernel (the kernels named with the suffix `e`, `kernels/matvec.cu`'s `rows_acc`),
-/// the next unit while one multiplies; `KESTREL_CUDA_EARLY=0`: an L2 prefetch of each row's
-/// first 512 bytes instead (A/B figures).
-pub fn early() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    crate::ops::switch_on(&ON, "KESTREL_CUDA_EARLY")
-}
-
-fn early_suffix() -> &'static str {
-    if early() {
-        "e"
-    } else {
-        ""
-    }
-}
-
 /// Whether a one-token mat-vec over `cols` columns of `kind` should give each row a half-warp:
 /// rows of at most 16 units (1024 columns of a K-quant, 512 of the others) leave half of a
 /// warp's lanes idle otherwise.
@@ -121,18 +104,11 @@ pub fn matvec_kernel(
     nt: usize,
     epi: u32,
 ) -> (String, u32) {
-    let e = early_suffix();
     if nt == 1 && short_rows(kind, cols) {
         let r = half_rows_per_warp(rows, false);
         return (
-            format!("mv_{}_1_{epi}_h{r}{e}", kind.name()),
+            format!("mv_{}_1_{epi}_h{r}", kind.name()),
             rows.div_ceil(4 * 2 * r) as u32,
-        );
-    }
-    if nt == 1 && kind.int8_activations() && epi == 2 && early() {
-        return (
-            format!("mv_{}_1_2_r1e", kind.name()),
-            rows.div_ceil(4) as u32,
         );
     }
     if nt == 1 && kind.int8_activations() && epi != 2 {
@@ -145,7 +121,7 @@ pub fn matvec_kernel(
         }
         let r = rows_per_warp(rows, false);
         return (
-            format!("mv_{}_1_{epi}_r{r}{e}", kind.name()),
+            format!("mv_{}_1_{epi}_r{r}", kind.name()),
             rows.div_ceil(4 * r) as u32,
         );
     }
@@ -481,11 +457,11 @@ impl CudaModel {
             } else {
                 1
             };
-            (format!("mvx_1_h{h}{}", early_suffix()), 2 * h)
+            (format!("mvx_1_h{h}"), 2 * h)
         } else if nt == 1 && all_int8 && even(2) {
             match rows_per_warp(total_rows, true) {
                 1 => (format!("mvx_{nt}"), 1),
-                r => (format!("mvx_1_r{r}{}", early_suffix()), r),
+                r => (format!("mvx_1_r{r}"), r),
             }
         } else {
             (format!("mvx_{nt}"), 1)

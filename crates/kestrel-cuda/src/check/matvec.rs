@@ -81,22 +81,19 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                         })
                         .collect();
                     if nt == 1 && kind.int8_activations() {
-                        // the suffix e: first units loaded before the wait
-                        for e in ["", "e"] {
-                            for r in [1usize, 2, 4] {
-                                kernels.push((
-                                    format!("mv_{}_1_{epi}_r{r}{e}", kind.name()),
-                                    rows.div_ceil(4 * r) as u32,
-                                    format!("rows/warp {r}{e}"),
-                                ));
-                            }
-                            for r in [1usize, 2] {
-                                kernels.push((
-                                    format!("mv_{}_1_{epi}_h{r}{e}", kind.name()),
-                                    rows.div_ceil(8 * r) as u32,
-                                    format!("rows/half-warp {r}{e}"),
-                                ));
-                            }
+                        for r in [1usize, 2, 4] {
+                            kernels.push((
+                                format!("mv_{}_1_{epi}_r{r}", kind.name()),
+                                rows.div_ceil(4 * r) as u32,
+                                format!("rows/warp {r}"),
+                            ));
+                        }
+                        for r in [1usize, 2] {
+                            kernels.push((
+                                format!("mv_{}_1_{epi}_h{r}", kind.name()),
+                                rows.div_ceil(8 * r) as u32,
+                                format!("rows/half-warp {r}"),
+                            ));
                         }
                     }
                     for (name, grid, label) in &kernels {
@@ -197,12 +194,9 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         if nt == 1 && quantized {
             for r in [2usize, 4] {
                 if rows.iter().all(|n| n % r == 0) {
-                    // half-warp rows: 2 (h1) or 4 (h2) rows per warp; the suffix e: first
-                    // units loaded before the wait
-                    for e in ["", "e"] {
-                        kernels.push((format!("mvx_1_r{r}{e}"), r));
-                        kernels.push((format!("mvx_1_h{}{e}", r / 2), r));
-                    }
+                    kernels.push((format!("mvx_1_r{r}"), r));
+                    // half-warp rows: 2 (h1) or 4 (h2) rows per warp
+                    kernels.push((format!("mvx_1_h{}", r / 2), r));
                 }
             }
         }
@@ -300,7 +294,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         let shapes: &[(usize, usize)] = if kquant {
             // the 8B's four decode shapes, then two of a 1024-wide model (16 units per row):
             // the gate/up and the output's rows; then the down projections of the 1.5B and
-            // the 0.8B shapes (few rows, long ones)
+            // the 0.8B shapes (few rows, long ones); then (Q6_K only) the 8B's and the 9B's
+            // output projections
             &[
                 (12288, 4096),
                 (4096, 12288),
@@ -353,19 +348,17 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         rows.div_ceil(4 / w) as u32,
                     ));
                 }
-                for e in ["", "e"] {
-                    for r in [1usize, 2, 4] {
-                        variants.push((
-                            format!("mv_{}_1_0_r{r}{e}", kind.name()),
-                            rows.div_ceil(4 * r) as u32,
-                        ));
-                    }
-                    for r in [1usize, 2] {
-                        variants.push((
-                            format!("mv_{}_1_0_h{r}{e}", kind.name()),
-                            rows.div_ceil(8 * r) as u32,
-                        ));
-                    }
+                for r in [1usize, 2, 4] {
+                    variants.push((
+                        format!("mv_{}_1_0_r{r}", kind.name()),
+                        rows.div_ceil(4 * r) as u32,
+                    ));
+                }
+                for r in [1usize, 2] {
+                    variants.push((
+                        format!("mv_{}_1_0_h{r}", kind.name()),
+                        rows.div_ceil(8 * r) as u32,
+                    ));
                 }
             }
             // the fused SwiGLU on the gate/up shape (gate and up: two different copies; the
@@ -379,10 +372,10 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         rows.div_ceil(4 / w) as u32,
                     ));
                 }
-                for r in ["1", "2", "1e", "2e"] {
+                for r in [1usize, 2] {
                     variants.push((
                         format!("mv_{}_1_2_r{r}", kind.name()),
-                        rows.div_ceil(4 * r[..1].parse::<usize>().unwrap_or(1)) as u32,
+                        rows.div_ceil(4 * r) as u32,
                     ));
                 }
             }

@@ -216,19 +216,14 @@ __device__ __forceinline__ void units_dot(const RawU<TY>* raw, int u, const i8* 
 
 // Unit u of rows rm[0..R) of W, and with TWO (the SwiGLU's up) of W2 too (same shape), into
 // acc[m][t] (m < R: W's rows, then W2's): every row's words are loaded before any is unpacked.
-template <int TY, int R, bool TWO>
-__device__ __forceinline__ void units_load(const u8* __restrict__ W, const u8* __restrict__ W2, const int* rm,
-                                           u64 nblk, int bpr, int u, RawU<TY>* raw) {
-#pragma unroll
-    for (int m = 0; m < (TWO ? 2 * R : R); m++) raw[m] = unit_raw<TY>(m < R ? W : W2, nblk, rm[m % R], bpr, u);
-}
 template <int TY, int NT, int R, bool TWO>
 __device__ __forceinline__ void units_acc(const u8* __restrict__ W, const u8* __restrict__ W2, const int* rm,
                                           u64 nblk, int bpr, int u, const i8* __restrict__ xq,
                                           const float2* __restrict__ xd, int xld, float (*acc)[NT]) {
     constexpr int M = TWO ? 2 * R : R;
     RawU<TY> raw[M];
-    units_load<TY, R, TWO>(W, W2, rm, nblk, bpr, u, raw);
+#pragma unroll
+    for (int m = 0; m < M; m++) raw[m] = unit_raw<TY>(m < R ? W : W2, nblk, rm[m % R], bpr, u);
     units_dot<TY, NT, M>(raw, u, xq, xd, xld, acc);
 }
 
@@ -300,16 +295,11 @@ __device__ __forceinline__ float half_warp_sum(float v) {
 // lanes idle): each half-warp takes rows instead, lane l of half h units l, l + 16, ... of
 // rows row0 + 2r + h (r < R), summed over its half (xor shuffles below 16 stay in it). Rows
 // past the end re-read the last row (no branch between the loads); only the stores are guarded.
-// The wait on the previous kernel (GRID_DEP) is here. EARLY: every row's first unit is loaded
-// before it (weights never depend on an earlier kernel, so their DRAM latency overlaps the
-// previous kernel's tail), and each next unit while the current one multiplies; else the
-// loop is unrolled by two after the wait.
-template <int TY, int EPI, int R, bool HALF, bool EARLY>
+template <int TY, int EPI, int R, bool HALF>
 __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
                                          int cols, int row0, const i8* __restrict__ xq,
                                          const float2* __restrict__ xd, float* __restrict__ out) {
     constexpr int S = HALF ? 16 : 32;  // lanes a row
-    constexpr int M = EPI == 2 ? 2 * R : R;
     int lane = threadIdx.x & 31, l = HALF ? lane & 15 : lane, half = HALF ? lane >> 4 : 0;
     int bpr = cols / Blk<TY>::QK;
     u64 nblk = (u64)rows * bpr;
@@ -321,20 +311,9 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
         rm[r] = min(row0 + (HALF ? 2 * r + half : r), rows - 1);
         acc[r][0] = acc[R + r][0] = 0.f;
     }
-    if constexpr (EARLY) {
-        RawU<TY> cur[M];
-        if (l < units) units_load<TY, R, EPI == 2>(W, W2, rm, nblk, bpr, l, cur);
-        GRID_DEP();
-        if (l < units) units_dot<TY, 1, M>(cur, l, xq, xd, cols, acc);
 #pragma unroll 2
-        for (int u = l + S; u < units; u += S)
-            units_acc<TY, 1, R, EPI == 2>(W, W2, rm, nblk, bpr, u, xq, xd, cols, acc);
-    } else {
-        GRID_DEP();
-#pragma unroll 2
-        for (int u = l; u < units; u += S)
-            units_acc<TY, 1, R, EPI == 2>(W, W2, rm, nblk, bpr, u, xq, xd, cols, acc);
-    }
+    for (int u = l; u < units; u += S)
+        units_acc<TY, 1, R, EPI == 2>(W, W2, rm, nblk, bpr, u, xq, xd, cols, acc);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float v = HALF ? half_warp_sum(acc[r][0]) : warp_sum(acc[r][0]);
@@ -363,8 +342,7 @@ __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, i
     }
 }
 
-// mv_<type>_1_<epi>_h<R>: 2R rows per warp, R per half-warp; with the suffix e, the first units
-// loaded before the wait (rows_acc's EARLY) instead of the L2 prefetch.
+// mv_<type>_1_<epi>_h<R>: 2R rows per warp, R per half-warp.
 #define MVH1(NAME, TY, EPI, R)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
@@ -372,13 +350,8 @@ __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, i
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
         prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
-        rows_acc<TY, EPI, R, true, false>(W, W2, rows, cols, row0, xq, xd, out);                 \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R##e(             \
-        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
-        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
-        rows_acc<TY, EPI, R, true, true>(W, W2, rows, cols, row0, xq, xd, out);                  \
+        GRID_DEP();                                                                              \
+        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, row0, xq, xd, out);                        \
     }
 #define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
     MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
@@ -395,13 +368,8 @@ MVH(q6_k, T_Q6_K)
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
         prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
-        rows_acc<TY, EPI, R, false, false>(W, W2, rows, cols, row0, xq, xd, out);                \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R##e(             \
-        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
-        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
-        rows_acc<TY, EPI, R, false, true>(W, W2, rows, cols, row0, xq, xd, out);                 \
+        GRID_DEP();                                                                              \
+        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, row0, xq, xd, out);                       \
     }
 #define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
     MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
@@ -547,7 +515,7 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
 
 // One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
 // lie in one matrix when every matrix's row count is a multiple of R (the host checks).
-template <int R, bool EARLY>
+template <int R>
 __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                       int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
@@ -562,13 +530,12 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R, false, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R, false, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R, false, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R, false, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R, false, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
     default:  // f32 / f16 (the host takes R = 1 for those)
-        GRID_DEP();
         for (int r = 0; r < R && row + r < rows; r++) {
             if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, out);
             else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, out);
@@ -577,7 +544,7 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
 }
 // As mvx_r, half-warp rows (short rows): warp g takes rows 2gR .. 2gR + 2R - 1 of the
 // concatenation, inside one matrix when every matrix's row count is a multiple of 2R.
-template <int R, bool EARLY>
+template <int R>
 __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                       int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd) {
@@ -591,32 +558,31 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R, true, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R, true, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R, true, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R, true, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R, true, EARLY>(W, W, rows, cols, row, xq, xd, out); break;
-    default: GRID_DEP(); break;  // f32 / f16: the host never picks this kernel for them
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    default: break;  // f32 / f16: the host never picks this kernel for them
     }
 }
-// mvx_1_h<R> / mvx_1_r<R>, and with the suffix e the first units loaded before the wait.
-#define MVXH(R, E, SUF)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R##SUF(                           \
+#define MVXH(R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
-        mvx_h<R, E>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd); \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
     }
-MVXH(1, false, ) MVXH(2, false, ) MVXH(1, true, e) MVXH(2, true, e)
+MVXH(1) MVXH(2)
 
-#define MVXR(R, E, SUF)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R##SUF(                           \
+#define MVXR(R)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf) {                             \
-        mvx_r<R, E>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
-MVXR(2, false, ) MVXR(4, false, ) MVXR(2, true, e) MVXR(4, true, e)
+MVXR(2) MVXR(4)
 
 #define MVX(NT)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) mvx_##NT(                                  \
