@@ -16,7 +16,8 @@
 # the earlier stages (of this call or an earlier one on the same warm machine) wrote: llama-bench
 # pp512/pp4096/tg128, tg128 at depth 16384, llama-batched-bench with kestrel's concurrent
 # workload (128-token prompts, 64 new tokens, 1/8/32 sequences; PEER_QUICK=1: llama-bench's
-# pp512/pp4096/tg128 alone; PEER_SHAPES: only these shapes' files); prefill = pp512/pp4096 of every shape in PREFILL_SHAPES (default
+# pp512/pp4096/tg128 alone, PEER_QUICK=depth: and tg128 at depth 16384; PEER_SHAPES: only
+# these shapes' files); prefill = pp512/pp4096 of every shape in PREFILL_SHAPES (default
 # qwen3-8b qwen35-0.8b qwen2.5-1.5b), with FLASH_AB=1 pp4096 again with KESTREL_CUDA_FLASH=0
 # (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
 # tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu;
@@ -174,8 +175,9 @@ for s in $STAGES; do
       SH=$(basename $M -q4_k_m.gguf)
       [ -n "${PEER_SHAPES:-}" ] && ! echo " $PEER_SHAPES " | grep -q " $SH " && continue
       $LB/llama-bench -m $M -ngl 99 -fa 1 -p 512,4096 -n 128 -r ${REPS:-3} 2>&1 | grep "^|" | tee $OUT/peer-$SH.log
-      [ -n "${PEER_QUICK:-}" ] && continue
+      [ -n "${PEER_QUICK:-}" ] && [ "$PEER_QUICK" != depth ] && continue
       $LB/llama-bench -m $M -ngl 99 -fa 1 -p 0 -n 128 -d 16384 -r 1 2>&1 | grep "^| [a-z]" | tail -1 | tee -a $OUT/peer-$SH.log
+      [ -n "${PEER_QUICK:-}" ] && continue
       $LB/llama-batched-bench -m $M -ngl 99 -fa 1 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32 2>&1 | grep "^|" | tee -a $OUT/peer-$SH.log
     done
     ;;

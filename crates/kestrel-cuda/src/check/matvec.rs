@@ -361,6 +361,12 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     ));
                 }
             }
+            // EXPERIMENT: the coalesced Q4_K layout (mvp_*, random bytes read as that layout)
+            if kind == Kind::Q4K && cols.is_multiple_of(2048) {
+                for r in [1usize, 2] {
+                    variants.push((format!("mvp_q4_k_1_0_r{r}"), rows.div_ceil(4 * r) as u32));
+                }
+            }
             // the fused SwiGLU on the gate/up shape (gate and up: two different copies; the
             // same matrix twice would read its second pass from L2)
             let swiglu_from = variants.len();
@@ -377,6 +383,11 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         format!("mv_{}_1_2_r{r}", kind.name()),
                         rows.div_ceil(4 * r) as u32,
                     ));
+                }
+                if kind == Kind::Q4K {
+                    for r in [1usize, 2] {
+                        variants.push((format!("mvp_q4_k_1_2_r{r}"), rows.div_ceil(4 * r) as u32));
+                    }
                 }
             }
             let (r, c) = (rows as i32, cols as i32);
@@ -430,6 +441,15 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 us,
                 dev.len() as f64 / us / 1e3,
             ));
+            // EXPERIMENT: the row kernels' reads alone (warp per 1 / 2 rows, no arithmetic)
+            for r in [1usize, 2] {
+                let us = read_rows_us(gpu, &copies, rows, rb, r)?;
+                res.push((
+                    format!("{rows}x{cols} read_rows_r{r}: a row kernel's reads alone (graph)"),
+                    us,
+                    dev.len() as f64 / us / 1e3,
+                ));
+            }
         }
     }
     Ok(res)
@@ -451,6 +471,36 @@ fn read_floor_us(gpu: &mut Gpu, copies: &[crate::device::DevBuf], bytes: usize) 
                 .arg(&n16)
                 .arg(&sink.ptr)
                 .launch(cfg((132 * 16, 1, 1), 128))?;
+        }
+        Ok(())
+    };
+    super::time_us(gpu, 20, 200, true, |g: &mut Gpu, i| launch(g, i))
+}
+
+/// EXPERIMENT: time (us) of `read_rows_r{r}`: each warp reads r rows of `rb` bytes in 16-byte
+/// words, as the one-token row kernels walk them, and computes nothing.
+fn read_rows_us(
+    gpu: &mut Gpu,
+    copies: &[crate::device::DevBuf],
+    rows: usize,
+    rb: usize,
+    r: usize,
+) -> Result<f64> {
+    let f = gpu.func(&format!("read_rows_r{r}"))?;
+    let sink = gpu.alloc(4)?;
+    let (n, row16) = (rows as i32, (rb / 16) as i32);
+    let grid = rows.div_ceil(4 * r) as u32;
+    let launch = |gpu: &Gpu, i: usize| -> Result<()> {
+        // SAFETY: each copy holds rows x rb bytes; the kernel reads row16 16-byte words of each
+        // row and may write one int to `sink`.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&copies[i % copies.len()].ptr)
+                .arg(&n)
+                .arg(&row16)
+                .arg(&sink.ptr)
+                .launch(cfg((grid, 1, 1), 128))?;
         }
         Ok(())
     };
