@@ -286,7 +286,8 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
 /// the 8B's other decode shapes follow, each with the kernel decode picks and the other
 /// warps-per-row and rows-per-warp variants, timed as 200 launches replayed from one CUDA
 /// graph (as decode runs: no launch gaps), so they compare among themselves; each shape ends
-/// with the read floor: one kernel reading the same bytes and computing nothing.
+/// with the read floor: one kernel reading the same bytes and computing nothing, then the
+/// same bytes read in the row kernels' order (a warp per 1 / 2 rows) with no arithmetic.
 pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
     let mut res = Vec::new();
     for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
@@ -361,12 +362,6 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     ));
                 }
             }
-            // EXPERIMENT: the coalesced Q4_K layout (mvp_*, random bytes read as that layout)
-            if kind == Kind::Q4K && cols.is_multiple_of(2048) {
-                for r in [1usize, 2] {
-                    variants.push((format!("mvp_q4_k_1_0_r{r}"), rows.div_ceil(4 * r) as u32));
-                }
-            }
             // the fused SwiGLU on the gate/up shape (gate and up: two different copies; the
             // same matrix twice would read its second pass from L2)
             let swiglu_from = variants.len();
@@ -383,11 +378,6 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         format!("mv_{}_1_2_r{r}", kind.name()),
                         rows.div_ceil(4 * r) as u32,
                     ));
-                }
-                if kind == Kind::Q4K {
-                    for r in [1usize, 2] {
-                        variants.push((format!("mvp_q4_k_1_2_r{r}"), rows.div_ceil(4 * r) as u32));
-                    }
                 }
             }
             let (r, c) = (rows as i32, cols as i32);
@@ -441,7 +431,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 us,
                 dev.len() as f64 / us / 1e3,
             ));
-            // EXPERIMENT: the row kernels' reads alone (warp per 1 / 2 rows, no arithmetic)
+            // the row kernels' reads alone (a warp per 1 / 2 rows, no arithmetic)
             for r in [1usize, 2] {
                 let us = read_rows_us(gpu, &copies, rows, rb, r)?;
                 res.push((
@@ -477,7 +467,7 @@ fn read_floor_us(gpu: &mut Gpu, copies: &[crate::device::DevBuf], bytes: usize) 
     super::time_us(gpu, 20, 200, true, |g: &mut Gpu, i| launch(g, i))
 }
 
-/// EXPERIMENT: time (us) of `read_rows_r{r}`: each warp reads r rows of `rb` bytes in 16-byte
+/// Time (us) of `read_rows_r{r}`: each warp reads r rows of `rb` bytes in 16-byte
 /// words, as the one-token row kernels walk them, and computes nothing.
 fn read_rows_us(
     gpu: &mut Gpu,

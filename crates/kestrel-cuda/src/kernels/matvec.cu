@@ -395,6 +395,28 @@ extern "C" __global__ void __launch_bounds__(128) read_floor(const int4* p, u64 
     if ((a.x & a.y & a.z & a.w) == 0x7fffffff) *sink = a.x;
 }
 
+// The row kernels' access order without their arithmetic (gpu-check --perf's second floor):
+// warp w reads rows R w .. R w + R - 1 (row16 16-byte words each), lane-strided, four loads
+// in flight.
+template <int R>
+__device__ __forceinline__ void read_rows(const int4* __restrict__ p, int rows, int row16, int* sink) {
+    GRID_DEP();
+    int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    int4 a = make_int4(0, 0, 0, 0);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int4* rp = p + (u64)min(R * w + r, rows - 1) * row16;
+#pragma unroll 4
+        for (int i = lane; i < row16; i += 32) {
+            int4 v = rp[i];
+            a.x ^= v.x; a.y ^= v.y; a.z ^= v.z; a.w ^= v.w;
+        }
+    }
+    if ((a.x & a.y & a.z & a.w) == 0x7fffffff) *sink = a.x;
+}
+extern "C" __global__ void __launch_bounds__(128) read_rows_r1(const int4* p, int rows, int row16, int* sink) { read_rows<1>(p, rows, row16, sink); }
+extern "C" __global__ void __launch_bounds__(128) read_rows_r2(const int4* p, int rows, int row16, int* sink) { read_rows<2>(p, rows, row16, sink); }
+
 // F32 / F16 weights dot f32 activations (tiny models, norms kept as matrices, F16 outputs).
 template <int TY, int NT>
 __device__ __forceinline__ void unit_acc_f(const u8* __restrict__ W, int row, int cols, int u,
@@ -592,82 +614,3 @@ MVXR(2) MVXR(4)
         mvx<NT>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
 MVX(1) MVX(2) MVX(4) MVX(8)
-
-// EXPERIMENT (gpu-check --perf only, branch exp/packed-q4k): the one-token Q4_K row kernel over
-// a coalesced layout. A row of bpr blocks: the blocks' 16-byte headers first (bpr x 16 bytes),
-// then the quants in groups of 32 units (1,024 bytes each): the first 16 bytes of units 0..31,
-// then their second 16 bytes, so each of a warp's two 16-byte loads of a unit group reads 512
-// contiguous bytes (the GGUF order spreads them over 1,152 bytes in 32-byte steps); the 8
-// headers of a group are 128 contiguous bytes. Same size, same unpacking; cols % 2048 == 0.
-__device__ __forceinline__ RawU<T_Q4_K> unit_raw_packed(const u8* __restrict__ W, int row, int bpr, int u) {
-    const u8* base = W + (u64)row * bpr * 144;
-    const uint4* q = (const uint4*)(base + (u64)bpr * 16 + (u64)(u >> 5) * 1024) + (u & 31);
-    RawU<T_Q4_K> r;
-    r.hd = ((const uint4*)base)[u >> 2];
-    r.v0 = q[0];
-    r.v1 = q[32];
-    return r;
-}
-template <int EPI, int R>
-__device__ __forceinline__ void rows_acc_packed(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
-                                                int cols, int row0, const i8* __restrict__ xq,
-                                                const float2* __restrict__ xd, float* __restrict__ out) {
-    constexpr int M = EPI == 2 ? 2 * R : R;
-    int lane = threadIdx.x & 31, bpr = cols / 256, units = cols / 64;
-    int rm[R];
-    float acc[M][1];
-#pragma unroll
-    for (int m = 0; m < M; m++) acc[m][0] = 0.f;
-#pragma unroll
-    for (int r = 0; r < R; r++) rm[r] = min(row0 + r, rows - 1);
-    GRID_DEP();
-#pragma unroll 2
-    for (int u = lane; u < units; u += 32) {
-        RawU<T_Q4_K> raw[M];
-#pragma unroll
-        for (int m = 0; m < M; m++) raw[m] = unit_raw_packed(m < R ? W : W2, rm[m % R], bpr, u);
-        units_dot<T_Q4_K, 1, M>(raw, u, xq, xd, cols, acc);
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = warp_sum(acc[r][0]);
-        float v2 = EPI == 2 ? warp_sum(acc[R + r][0]) : 0.f;
-        if (lane == 0 && row0 + r < rows) {
-            float* o = out + row0 + r;
-            if (EPI == 0) *o = v;
-            else if (EPI == 1) *o += v;
-            else *o = silu(v) * v2;
-        }
-    }
-}
-#define MVP1(EPI, R)                                                                             \
-    extern "C" __global__ void __launch_bounds__(128) mvp_q4_k_1_##EPI##_r##R(                   \
-        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old) {                                                  \
-        int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
-        prefetch_rows<T_Q4_K>(W, rows, cols, row0, R);                                           \
-        if (EPI == 2) prefetch_rows<T_Q4_K>(W2, rows, cols, row0, R);                            \
-        rows_acc_packed<EPI, R>(W, W2, rows, cols, row0, xq, xd, out);                           \
-    }
-MVP1(0, 1) MVP1(0, 2) MVP1(2, 1) MVP1(2, 2)
-
-// EXPERIMENT (gpu-check --perf only): a mat-vec's reads without its arithmetic: warp w reads
-// rows R w .. R w + R - 1 (row16 16-byte words each), lane-strided, four loads in flight.
-template <int R>
-__device__ __forceinline__ void read_rows(const int4* __restrict__ p, int rows, int row16, int* sink) {
-    GRID_DEP();
-    int w = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    int4 a = make_int4(0, 0, 0, 0);
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const int4* rp = p + (u64)min(R * w + r, rows - 1) * row16;
-#pragma unroll 4
-        for (int i = lane; i < row16; i += 32) {
-            int4 v = rp[i];
-            a.x ^= v.x; a.y ^= v.y; a.z ^= v.z; a.w ^= v.w;
-        }
-    }
-    if ((a.x & a.y & a.z & a.w) == 0x7fffffff) *sink = a.x;
-}
-extern "C" __global__ void __launch_bounds__(128) read_rows_r1(const int4* p, int rows, int row16, int* sink) { read_rows<1>(p, rows, row16, sink); }
-extern "C" __global__ void __launch_bounds__(128) read_rows_r2(const int4* p, int rows, int row16, int* sink) { read_rows<2>(p, rows, row16, sink); }
