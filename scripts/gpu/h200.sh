@@ -26,7 +26,8 @@
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
 # `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
-# (target/gpu-models, git-ignored, so a later call on the warm machine reuses it). llama.cpp is
+# (target/gpu-models, git-ignored, so a later call on the warm machine reuses it); those the
+# stages need are written in the background from the start (PREMAKE=0: when first needed). llama.cpp is
 # built for sm_90 in the background into $PEER (target/gpu-peer) when the bundle has its source
 # and no build is there yet (~4 minutes on 16 cores, while the kestrel stages run).
 set -u
@@ -55,13 +56,36 @@ $K run -m testdata/tiny/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1 -n 1 --device c
 WARM=$!
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $B/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site
-model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
+write_model() {  # write_model SHAPE: random weights of SHAPE, quantized to Q4_K_M, into $MODELS
   local M=$MODELS/$1-q4_k_m.gguf F=/tmp/w/$1-f16.gguf
-  if [ ! -s $M ]; then
-    case $1 in qwen35*) python3 $B/make_qwen35_model.py $F $1 > /dev/null ;; *) python3 $B/make_dense_model.py $F $1 > /dev/null ;; esac
-    $K quantize $F $M.part --type q4_k_m -t 16 > /tmp/w/quant-$1.log 2>&1 && mv $M.part $M
-    rm -f $F
-  fi
+  [ -s $M ] && return 0
+  case $1 in qwen35*) python3 $B/make_qwen35_model.py $F $1 > /dev/null ;; *) python3 $B/make_dense_model.py $F $1 > /dev/null ;; esac
+  $K quantize $F $M.part --type q4_k_m -t 16 > /tmp/w/quant-$1.log 2>&1 && mv $M.part $M
+  rm -f $F
+}
+# The files the stages will read are written in the background from the start (one after
+# another, while the kernels compile and the check stage runs); PREMAKE=0: each when its stage
+# first needs it.
+PRE=""
+for s in $STAGES; do
+  case $s in
+  small|serve) PRE="$PRE qwen2.5-1.5b" ;;
+  big) PRE="$PRE qwen3-8b" ;;
+  hybrid) PRE="$PRE ${HYBRID_SHAPES:-qwen35-0.8b}" ;;
+  prefill) PRE="$PRE ${PREFILL_SHAPES:-qwen3-8b qwen35-0.8b qwen2.5-1.5b}" ;;
+  ncu) PRE="$PRE ${NCU_SHAPE:-qwen2.5-1.5b}" ;;
+  esac
+done
+PREPID=""
+if [ "${PREMAKE:-1}" != 0 ] && [ -n "$PRE" ]; then
+  ( for sh in $PRE; do write_model $sh; done ) &
+  PREPID=$!
+fi
+model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
+  local M=$MODELS/$1-q4_k_m.gguf
+  # the background writer's file, else (it ended without it, or there is none) written here
+  while [ ! -s $M ] && [ -n "$PREPID" ] && kill -0 $PREPID 2>/dev/null; do sleep 2; done
+  write_model $1
   [ -s $M ] || { tail -5 /tmp/w/quant-$1.log >&2; return 1; }
   while kill -0 $WARM 2>/dev/null; do sleep 1; done  # the kernels compiled
   echo $M
