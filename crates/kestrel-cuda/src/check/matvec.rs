@@ -284,10 +284,12 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
 /// GB/s). The first line of a type is the kernel decode uses on the 8B's FFN shape (12288 x
 /// 4096), timed as stream launches as every earlier release measured it; for the K-quants
 /// the 8B's other decode shapes follow, each with the kernel decode picks and the other
-/// warps-per-row and rows-per-warp variants, timed as 200 launches replayed from one CUDA
+/// warps-per-row and rows-per-warp variants, timed as 100 launches replayed from one CUDA
 /// graph (as decode runs: no launch gaps), so they compare among themselves; each shape ends
 /// with the read floor: one kernel reading the same bytes and computing nothing, then the
 /// same bytes read in the row kernels' order (a warp per 1 / 2 rows) with no arithmetic.
+/// A shape's lines are timed in [`PERF_ROUNDS`] rounds (each round every line once) and each
+/// gives the median of its rounds.
 pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
     let mut res = Vec::new();
     for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
@@ -381,7 +383,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 }
             }
             let (r, c) = (rows as i32, cols as i32);
-            for (vi, (name, grid)) in variants.iter().enumerate() {
+            let time_variant = |gpu: &mut Gpu, vi: usize| -> Result<f64> {
+                let (name, grid) = &variants[vi];
                 let f = gpu.func(name)?;
                 let launch = |gpu: &Gpu, i: usize| -> Result<()> {
                     // a SwiGLU launch reads a pair of copies no launch next to it reads
@@ -411,42 +414,63 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     }
                     Ok(())
                 };
-                let first = si == 0 && vi == 0;
-                let us = super::time_us(gpu, 20, 200, !first, |g: &mut Gpu, i| launch(g, i))?;
-                let label = match (first, vi) {
-                    (true, _) => kind.name().to_string(),
-                    (false, 0) => format!("{rows}x{cols} {name} (decode's, graph)"),
-                    (false, v) if v == swiglu_from => {
-                        format!("{rows}x{cols} {name} (decode's SwiGLU, 2 matrices, graph)")
-                    }
-                    _ => format!("{rows}x{cols} {name} (graph)"),
-                };
-                // a SwiGLU launch reads two matrices
-                let bytes = dev.len() * if vi >= swiglu_from { 2 } else { 1 };
-                res.push((label, us, bytes as f64 / us / 1e3));
+                let graph = !(si == 0 && vi == 0);
+                super::time_us(gpu, 20, 100, graph, |g: &mut Gpu, i| launch(g, i))
+            };
+            // every variant, then the read floor and the row-order reads, timed once a round;
+            // each line is the median of its rounds (a kernel timed early and late in one
+            // call differed by 9%: rounds spread the drift over every line alike)
+            let n = variants.len() + 3;
+            let mut times = vec![Vec::with_capacity(PERF_ROUNDS); n];
+            for _ in 0..PERF_ROUNDS {
+                for (e, t) in times.iter_mut().enumerate() {
+                    t.push(match e.checked_sub(variants.len()) {
+                        None => time_variant(gpu, e)?,
+                        Some(0) => read_floor_us(gpu, &copies, dev.len())?,
+                        Some(k) => read_rows_us(gpu, &copies, rows, rb, k)?,
+                    });
+                }
             }
-            let us = read_floor_us(gpu, &copies, dev.len())?;
-            res.push((
-                format!("{rows}x{cols} read floor: the same bytes, nothing computed (graph)"),
-                us,
-                dev.len() as f64 / us / 1e3,
-            ));
-            // the row kernels' reads alone (a warp per 1 / 2 rows, no arithmetic)
-            for r in [1usize, 2] {
-                let us = read_rows_us(gpu, &copies, rows, rb, r)?;
-                res.push((
-                    format!("{rows}x{cols} read_rows_r{r}: a row kernel's reads alone (graph)"),
-                    us,
-                    dev.len() as f64 / us / 1e3,
-                ));
+            for (e, mut t) in times.into_iter().enumerate() {
+                t.sort_by(f64::total_cmp);
+                let us = t[t.len() / 2];
+                let (label, bytes) = match e.checked_sub(variants.len()) {
+                    None => {
+                        let name = &variants[e].0;
+                        let label = match (si == 0 && e == 0, e) {
+                            (true, _) => kind.name().to_string(),
+                            (false, 0) => format!("{rows}x{cols} {name} (decode's, graph)"),
+                            (false, v) if v == swiglu_from => {
+                                format!("{rows}x{cols} {name} (decode's SwiGLU, 2 matrices, graph)")
+                            }
+                            _ => format!("{rows}x{cols} {name} (graph)"),
+                        };
+                        // a SwiGLU launch reads two matrices
+                        (label, dev.len() * if e >= swiglu_from { 2 } else { 1 })
+                    }
+                    Some(0) => (
+                        format!(
+                            "{rows}x{cols} read floor: the same bytes, nothing computed (graph)"
+                        ),
+                        dev.len(),
+                    ),
+                    Some(k) => (
+                        format!("{rows}x{cols} read_rows_r{k}: a row kernel's reads alone (graph)"),
+                        dev.len(),
+                    ),
+                };
+                res.push((label, us, bytes as f64 / us / 1e3));
             }
         }
     }
     Ok(res)
 }
 
+/// Rounds of `perf_matvec`'s timings: each line is the median of this many.
+const PERF_ROUNDS: usize = 3;
+
 /// Time (us) of a kernel that only reads `bytes` of each rotating copy (16-byte loads, 16
-/// blocks of 128 threads per SM, 200 graph replays): what a mat-vec of that size could reach.
+/// blocks of 128 threads per SM, 100 graph replays): what a mat-vec of that size could reach.
 fn read_floor_us(gpu: &mut Gpu, copies: &[crate::device::DevBuf], bytes: usize) -> Result<f64> {
     let f = gpu.func("read_floor")?;
     let sink = gpu.alloc(4)?;
@@ -464,7 +488,7 @@ fn read_floor_us(gpu: &mut Gpu, copies: &[crate::device::DevBuf], bytes: usize) 
         }
         Ok(())
     };
-    super::time_us(gpu, 20, 200, true, |g: &mut Gpu, i| launch(g, i))
+    super::time_us(gpu, 20, 100, true, |g: &mut Gpu, i| launch(g, i))
 }
 
 /// Time (us) of `read_rows_r{r}`: each warp reads r rows of `rb` bytes in 16-byte
@@ -494,5 +518,5 @@ fn read_rows_us(
         }
         Ok(())
     };
-    super::time_us(gpu, 20, 200, true, |g: &mut Gpu, i| launch(g, i))
+    super::time_us(gpu, 20, 100, true, |g: &mut Gpu, i| launch(g, i))
 }
