@@ -282,14 +282,15 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
 
 /// Mat-vec speed per type: GB/s of weights read, one token. Each line: (label, us per launch,
 /// GB/s). The first line of a type is the kernel decode uses on the 8B's FFN shape (12288 x
-/// 4096), timed as stream launches as every earlier release measured it; for the K-quants
-/// the 8B's other decode shapes follow, each with the kernel decode picks and the other
-/// warps-per-row and rows-per-warp variants, timed as 100 launches replayed from one CUDA
-/// graph (as decode runs: no launch gaps), so they compare among themselves; each shape ends
-/// with the read floor: one kernel reading the same bytes and computing nothing, then the
-/// same bytes read in the row kernels' order (a warp per 1 / 2 rows) with no arithmetic.
-/// A shape's lines are timed in [`PERF_ROUNDS`] rounds (each round every line once) and each
-/// gives the median of its rounds.
+/// 4096), timed as plain stream launches (as releases before the graphs measured it); for
+/// the K-quants the 8B's other decode shapes follow, each with the kernel decode picks and
+/// the other warps-per-row and rows-per-warp variants, timed as 100 launches replayed from
+/// one CUDA graph (as decode runs: no launch gaps), so they compare among themselves; each
+/// shape ends with the read floor (one kernel reading the same bytes and computing nothing)
+/// and `read_rows_r1/r2` (the same bytes with the row kernels' grid and rows to a warp, no
+/// arithmetic). A shape's lines are timed in [`PERF_ROUNDS`] rounds (each round every line
+/// once) and each gives the median of its rounds. (Until the fifteenth session: one round of
+/// 200 launches.)
 pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
     let mut res = Vec::new();
     for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
@@ -420,8 +421,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
             // every variant, then the read floor and the row-order reads, timed once a round;
             // each line is the median of its rounds (a kernel timed early and late in one
             // call differed by 9%: rounds spread the drift over every line alike)
-            let n = variants.len() + 3;
-            let mut times = vec![Vec::with_capacity(PERF_ROUNDS); n];
+            let lines = variants.len() + 3;
+            let mut times = vec![Vec::with_capacity(PERF_ROUNDS); lines];
             for _ in 0..PERF_ROUNDS {
                 for (e, t) in times.iter_mut().enumerate() {
                     t.push(match e.checked_sub(variants.len()) {
@@ -456,7 +457,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     ),
                     Some(k) => (
                         format!("{rows}x{cols} read_rows_r{k}: a row kernel's reads alone (graph)"),
-                        dev.len(),
+                        rows * (rb / 16 * 16),
                     ),
                 };
                 res.push((label, us, bytes as f64 / us / 1e3));
@@ -491,8 +492,8 @@ fn read_floor_us(gpu: &mut Gpu, copies: &[crate::device::DevBuf], bytes: usize) 
     super::time_us(gpu, 20, 100, true, |g: &mut Gpu, i| launch(g, i))
 }
 
-/// Time (us) of `read_rows_r{r}`: each warp reads r rows of `rb` bytes in 16-byte
-/// words, as the one-token row kernels walk them, and computes nothing.
+/// Time (us) of `read_rows_r{r}`: the row kernels' grid, each warp reading r rows of `rb`
+/// bytes (rounded down to 16-byte words) one after the other, and computing nothing.
 fn read_rows_us(
     gpu: &mut Gpu,
     copies: &[crate::device::DevBuf],

@@ -95,7 +95,8 @@ impl CaseResult {
 /// `graph` replays them from one captured CUDA graph as decode runs (no launch gaps between
 /// kernels, programmatic edges where decode has them: the one-token row kernels' L2 prefetches
 /// before their `GRID_DEP()` overlap the previous launch's tail; `read_floor` has no
-/// `GRID_DEP()`, so its launches do not overlap), else they go as plain stream launches.
+/// `GRID_DEP()`, so its launches do not overlap; `read_rows_*` wait at their start, with no
+/// prefetch before it), else they go as plain stream launches.
 pub(crate) fn time_us(
     gpu: &mut Gpu,
     warm: usize,

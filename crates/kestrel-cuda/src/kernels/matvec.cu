@@ -395,9 +395,10 @@ extern "C" __global__ void __launch_bounds__(128) read_floor(const int4* p, u64 
     if ((a.x & a.y & a.z & a.w) == 0x7fffffff) *sink = a.x;
 }
 
-// The row kernels' access order without their arithmetic (gpu-check --perf's second floor):
-// warp w reads rows R w .. R w + R - 1 (row16 16-byte words each), lane-strided, four loads
-// in flight.
+// The row kernels' grid and rows to a warp without their arithmetic (gpu-check --perf's
+// second floor): warp w reads rows R w .. R w + R - 1 (row16 16-byte words each) one after the
+// other, lane-strided (512 contiguous bytes a load, where a Q4_K unit load spans 1,152), four
+// loads in flight.
 template <int R>
 __device__ __forceinline__ void read_rows(const int4* __restrict__ p, int rows, int row16, int* sink) {
     GRID_DEP();
