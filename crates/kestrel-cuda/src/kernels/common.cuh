@@ -23,12 +23,18 @@ typedef unsigned long long u64;
 // calls this first: it waits until the previous kernel has finished and its writes are
 // visible (so a chain stays ordered through every link), then lets the next one be scheduled.
 // Both are no-ops in a plain launch.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(KESTREL_EMU)
+#define GRID_DEP() do {} while (0)  // kernels run one after another on the host
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GRID_DEP() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define GRID_DEP() do {} while (0)
 #endif
 
+// Inline assembly (PTX) sits in `#ifndef KESTREL_EMU` blocks: built with KESTREL_EMU (the
+// host emulation of the kernels, emu/cuda_emu.h), that header gives each its meaning on the
+// CPU instead.
+#ifndef KESTREL_EMU
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -39,6 +45,7 @@ __device__ __forceinline__ u16 f2h(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
 }
+#endif
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -72,6 +79,10 @@ __device__ __forceinline__ void quant32(float v, i8* q, float2* ds) {
     if (lane == 0) *ds = make_float2(d, d * s);
 }
 
+
+// The warp-wide and asynchronous instructions (PTX).
+#ifndef KESTREL_EMU
+
 // A shared-memory pointer as the 32-bit address that ldmatrix / cp.async take.
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
@@ -95,4 +106,54 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// Pulls the 128-byte line at p into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+// Fragments of the warp-wide matrix instructions (gid = lane / 4, tid = lane % 4):
+// mma m16n8k16 f16 -> f32: c += A (16x16, row) B (16x8, col); a[0..3] = A[gid][2tid..],
+// A[gid + 8][2tid..], A[gid][8 + 2tid..], A[gid + 8][8 + 2tid..] (two halves a register);
+// b0 = B[2tid..][gid], b1 = B[8 + 2tid..][gid]; c[0..3] = C[gid][2tid], C[gid][2tid + 1],
+// C[gid + 8][2tid], C[gid + 8][2tid + 1].
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// mma m16n8k32 s8 -> s32: d = A (16x32) B (32x8) + z in every element; a0 = A[gid][4tid..],
+// a1 = A[gid + 8][4tid..], a2 = A[gid][16 + 4tid..], a3 = A[gid + 8][16 + 4tid..] (four bytes
+// a register); b0 = B[4tid..][gid], b1 = B[16 + 4tid..][gid]; d as c above.
+__device__ __forceinline__ void mma_s8_k32(int* d, int a0, int a1, int a2, int a3, int b0, int b1, int z) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(z));
+}
+// mma m16n8k16 s8 -> s32: (a0, a1) and b0 as the first halves of m16n8k32's.
+__device__ __forceinline__ void mma_s8_k16(int* d, int a0, int a1, int b0, int z) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(z));
+}
+// Four 8x8 f16 matrices from shared memory: lanes 8i .. 8i + 7 give the row addresses of
+// matrix i; r[i] = M_i[gid][2tid..] (two halves), or with _t the transpose's.
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+// The transpose of an 8x8 f16 matrix held as above (a register a lane: row gid, 2tid..).
+__device__ __forceinline__ u32 movmatrix_t(u32 x) {
+    u32 y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+#endif  // KESTREL_EMU
 __device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }

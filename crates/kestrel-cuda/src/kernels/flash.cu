@@ -18,21 +18,7 @@
 
 #define FA_BQ 64
 
-__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ u32 pack_f16(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
-
-// Four 8x8 f16 matrices, transposed: lanes 8i .. 8i + 7 give the row addresses of matrix i.
-__device__ __forceinline__ void ldsm_x4_t(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
 
 template <int HD, int BK>
 __device__ __forceinline__ void flash_prefill(const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc,
@@ -221,17 +207,6 @@ FLASH(64, 64) FLASH(128, 64) FLASH(256, 32)
 // head 2tid's, c1, c3 head 2tid + 1's.
 #define ATT_MMA_TP 16  // positions a warp's tile
 #define ATT_MMA_HEADS 8
-
-__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ u32 movmatrix_t(u32 x) {
-    u32 y;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
-    return y;
-}
 
 // Shared memory the kernel takes (the host sizes its launch with the same formula in ops.rs):
 // the warps' rings of S stages, reused after the walk for their results and the merge.

@@ -338,7 +338,7 @@ __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, i
     int lines = (int)min((rb + 127) / 128, (u64)4);
     for (int i = lane; i < n * lines; i += 32) {
         u64 r = (u64)min(row0 + i / lines, rows - 1);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(W + r * rb + (u64)(i % lines) * 128));
+        prefetch_l2(W + r * rb + (u64)(i % lines) * 128);
     }
 }
 

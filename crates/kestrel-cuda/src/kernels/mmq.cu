@@ -31,27 +31,21 @@
 #define MMQ_BIASF 12582912.f
 
 __device__ __forceinline__ void mma_k32(float* c, int a0, int a1, int a2, int a3, int b0, int b1) {
-    int r0, r1, r2, r3, z = MMQ_BIAS;
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%10,%10,%10};"
-        : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(z));
-    c[0] = __int_as_float(r0) - MMQ_BIASF;
-    c[1] = __int_as_float(r1) - MMQ_BIASF;
-    c[2] = __int_as_float(r2) - MMQ_BIASF;
-    c[3] = __int_as_float(r3) - MMQ_BIASF;
+    int r[4];
+    mma_s8_k32(r, a0, a1, a2, a3, b0, b1, MMQ_BIAS);
+    c[0] = __int_as_float(r[0]) - MMQ_BIASF;
+    c[1] = __int_as_float(r[1]) - MMQ_BIASF;
+    c[2] = __int_as_float(r[2]) - MMQ_BIASF;
+    c[3] = __int_as_float(r[3]) - MMQ_BIASF;
 }
 
 __device__ __forceinline__ void mma_k16(float* c, int a0, int a1, int b0) {
-    int r0, r1, r2, r3, z = MMQ_BIAS;
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%7,%7,%7,%7};"
-        : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-        : "r"(a0), "r"(a1), "r"(b0), "r"(z));
-    c[0] = __int_as_float(r0) - MMQ_BIASF;
-    c[1] = __int_as_float(r1) - MMQ_BIASF;
-    c[2] = __int_as_float(r2) - MMQ_BIASF;
-    c[3] = __int_as_float(r3) - MMQ_BIASF;
+    int r[4];
+    mma_s8_k16(r, a0, a1, b0, MMQ_BIAS);
+    c[0] = __int_as_float(r[0]) - MMQ_BIASF;
+    c[1] = __int_as_float(r[1]) - MMQ_BIASF;
+    c[2] = __int_as_float(r[2]) - MMQ_BIASF;
+    c[3] = __int_as_float(r[3]) - MMQ_BIASF;
 }
 
 // x [T, n] into the mat-mat's activation layout (see the top): grid (T8, parts), 256 threads,
