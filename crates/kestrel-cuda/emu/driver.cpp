@@ -1,0 +1,602 @@
+// A CUDA device emulated on the CPU, for checking what the kernels compute where no GPU is:
+// the parts of the driver API (libcuda), NVRTC and cuBLAS that kestrel-cuda and cudarc call,
+// in one shared library that scripts/cuda-emu.sh installs under those libraries' names.
+//
+// - Device memory is host memory (a device pointer is the host address); every operation runs
+//   at once, in order, on the calling thread, so streams and events only keep the API's shape.
+// - NVRTC: the kernels' source is compiled by g++ with cuda_emu.h in front into a shared
+//   library, which stands for the cubin; the "module" is that library, loaded with dlopen.
+// - A stream being captured records kernel launches, copies and cuBLAS calls as a graph's
+//   nodes (kernel parameters copied by value); a graph launch replays them in order.
+// - cuBLAS: GemmEx with f32 / f16 / bf16 operands and f32 results, a plain loop.
+// Nothing here models speed: timings taken on it measure the CPU.
+#include <dlfcn.h>
+#include <elf.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifndef KESTREL_EMU_INCLUDE
+#define KESTREL_EMU_INCLUDE "."
+#endif
+
+typedef int CUresult;
+enum : int {
+    OK = 0,
+    INVALID_VALUE = 1,
+    OUT_OF_MEMORY = 2,
+    INVALID_IMAGE = 200,
+    INVALID_HANDLE = 400,
+    NOT_FOUND = 500,
+    LAUNCH_FAILED = 719,
+    NOT_SUPPORTED = 801,
+    UNKNOWN = 999,
+};
+
+namespace {
+
+std::mutex mu;  // one caller at a time: the emulation is not reentrant
+
+typedef int (*LaunchFn)(void (*)(void**), const unsigned*, const unsigned*, unsigned, void**, char*, int);
+
+struct Module {
+    void* lib;
+    LaunchFn launch;
+};
+struct Func {
+    Module* m;
+    std::string name;
+    void (*thunk)(void**);
+    const int* sizes;  // parameter byte sizes, 0-terminated
+};
+struct Node {
+    Func* f = nullptr;  // a kernel, or else `host` runs
+    unsigned grid[3], block[3], smem = 0;
+    std::vector<std::vector<unsigned char>> args;
+    std::function<CUresult()> host;
+};
+struct Graph {
+    std::vector<Node> nodes;
+};
+struct Stream {
+    Graph* capture = nullptr;
+};
+struct Event {
+    std::chrono::steady_clock::time_point t;
+};
+
+size_t allocated = 0;
+std::map<void*, size_t> allocations;
+
+size_t total_memory() {
+    if (const char* v = getenv("KESTREL_CUDA_EMU_MEMORY")) return (size_t)strtoull(v, nullptr, 10);
+    return (size_t)8 << 30;
+}
+
+// KESTREL_CUDA_EMU_TRACE=1: every launch on stderr with its grid and time.
+const bool trace = getenv("KESTREL_CUDA_EMU_TRACE") && strcmp(getenv("KESTREL_CUDA_EMU_TRACE"), "0") != 0;
+
+CUresult run_kernel(Func* f, const unsigned* grid, const unsigned* block, unsigned smem, void** params) {
+    char err[512];
+    auto t = std::chrono::steady_clock::now();
+    int rc = f->m->launch(f->thunk, grid, block, smem, params, err, sizeof err);
+    if (trace)
+        fprintf(stderr, "emu: %-28s grid (%u, %u, %u) block (%u, %u, %u) smem %u: %.3f ms\n", f->name.c_str(), grid[0],
+                grid[1], grid[2], block[0], block[1], block[2], smem,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
+    if (rc != 0) {
+        fprintf(stderr, "kestrel CUDA emulation: kernel %s failed: %s\n", f->name.c_str(), err);
+        return LAUNCH_FAILED;
+    }
+    return OK;
+}
+
+// Runs `op` now, or records it into the graph being captured on `s`.
+CUresult run_or_record(void* s, std::function<CUresult()> op) {
+    Stream* st = (Stream*)s;
+    if (st && st->capture) {
+        Node n;
+        n.host = std::move(op);
+        st->capture->nodes.push_back(std::move(n));
+        return OK;
+    }
+    return op();
+}
+
+std::string shell_quote(const std::string& s) {
+    std::string q = "'";
+    for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
+std::string read_file(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// The length of an ELF image from its header (section headers come last in a linked library).
+size_t elf_size(const void* image) {
+    const Elf64_Ehdr* h = (const Elf64_Ehdr*)image;
+    if (memcmp(h->e_ident, ELFMAG, SELFMAG) != 0 || h->e_ident[EI_CLASS] != ELFCLASS64) return 0;
+    return (size_t)h->e_shoff + (size_t)h->e_shnum * h->e_shentsize;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- driver API ----
+
+CUresult cuInit(unsigned) { return OK; }
+CUresult cuDriverGetVersion(int* v) {
+    *v = 13000;
+    return OK;
+}
+CUresult cuDeviceGetCount(int* n) {
+    *n = 1;
+    return OK;
+}
+CUresult cuDeviceGet(int* d, int ordinal) {
+    if (ordinal != 0) return INVALID_VALUE;
+    *d = 0;
+    return OK;
+}
+CUresult cuDeviceGetName(char* name, int len, int) {
+    snprintf(name, len, "kestrel CUDA emulation (CPU)");
+    return OK;
+}
+CUresult cuDeviceTotalMem_v2(size_t* b, int) {
+    *b = total_memory();
+    return OK;
+}
+CUresult cuDeviceGetAttribute(int* v, int attr, int) {
+    switch (attr) {
+        case 10: *v = 32; break;                 // warp size
+        case 16: *v = 4; break;                  // SMs: grids sized by it stay small here
+        case 75: *v = 9; break;                  // compute capability 9.0 (the Hopper paths)
+        case 76: *v = 0; break;
+        case 81: *v = 233472; break;             // shared memory an SM
+        case 97: *v = 232448; break;             // shared memory a block may opt into
+        case 8: *v = 49152; break;               // shared memory a block by default
+        case 1: *v = 1024; break;                // threads a block
+        case 115: *v = 0; break;                 // memory pools: plain allocations
+        default: *v = 0;
+    }
+    return OK;
+}
+CUresult cuDeviceGetUuid(void* u, int) {
+    memset(u, 0, 16);
+    return OK;
+}
+CUresult cuDeviceGetUuid_v2(void* u, int) { return cuDeviceGetUuid(u, 0); }
+
+static int the_context;
+CUresult cuDevicePrimaryCtxRetain(void** ctx, int) {
+    *ctx = &the_context;
+    return OK;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(int) { return OK; }
+CUresult cuDevicePrimaryCtxRelease(int) { return OK; }
+CUresult cuCtxSetCurrent(void*) { return OK; }
+CUresult cuCtxGetCurrent(void** ctx) {
+    *ctx = &the_context;
+    return OK;
+}
+CUresult cuCtxPushCurrent_v2(void*) { return OK; }
+CUresult cuCtxPopCurrent_v2(void** ctx) {
+    if (ctx) *ctx = &the_context;
+    return OK;
+}
+CUresult cuCtxGetDevice(int* d) {
+    *d = 0;
+    return OK;
+}
+CUresult cuCtxSynchronize() { return OK; }
+CUresult cuCtxSetFlags(unsigned) { return OK; }
+CUresult cuCtxGetStreamPriorityRange(int* lo, int* hi) {
+    if (lo) *lo = 0;
+    if (hi) *hi = 0;
+    return OK;
+}
+
+CUresult cuStreamCreate(void** s, unsigned) {
+    *s = new Stream();
+    return OK;
+}
+CUresult cuStreamCreateWithPriority(void** s, unsigned, int) { return cuStreamCreate(s, 0); }
+CUresult cuStreamDestroy_v2(void* s) {
+    delete (Stream*)s;
+    return OK;
+}
+CUresult cuStreamSynchronize(void*) { return OK; }
+CUresult cuStreamQuery(void*) { return OK; }
+CUresult cuStreamWaitEvent(void*, void*, unsigned) { return OK; }
+
+CUresult cuEventCreate(void** e, unsigned) {
+    *e = new Event{std::chrono::steady_clock::now()};
+    return OK;
+}
+CUresult cuEventRecord(void* e, void*) {
+    ((Event*)e)->t = std::chrono::steady_clock::now();
+    return OK;
+}
+CUresult cuEventSynchronize(void*) { return OK; }
+CUresult cuEventQuery(void*) { return OK; }
+CUresult cuEventElapsedTime(float* ms, void* a, void* b) {
+    *ms = std::chrono::duration<float, std::milli>(((Event*)b)->t - ((Event*)a)->t).count();
+    return OK;
+}
+CUresult cuEventElapsedTime_v2(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
+CUresult cuEventDestroy_v2(void* e) {
+    delete (Event*)e;
+    return OK;
+}
+
+CUresult cuMemGetInfo_v2(size_t* free_b, size_t* total_b) {
+    std::lock_guard<std::mutex> g(mu);
+    size_t t = total_memory();
+    *total_b = t;
+    *free_b = allocated < t ? t - allocated : 0;
+    return OK;
+}
+CUresult cuMemAlloc_v2(uint64_t* p, size_t n) {
+    std::lock_guard<std::mutex> g(mu);
+    if (allocated + n > total_memory()) return OUT_OF_MEMORY;
+    void* m = nullptr;
+    if (posix_memalign(&m, 256, n ? n : 1) != 0) return OUT_OF_MEMORY;
+    allocations[m] = n;
+    allocated += n;
+    *p = (uint64_t)m;
+    return OK;
+}
+CUresult cuMemAllocAsync(uint64_t* p, size_t n, void*) { return cuMemAlloc_v2(p, n); }
+CUresult cuMemFree_v2(uint64_t p) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = allocations.find((void*)p);
+    if (it == allocations.end()) return INVALID_VALUE;
+    allocated -= it->second;
+    allocations.erase(it);
+    free((void*)p);
+    return OK;
+}
+CUresult cuMemFreeAsync(uint64_t p, void*) { return cuMemFree_v2(p); }
+CUresult cuMemHostAlloc(void** p, size_t n, unsigned) {
+    *p = malloc(n ? n : 1);
+    return *p ? OK : OUT_OF_MEMORY;
+}
+CUresult cuMemAllocHost_v2(void** p, size_t n) { return cuMemHostAlloc(p, n, 0); }
+CUresult cuMemFreeHost(void* p) {
+    free(p);
+    return OK;
+}
+CUresult cuMemcpyHtoD_v2(uint64_t dst, const void* src, size_t n) {
+    memcpy((void*)dst, src, n);
+    return OK;
+}
+CUresult cuMemcpyDtoH_v2(void* dst, uint64_t src, size_t n) {
+    memcpy(dst, (const void*)src, n);
+    return OK;
+}
+CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t n) {
+    memmove((void*)dst, (const void*)src, n);
+    return OK;
+}
+CUresult cuMemcpyHtoDAsync_v2(uint64_t dst, const void* src, size_t n, void* s) {
+    return run_or_record(s, [=] { return cuMemcpyHtoD_v2(dst, src, n); });
+}
+CUresult cuMemcpyDtoHAsync_v2(void* dst, uint64_t src, size_t n, void* s) {
+    return run_or_record(s, [=] { return cuMemcpyDtoH_v2(dst, src, n); });
+}
+CUresult cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void* s) {
+    return run_or_record(s, [=] { return cuMemcpyDtoD_v2(dst, src, n); });
+}
+CUresult cuMemsetD8_v2(uint64_t dst, unsigned char v, size_t n) {
+    memset((void*)dst, v, n);
+    return OK;
+}
+CUresult cuMemsetD8Async(uint64_t dst, unsigned char v, size_t n, void* s) {
+    return run_or_record(s, [=] { return cuMemsetD8_v2(dst, v, n); });
+}
+CUresult cuMemsetD32Async(uint64_t dst, unsigned v, size_t n, void* s) {
+    return run_or_record(s, [=] {
+        for (size_t i = 0; i < n; i++) ((unsigned*)dst)[i] = v;
+        return (CUresult)OK;
+    });
+}
+
+CUresult cuModuleLoadData(void** mod, const void* image) {
+    size_t n = elf_size(image);
+    if (n == 0) return INVALID_IMAGE;
+    char path[] = "/tmp/kestrel-cuda-emu-module-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return UNKNOWN;
+    bool ok = write(fd, image, n) == (ssize_t)n;
+    close(fd);
+    void* lib = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;
+    if (!lib) fprintf(stderr, "kestrel CUDA emulation: loading the module: %s\n", ok ? dlerror() : "write failed");
+    unlink(path);
+    if (!lib) return INVALID_IMAGE;
+    LaunchFn launch = (LaunchFn)dlsym(lib, "emu_launch");
+    if (!launch) return INVALID_IMAGE;
+    *mod = new Module{lib, launch};
+    return OK;
+}
+CUresult cuModuleUnload(void* mod) {
+    Module* m = (Module*)mod;
+    dlclose(m->lib);
+    delete m;
+    return OK;
+}
+CUresult cuModuleGetFunction(void** f, void* mod, const char* name) {
+    Module* m = (Module*)mod;
+    std::string k = std::string("emu_k_") + name, p = std::string("emu_ps_") + name;
+    void* thunk = dlsym(m->lib, k.c_str());
+    void* sizes = dlsym(m->lib, p.c_str());
+    if (!thunk || !sizes) return NOT_FOUND;
+    *f = new Func{m, name, (void (*)(void**))thunk, ((const int* (*)())sizes)()};
+    return OK;
+}
+CUresult cuFuncSetAttribute(void*, int, int) { return OK; }
+CUresult cuFuncGetAttribute(int* v, int, void*) {
+    *v = 0;
+    return OK;
+}
+CUresult cuFuncSetCacheConfig(void*, int) { return OK; }
+
+CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, void* s, void** params, void** extra) {
+    if (extra) return NOT_SUPPORTED;
+    Func* f = (Func*)fp;
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    if ((unsigned long long)bx * by * bz > 1024 || smem > 232448) return INVALID_VALUE;
+    Stream* st = (Stream*)s;
+    if (st && st->capture) {
+        Node n;
+        n.f = f;
+        memcpy(n.grid, grid, sizeof grid);
+        memcpy(n.block, block, sizeof block);
+        n.smem = smem;
+        for (int i = 0; f->sizes[i]; i++) {
+            const unsigned char* v = (const unsigned char*)params[i];
+            n.args.emplace_back(v, v + f->sizes[i]);
+        }
+        st->capture->nodes.push_back(std::move(n));
+        return OK;
+    }
+    std::lock_guard<std::mutex> g(mu);
+    return run_kernel(f, grid, block, smem, params);
+}
+
+CUresult cuStreamBeginCapture_v2(void* s, int) {
+    if (!s) return NOT_SUPPORTED;
+    ((Stream*)s)->capture = new Graph();
+    return OK;
+}
+CUresult cuStreamIsCapturing(void* s, int* status) {
+    *status = s && ((Stream*)s)->capture ? 1 : 0;
+    return OK;
+}
+CUresult cuStreamEndCapture(void* s, void** graph) {
+    Stream* st = (Stream*)s;
+    if (!st || !st->capture) return INVALID_VALUE;
+    *graph = st->capture;
+    st->capture = nullptr;
+    return OK;
+}
+// No edges are reported: the nodes run in their captured order.
+CUresult cuGraphGetEdges_v2(void*, void**, void**, void*, size_t* n) {
+    *n = 0;
+    return OK;
+}
+CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
+    *exec = new Graph(*(Graph*)graph);
+    return OK;
+}
+CUresult cuGraphUpload(void*, void*) { return OK; }
+CUresult cuGraphLaunch(void* exec, void*) {
+    for (Node& n : ((Graph*)exec)->nodes) {
+        CUresult r;
+        if (n.f) {
+            std::vector<void*> ptrs;
+            for (auto& a : n.args) ptrs.push_back(a.data());
+            std::lock_guard<std::mutex> g(mu);
+            r = run_kernel(n.f, n.grid, n.block, n.smem, ptrs.data());
+        } else {
+            r = n.host();
+        }
+        if (r != OK) return r;
+    }
+    return OK;
+}
+CUresult cuGraphExecDestroy(void* e) {
+    delete (Graph*)e;
+    return OK;
+}
+CUresult cuGraphDestroy(void* g) {
+    delete (Graph*)g;
+    return OK;
+}
+
+CUresult cuGetErrorString(CUresult r, const char** s) {
+    switch (r) {
+        case OK: *s = "no error"; break;
+        case OUT_OF_MEMORY: *s = "out of memory (the emulated device's KESTREL_CUDA_EMU_MEMORY)"; break;
+        case LAUNCH_FAILED: *s = "an emulated kernel failed (its message is on stderr)"; break;
+        case NOT_FOUND: *s = "named symbol not found"; break;
+        case NOT_SUPPORTED: *s = "not supported by the CUDA emulation"; break;
+        default: *s = "error in the CUDA emulation"; break;
+    }
+    return OK;
+}
+CUresult cuGetErrorName(CUresult r, const char** s) {
+    *s = r == OK ? "CUDA_SUCCESS" : r == LAUNCH_FAILED ? "CUDA_ERROR_LAUNCH_FAILED" : "CUDA_ERROR_EMULATION";
+    return OK;
+}
+
+// ---- NVRTC ----
+
+struct Program {
+    std::string src, log, bin;
+};
+
+int nvrtcVersion(int* major, int* minor) {
+    // not a real NVRTC version: kestrel's kernel cache keys on it, so emulated "cubins" never
+    // meet a GPU's
+    *major = 0;
+    *minor = 1;
+    return 0;
+}
+int nvrtcCreateProgram(void** prog, const char* src, const char*, int, const char* const*, const char* const*) {
+    *prog = new Program{src, "", ""};
+    return 0;
+}
+int nvrtcDestroyProgram(void** prog) {
+    delete (Program*)*prog;
+    *prog = nullptr;
+    return 0;
+}
+const char* nvrtcGetErrorString(int r) { return r == 0 ? "NVRTC_SUCCESS" : "NVRTC_ERROR_COMPILATION"; }
+
+int nvrtcCompileProgram(void* pp, int, const char* const*) {
+    Program* p = (Program*)pp;
+    char dir[] = "/tmp/kestrel-cuda-emu-XXXXXX";
+    if (!mkdtemp(dir)) {
+        p->log = "cannot make a temporary directory";
+        return 6;
+    }
+    std::string d = dir;
+    // dynamic shared memory: `extern __shared__ __align__(16) u8 smem[];` -> a pointer
+    std::string src = std::regex_replace(
+        p->src, std::regex(R"(extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s+)?(\w+)\s+(\w+)\s*\[\s*\]\s*;)"),
+        "$1* $2 = ($1*)emu::dyn_smem();");
+    std::ofstream(d + "/kernels.cu") << src;
+    const char* cxx = getenv("CXX") ? getenv("CXX") : "g++";
+    std::string inc = getenv("KESTREL_CUDA_EMU_INCLUDE") ? getenv("KESTREL_CUDA_EMU_INCLUDE") : KESTREL_EMU_INCLUDE;
+    // the kernels' names, from the preprocessed source (macros make many of them)
+    std::string pre = std::string(cxx) + " -E -P -x c++ " + shell_quote(d + "/kernels.cu") + " -o " +
+                      shell_quote(d + "/kernels.i") + " 2> " + shell_quote(d + "/log");
+    int rc = system(pre.c_str());
+    std::string expanded = read_file(d + "/kernels.i");
+    std::string tu = "#include \"cuda_emu.h\"\n#include \"kernels.cu\"\n";
+    std::regex kernel(R"(extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\((?:[^()]|\([^()]*\))*\)\s*)?(\w+)\s*\()");
+    int n = 0;
+    for (auto it = std::sregex_iterator(expanded.begin(), expanded.end(), kernel); it != std::sregex_iterator(); ++it) {
+        std::string k = (*it)[1];
+        tu += "extern \"C\" void emu_k_" + k + "(void** p) { emu::invoke(" + k + ", p); }\n";
+        tu += "extern \"C\" const int* emu_ps_" + k + "() { return emu::param_sizes(" + k + "); }\n";
+        n++;
+    }
+    std::ofstream(d + "/module.cpp") << tu;
+    if (rc == 0) {
+        std::string cmd = std::string(cxx) +
+                          " -std=c++17 -O2 -fPIC -shared -w -fno-strict-aliasing -fwrapv -I " + shell_quote(inc) +
+                          " -I " + shell_quote(d) + " " + shell_quote(d + "/module.cpp") + " -o " +
+                          shell_quote(d + "/module.so") + " 2>> " + shell_quote(d + "/log");
+        rc = system(cmd.c_str());
+    }
+    p->log = read_file(d + "/log");
+    if (rc == 0) p->bin = read_file(d + "/module.so");
+    std::string rm = "rm -rf " + shell_quote(d);
+    if (system(rm.c_str()) != 0) {
+    }
+    if (rc != 0 || p->bin.empty() || n == 0) {
+        if (n == 0) p->log += "\nno kernels found in the source";
+        return 6;  // NVRTC_ERROR_COMPILATION
+    }
+    return 0;
+}
+int nvrtcGetProgramLogSize(void* p, size_t* n) {
+    *n = ((Program*)p)->log.size() + 1;
+    return 0;
+}
+int nvrtcGetProgramLog(void* p, char* out) {
+    const std::string& l = ((Program*)p)->log;
+    memcpy(out, l.c_str(), l.size() + 1);
+    return 0;
+}
+int nvrtcGetCUBINSize(void* p, size_t* n) {
+    *n = ((Program*)p)->bin.size();
+    return 0;
+}
+int nvrtcGetCUBIN(void* p, char* out) {
+    const std::string& b = ((Program*)p)->bin;
+    memcpy(out, b.data(), b.size());
+    return 0;
+}
+
+// ---- cuBLAS ----
+
+struct Blas {
+    void* stream = nullptr;
+};
+int cublasCreate_v2(void** h) {
+    *h = new Blas();
+    return 0;
+}
+int cublasDestroy_v2(void* h) {
+    delete (Blas*)h;
+    return 0;
+}
+int cublasSetStream_v2(void* h, void* s) {
+    ((Blas*)h)->stream = s;
+    return 0;
+}
+
+static float load_elem(const void* p, int type, size_t i) {
+    switch (type) {
+        case 0: return ((const float*)p)[i];
+        case 2: {  // f16
+            _Float16 v;
+            memcpy(&v, (const char*)p + 2 * i, 2);
+            return (float)v;
+        }
+        case 14: {  // bf16
+            uint32_t b = (uint32_t)((const uint16_t*)p)[i] << 16;
+            float f;
+            memcpy(&f, &b, 4);
+            return f;
+        }
+    }
+    return NAN;
+}
+
+// C = alpha op(A) op(B) + beta C, column-major; C f32.
+int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha, const void* A, int at, int lda,
+                 const void* B, int bt, int ldb, const void* beta, void* C, int ct, int ldc, int, int) {
+    if (ct != 0 || (at != 0 && at != 2 && at != 14) || (bt != 0 && bt != 2 && bt != 14)) return 15;  // not supported
+    float al = *(const float*)alpha, be = *(const float*)beta;
+    auto op = [=]() -> CUresult {
+        float* c = (float*)C;
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                float acc = 0.f;
+                for (int p = 0; p < k; p++) {
+                    float a = load_elem(A, at, ta ? (size_t)i * lda + p : (size_t)p * lda + i);
+                    float b = load_elem(B, bt, tb ? (size_t)p * ldb + j : (size_t)j * ldb + p);
+                    acc += a * b;
+                }
+                float& out = c[(size_t)j * ldc + i];
+                out = al * acc + (be == 0.f ? 0.f : be * out);
+            }
+        return OK;
+    };
+    return run_or_record(((Blas*)h)->stream, op) == OK ? 0 : 14;
+}
+
+}  // extern "C"
