@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/fetch-models.sh
 export KESTREL_REQUIRE_MODELS=1
+# the CUDA backend's tests on the emulated device (crates/kestrel-cuda/emu) fail, not skip, without g++
+export KESTREL_REQUIRE_CUDA_EMU=1
 # NVRTC from PyPI (no GPU needed): the CUDA kernels are compiled for sm_90 by a test, so a kernel
 # that does not build fails here rather than on the GPU host. Without it that test says it skipped.
 NVRTC=target/nvrtc

@@ -366,13 +366,15 @@ fn gpu_greedy(m: &mut CudaModel, table: &[u32], prompt: &[u32], n: usize) -> Res
 
 /// `kestrel gpu-check`: the op harness, mat-vec speed, and for each model the GPU's logits and
 /// greedy tokens against the CPU path of this binary (and against the fixture's reference
-/// logits when a `reference.safetensors` sits beside it). Exit status 1 when a check fails.
+/// logits when a `reference.safetensors` sits beside it). `ops`: the op harness's groups
+/// (all when empty, none with `none`). Exit status 1 when a check fails.
 pub fn check(
     ordinal: usize,
     models: &[std::path::PathBuf],
     prompt_len: usize,
     gen: usize,
     perf: bool,
+    ops: &[String],
 ) -> Result<()> {
     let mut failed = 0usize;
     {
@@ -389,24 +391,26 @@ pub fn check(
             },
             gpu.kernels_ms
         );
-        let t = Instant::now();
-        let results = kestrel_cuda::check::run_all(&mut gpu, 1)?;
-        for r in &results {
+        if ops != ["none"] {
+            let t = Instant::now();
+            let results = kestrel_cuda::check::run_all(&mut gpu, 1, ops)?;
+            for r in &results {
+                println!(
+                    "{} {:<90} rel err {:.2e} (tol {:.0e})",
+                    if r.pass() { "ok  " } else { "FAIL" },
+                    r.op,
+                    r.err,
+                    r.tol
+                );
+            }
+            let bad = results.iter().filter(|r| !r.pass()).count();
             println!(
-                "{} {:<90} rel err {:.2e} (tol {:.0e})",
-                if r.pass() { "ok  " } else { "FAIL" },
-                r.op,
-                r.err,
-                r.tol
+                "op harness: {} cases, {bad} failed ({:.1} s)",
+                results.len(),
+                t.elapsed().as_secs_f64()
             );
+            failed += bad;
         }
-        let bad = results.iter().filter(|r| !r.pass()).count();
-        println!(
-            "op harness: {} cases, {bad} failed ({:.1} s)",
-            results.len(),
-            t.elapsed().as_secs_f64()
-        );
-        failed += bad;
         if perf {
             let mut rng = kestrel_cuda::check::Rng::new(7);
             for (ty, us, gbs) in kestrel_cuda::check::perf_matvec(&mut gpu, &mut rng)? {

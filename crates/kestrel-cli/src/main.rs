@@ -122,6 +122,10 @@ enum Command {
         /// Also time the mat-vec kernels.
         #[arg(long)]
         perf: bool,
+        /// The op harness's groups to run, comma-separated (matvec, mvx, mmq, mmq_group, norm,
+        /// argmax, epilogue, attention, flash, deltanet, gemm_embed), or none; default all.
+        #[arg(long, value_delimiter = ',')]
+        ops: Vec<String>,
         /// Only compile the kernels with NVRTC for this architecture (needs no GPU).
         #[arg(long)]
         compile_only: Option<String>,
@@ -198,9 +202,10 @@ fn main() -> ExitCode {
             prompt_len,
             gen,
             perf,
+            ops,
             compile_only: Some(arch),
         } => {
-            let _ = (device, model, prompt_len, gen, perf);
+            let _ = (device, model, prompt_len, gen, perf, ops);
             gpu::compile_only(&arch)
         }
         Command::GpuCheck {
@@ -209,9 +214,10 @@ fn main() -> ExitCode {
             prompt_len,
             gen,
             perf,
+            ops,
             compile_only: None,
         } => match gpu::Device::parse(&device) {
-            Ok(gpu::Device::Cuda(n)) => gpu::check(n, &model, prompt_len, gen, perf),
+            Ok(gpu::Device::Cuda(n)) => gpu::check(n, &model, prompt_len, gen, perf, &ops),
             Ok(_) => Err(anyhow::anyhow!("gpu-check needs --device cuda or cuda:N")),
             Err(e) => Err(e),
         },

@@ -189,21 +189,52 @@ pub(super) fn bytes_i32(v: &[i32]) -> Vec<u8> {
 }
 
 /// Runs every case; returns them (the caller prints and decides).
-pub fn run_all(gpu: &mut Gpu, seed: u64) -> Result<Vec<CaseResult>> {
+/// The harness's groups of cases, by name, in the order they run.
+pub const OP_GROUPS: &[&str] = &[
+    "matvec",
+    "mvx",
+    "mmq",
+    "mmq_group",
+    "norm",
+    "argmax",
+    "epilogue",
+    "attention",
+    "flash",
+    "deltanet",
+    "gemm_embed",
+];
+
+/// Runs the groups of cases named in `groups` (all of [`OP_GROUPS`] when empty); an unknown
+/// name is an error that lists the known ones.
+pub fn run_all(gpu: &mut Gpu, seed: u64, groups: &[String]) -> Result<Vec<CaseResult>> {
+    if let Some(bad) = groups.iter().find(|g| !OP_GROUPS.contains(&g.as_str())) {
+        return Err(CudaError::Other(format!(
+            "no op group '{bad}' (groups: {})",
+            OP_GROUPS.join(", ")
+        )));
+    }
     gpu.bind()?;
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
-    check_matvec(gpu, &mut rng, &mut out)?;
-    check_mvx(gpu, &mut rng, &mut out)?;
-    check_mmq(gpu, &mut rng, &mut out)?;
-    check_mmq_group(gpu, &mut rng, &mut out)?;
-    check_norm(gpu, &mut rng, &mut out)?;
-    check_argmax(gpu, &mut rng, &mut out)?;
-    check_epilogue(gpu, &mut rng, &mut out)?;
-    check_attention(gpu, &mut rng, &mut out)?;
-    check_flash(gpu, &mut rng, &mut out)?;
-    check_deltanet(gpu, &mut rng, &mut out)?;
-    check_gemm_embed(gpu, &mut rng, &mut out)?;
+    type Check = fn(&mut Gpu, &mut Rng, &mut Vec<CaseResult>) -> Result<()>;
+    let checks: [Check; 11] = [
+        check_matvec,
+        check_mvx,
+        check_mmq,
+        check_mmq_group,
+        check_norm,
+        check_argmax,
+        check_epilogue,
+        check_attention,
+        check_flash,
+        check_deltanet,
+        check_gemm_embed,
+    ];
+    for (name, check) in OP_GROUPS.iter().zip(checks) {
+        if groups.is_empty() || groups.iter().any(|g| g == name) {
+            check(gpu, &mut rng, &mut out)?;
+        }
+    }
     Ok(out)
 }
 
@@ -220,7 +251,7 @@ mod tests {
                 return;
             }
         };
-        let results = run_all(&mut gpu, 1).expect("harness ran");
+        let results = run_all(&mut gpu, 1, &[]).expect("harness ran");
         let failed: Vec<_> = results.iter().filter(|r| !r.pass()).collect();
         assert!(failed.is_empty(), "{failed:#?}");
     }

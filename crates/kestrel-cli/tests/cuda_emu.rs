@@ -1,0 +1,176 @@
+//! The CUDA backend where no GPU is: the same binary with `--device cuda` on the CPU emulation
+//! of a device (crates/kestrel-cuda/emu, built here by scripts/cuda-emu.sh with g++), which
+//! runs every kernel's CUDA C++ on the CPU, warp-wide instructions and barriers included.
+//! `gpu-check` runs the op harness (every kernel against the CPU reference) and the tiny
+//! models against transformers' logits and the CPU path, as on a GPU host; `run --device cuda`
+//! goes through the serving engine. What the kernels compute is checked here; their speed only
+//! on a GPU (scripts/gpu/h200.sh).
+//!
+//! Without g++ the tests say they skipped, unless KESTREL_REQUIRE_CUDA_EMU=1 (scripts/test.sh)
+//! makes that a failure.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn tiny_gguf(arch: &str) -> PathBuf {
+    root()
+        .join("testdata/tiny")
+        .join(format!("tiny-{arch}"))
+        .join(format!("{arch}-f32.gguf"))
+}
+
+/// The emulation's library directory, built once per test binary; None (after saying why)
+/// when it cannot be built here.
+fn emulation() -> Option<&'static PathBuf> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda-emu");
+        let out = Command::new("bash")
+            .arg(root().join("scripts/cuda-emu.sh"))
+            .arg(&dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(dir),
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    std::env::var("KESTREL_REQUIRE_CUDA_EMU").as_deref() != Ok("1"),
+                    "the CUDA emulation did not build: {why}"
+                );
+                eprintln!("skipped: the CUDA emulation did not build (needs g++): {why}");
+                None
+            }
+        }
+    })
+    .as_ref()
+}
+
+/// `kestrel ARGS` on the emulated device: its libraries first on the library path, compiled
+/// kernels cached beside them.
+fn kestrel_emulated(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(args)
+        .env("LD_LIBRARY_PATH", dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .output()
+        .expect("kestrel runs")
+}
+
+#[test]
+fn gpu_check_passes_on_the_emulated_device() {
+    let Some(dir) = emulation() else { return };
+    let models: Vec<PathBuf> = ["llama", "qwen2", "qwen3", "qwen3_5"]
+        .iter()
+        .map(|a| tiny_gguf(a))
+        .collect();
+    let mut args = vec!["gpu-check"];
+    for m in &models {
+        args.extend(["--model", m.to_str().unwrap()]);
+    }
+    let out = kestrel_emulated(dir, &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let failures: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert!(
+        out.status.success() && failures.is_empty(),
+        "gpu-check failed on the emulated device:\n{}\n{}",
+        failures.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // every group of the op harness ran, and each model met both of its references
+    let harness = stdout
+        .lines()
+        .find(|l| l.starts_with("op harness:"))
+        .expect("the op harness ran");
+    let cases: usize = harness
+        .split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .expect("a case count");
+    assert!(cases > 1000, "{harness}");
+    for m in &models {
+        let name = m.display().to_string();
+        let ok = |what: &str| {
+            stdout
+                .lines()
+                .filter(|l| l.starts_with("ok") && l.contains(&name) && l.contains(what))
+                .count()
+        };
+        assert_eq!(ok("reference prompt"), 4, "{name}: {stdout}");
+        assert_eq!(ok("GPU vs CPU logits"), 1, "{name}: {stdout}");
+    }
+}
+
+/// An int32 tensor (`tokens_i`, `greedy_i`) of a tiny model's transformers reference.
+fn reference_ints(arch: &str, name: &str) -> Vec<u64> {
+    let path = root()
+        .join("testdata/tiny")
+        .join(format!("tiny-{arch}"))
+        .join("reference.safetensors");
+    let bytes = std::fs::read(path).expect("the reference");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    st.tensor(name)
+        .expect("the tensor")
+        .data()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64)
+        .collect()
+}
+
+#[test]
+fn run_on_the_emulated_device_reproduces_transformers_greedy() {
+    let Some(dir) = emulation() else { return };
+    // through the serving engine: paged KV, the step graphs, Qwen3.5's state slots
+    for arch in ["llama", "qwen3_5"] {
+        let model = tiny_gguf(arch);
+        for i in 0..3 {
+            let ids: Vec<String> = reference_ints(arch, &format!("tokens_{i}"))
+                .iter()
+                .map(|t| t.to_string())
+                .collect();
+            let ids = ids.join(",");
+            let out = kestrel_emulated(
+                dir,
+                &[
+                    "run",
+                    "-m",
+                    model.to_str().unwrap(),
+                    "--prompt-ids",
+                    &ids,
+                    "-n",
+                    "24",
+                    "--temp",
+                    "0",
+                    "--ignore-eos",
+                    "--json",
+                    "--device",
+                    "cuda",
+                ],
+            );
+            assert!(
+                out.status.success(),
+                "{arch} case {i}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+            let got: Vec<u64> = v["tokens"]
+                .as_array()
+                .expect("tokens")
+                .iter()
+                .map(|t| t.as_u64().expect("a token id"))
+                .collect();
+            assert_eq!(
+                got,
+                reference_ints(arch, &format!("greedy_{i}")),
+                "{arch} case {i} on the emulated GPU"
+            );
+        }
+    }
+}
