@@ -13,4 +13,8 @@ g++ -std=c++17 -O2 -fPIC -shared -Wall -DKESTREL_EMU_INCLUDE="\"$inc\"" \
 for n in libcuda.so.1 libcuda.so libnvrtc.so.13 libnvrtc.so libcublas.so.13 libcublas.so libcublasLt.so.13 libcublasLt.so; do
     ln -sfn libkestrel-cuda-emu.so "$out/$n"
 done
+# the emulation's own checks (shuffle rules, deadlocks and mismatched warp-wide instructions
+# reported rather than hung)
+g++ -std=c++17 -O1 -w -I "$inc" crates/kestrel-cuda/emu/selftest.cpp -o "$out/selftest" -lpthread
+"$out/selftest"
 echo "CUDA emulation in $out"
