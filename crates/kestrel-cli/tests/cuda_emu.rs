@@ -174,3 +174,28 @@ fn run_on_the_emulated_device_reproduces_transformers_greedy() {
         }
     }
 }
+
+#[test]
+fn serve_on_the_emulated_device_answers_as_the_cpu_server() {
+    let Some(dir) = emulation() else { return };
+    // scripts/gpu/serve-check.py, as the GPU host runs it: 16 concurrent greedy completions
+    // equal between `serve --device cuda` and `--device cpu`, a stream, cached_tokens on a
+    // repeated prompt, clients walking away mid-stream (counted cancelled, their blocks freed,
+    // a cached request answered as before)
+    for arch in ["qwen2", "qwen3_5"] {
+        let out = Command::new("python3")
+            .arg(root().join("scripts/gpu/serve-check.py"))
+            .arg(env!("CARGO_BIN_EXE_kestrel"))
+            .arg(tiny_gguf(arch))
+            .env("LD_LIBRARY_PATH", dir)
+            .env("XDG_CACHE_HOME", dir.join("cache"))
+            .output()
+            .expect("python3 runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("serve check: ok"),
+            "{arch}:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
