@@ -56,10 +56,16 @@ fn emulation() -> Option<&'static PathBuf> {
 /// `kestrel ARGS` on the emulated device: its libraries first on the library path, compiled
 /// kernels cached beside them.
 fn kestrel_emulated(dir: &Path, args: &[&str]) -> Output {
+    kestrel_emulated_as(dir, "9.0", args)
+}
+
+/// As [`kestrel_emulated`] on a device of compute capability `cc` ("8.6": an RTX 30x0).
+fn kestrel_emulated_as(dir: &Path, cc: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kestrel"))
         .args(args)
         .env("LD_LIBRARY_PATH", dir)
         .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("KESTREL_CUDA_EMU_CC", cc)
         .output()
         .expect("kestrel runs")
 }
@@ -198,4 +204,68 @@ fn serve_on_the_emulated_device_answers_as_the_cpu_server() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn other_gpu_generations_on_the_emulated_device() {
+    let Some(dir) = emulation() else { return };
+    let model = tiny_gguf("qwen3_5");
+    let run = |cc: &str, device: &str| {
+        kestrel_emulated_as(
+            dir,
+            cc,
+            &[
+                "run",
+                "-m",
+                model.to_str().unwrap(),
+                "--prompt-ids",
+                "1,2,3",
+                "-n",
+                "4",
+                "--temp",
+                "0",
+                "--device",
+                device,
+            ],
+        )
+    };
+    // Turing (7.5) lacks the mat-mats' int8 mma and cp.async: one line, exit 1, no NVRTC log;
+    // `auto` runs on the CPU instead
+    let out = run("7.5", "cuda");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("compute capability 7.5")
+            && err.contains("8.0 or newer")
+            && err.lines().count() == 1,
+        "{err}"
+    );
+    let out = run("7.5", "auto");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Ampere / Ada (8.6: 99 KiB of shared memory a block, no programmatic launches): the
+    // models' paths and the attention kernels that fit against their references
+    let models = [tiny_gguf("qwen3"), model.clone()];
+    let mut args = vec!["gpu-check", "--ops", "deltanet"];
+    for m in &models {
+        args.extend(["--model", m.to_str().unwrap()]);
+    }
+    let out = kestrel_emulated_as(dir, "8.6", &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("(sm_86,"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.starts_with("ok") && l.contains("reference prompt"))
+            .count(),
+        8,
+        "{stdout}"
+    );
 }

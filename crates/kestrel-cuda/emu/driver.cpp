@@ -165,14 +165,34 @@ CUresult cuDeviceTotalMem_v2(size_t* b, int) {
     *b = total_memory();
     return OK;
 }
+// The device's compute capability: 9.0 (an H200: the Hopper paths), or KESTREL_CUDA_EMU_CC
+// ("8.6", "7.5", ...) to see what kestrel does on another generation.
+static void capability(int* major, int* minor) {
+    *major = 9;
+    *minor = 0;
+    if (const char* v = getenv("KESTREL_CUDA_EMU_CC")) {
+        if (sscanf(v, "%d.%d", major, minor) != 2) *minor = 0;
+    }
+}
+// Shared memory a block may opt into and an SM holds, as those chips have it.
+static int smem_optin(bool per_sm) {
+    int major, minor;
+    capability(&major, &minor);
+    if (major >= 9) return per_sm ? 233472 : 232448;
+    if (major == 8 && minor == 0) return per_sm ? 167936 : 166912;
+    if (major == 8) return per_sm ? 102400 : 101376;
+    return per_sm ? 65536 : 65536;
+}
 CUresult cuDeviceGetAttribute(int* v, int attr, int) {
+    int major, minor;
+    capability(&major, &minor);
     switch (attr) {
         case 10: *v = 32; break;                 // warp size
         case 16: *v = 4; break;                  // SMs: grids sized by it stay small here
-        case 75: *v = 9; break;                  // compute capability 9.0 (the Hopper paths)
-        case 76: *v = 0; break;
-        case 81: *v = 233472; break;             // shared memory an SM
-        case 97: *v = 232448; break;             // shared memory a block may opt into
+        case 75: *v = major; break;              // compute capability
+        case 76: *v = minor; break;
+        case 81: *v = smem_optin(true); break;   // shared memory an SM
+        case 97: *v = smem_optin(false); break;  // shared memory a block may opt into
         case 8: *v = 49152; break;               // shared memory a block by default
         case 1: *v = 1024; break;                // threads a block
         case 115: *v = 0; break;                 // memory pools: plain allocations
@@ -364,7 +384,7 @@ CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, unsigne
     if (extra) return NOT_SUPPORTED;
     Func* f = (Func*)fp;
     const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-    if ((unsigned long long)bx * by * bz > 1024 || smem > 232448) return INVALID_VALUE;
+    if ((unsigned long long)bx * by * bz > 1024 || smem > (unsigned)smem_optin(false)) return INVALID_VALUE;
     Stream* st = (Stream*)s;
     if (st && st->capture) {
         Node n;

@@ -125,6 +125,14 @@ impl Gpu {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let (maj, min) = ctx.compute_capability()?;
+        if maj < 8 {
+            // the mat-mats' int8 mma (m16n8k32) and cp.async are sm_80 instructions: say so
+            // before NVRTC fails on them
+            return Err(CudaError::Unsupported(format!(
+                "{} (compute capability {maj}.{min}): its kernels need 8.0 or newer (Ampere, Ada, Hopper, Blackwell); use --device cpu",
+                ctx.name()?
+            )));
+        }
         let arch = format!("sm_{maj}{min}");
         let t = Instant::now();
         let (bin, cached) = compile::cubin(&arch)?;

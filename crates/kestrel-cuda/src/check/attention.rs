@@ -207,10 +207,12 @@ fn launch_decode(
 
 /// The decode kernels a shape takes: the CUDA-core one, and the tensor-core one where it
 /// applies.
-fn decode_kernels(s: &Step) -> Result<Vec<AttnDecode>> {
+/// The decode kernels for these heads: the CUDA-core one, and the tensor-core one where the
+/// heads take it and its shared memory fits this GPU's blocks (as the model picks them).
+fn decode_kernels(s: &Step, gpu: &Gpu) -> Result<Vec<AttnDecode>> {
     let mut ks = vec![AttnDecode::pick(s.hd, s.nh, s.nkv, false)?];
     let mma = AttnDecode::pick(s.hd, s.nh, s.nkv, true)?;
-    if mma != ks[0] {
+    if mma != ks[0] && mma.smem as usize <= gpu.smem_per_block {
         ks.push(mma);
     }
     Ok(ks)
@@ -284,7 +286,7 @@ pub fn check_attention(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
         let quant = (hd % 32 == 0 && t <= crate::ops::MATVEC_MAX)
             .then(|| Ok::<_, crate::error::CudaError>((gpu.alloc(n)?, gpu.alloc(n / 32 * 8)?)))
             .transpose()?;
-        for kernel in decode_kernels(&s)? {
+        for kernel in decode_kernels(&s, gpu)? {
             let (mut err, mut qerr) = (0f64, 0f64);
             for _ in 0..2 {
                 gpu.write(d.out.ptr, &vec![0xFFu8; n * 4])?;
@@ -411,7 +413,7 @@ pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         let d = upload(gpu, &s, &q, &kc, &vc)?;
         let scratch = DecodeScratch::new(gpu, &s, splits)?;
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        for kernel in decode_kernels(&s)? {
+        for kernel in decode_kernels(&s, gpu)? {
             launch_decode(gpu, &kernel, &s, &d, &scratch, splits, None)?;
             let e0 = gpu.stream.record_event(timing)?;
             for _ in 0..20 {
