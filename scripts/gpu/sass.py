@@ -6,8 +6,8 @@ instructions, registers, spill stores, or, against a git revision, which kernels
   python3 scripts/gpu/sass.py [--arch sm_90] [--rev REV] [PATTERN]
 
 PATTERN (a regex) picks kernels; --rev REV compiles that revision's kernels too and lists each
-kernel whose code differs (instruction counts old -> new, registers, spills), or says that
-every kernel's SASS is identical: a refactor of the kernels can be checked to change nothing
+kernel whose code differs (its instruction encodings, control bits included; instruction counts
+old -> new, registers, spills), or says that every kernel's code is identical: a refactor of the kernels can be checked to change nothing
 with no GPU at all. NVRTC comes from target/nvrtc (scripts/test.sh fetches it); the two
 disassembly tools are fetched from PyPI into target/cuda-tools on first use."""
 import argparse, ctypes, os, re, subprocess, sys, zipfile
@@ -79,16 +79,22 @@ def sass(binary, bindir, tag):
     open(path, "wb").write(binary)
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     out = subprocess.run(["cuobjdump", "-sass", path], check=True, capture_output=True, text=True, env=env).stdout
-    funcs, cur = {}, None
+    # per kernel: its instructions' text, and their encodings (the 128-bit words, control bits
+    # included) as cuobjdump prints them in comments
+    funcs, words, cur = {}, {}, None
     for line in out.splitlines():
         m = re.search(r"Function : (\S+)", line)
         if m:
-            cur = funcs.setdefault(m.group(1), [])
+            cur = m.group(1)
+            funcs[cur], words[cur] = [], []
             continue
-        m = re.match(r"\s*/\*[0-9a-f]{4}\*/\s+(.*?);", line)
-        if m and cur is not None:
-            cur.append(m.group(1).strip())
-    return funcs
+        if cur is None:
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if m:
+            funcs[cur].append(m.group(1).strip())
+        words[cur] += re.findall(r"/\* (0x[0-9a-f]{16}) \*/", line)
+    return funcs, words
 
 
 def main():
@@ -99,7 +105,7 @@ def main():
     a = ap.parse_args()
     bindir = tools()
     new_bin, new_info = cubin(source(None), a.arch)
-    new = sass(new_bin, bindir, "new")
+    new, new_words = sass(new_bin, bindir, "new")
     pick = lambda k: re.search(a.pattern, k)
     if not a.rev:
         print(f"{'kernel':<40} {'instructions':>12} {'registers':>9} {'spill bytes':>11}")
@@ -108,20 +114,20 @@ def main():
             print(f"{k:<40} {len(new[k]):>12} {i.get('regs', 0):>9} {i.get('spill', 0):>11}")
         return
     old_bin, old_info = cubin(source(a.rev), a.arch)
-    old = sass(old_bin, bindir, "old")
+    old, old_words = sass(old_bin, bindir, "old")
     changed = 0
     for k in sorted(filter(pick, set(old) | set(new))):
         if k not in old or k not in new:
             print(f"{k}: {'added' if k in new else 'removed'}")
             changed += 1
-        elif old[k] != new[k]:
+        elif old_words[k] != new_words[k]:
             o, n = old_info.get(k, {}), new_info.get(k, {})
             print(f"{k}: {len(old[k])} -> {len(new[k])} instructions, registers {o.get('regs')} -> "
                   f"{n.get('regs')}, spill bytes {o.get('spill', 0)} -> {n.get('spill', 0)}")
             changed += 1
     total = len([k for k in new if pick(k)])
     print(f"{changed} of {total} kernels changed against {a.rev}" if changed else
-          f"every kernel's SASS ({total}) is identical to {a.rev}'s")
+          f"every kernel's machine code ({total}: instructions and their encodings) is identical to {a.rev}'s")
 
 
 if __name__ == "__main__":

@@ -6,23 +6,33 @@ serve-check.py KESTREL MODEL. Exit 1 on any difference. SERVE_EXACT=0 (quantized
 real shapes, whose greedy picks have near-ties that a different batch composition can tip, even
 between two CPU servers) requires every concurrent request answered in full instead of equal
 texts."""
-import concurrent.futures as cf, http.client, json, re, subprocess, sys, time, urllib.error, urllib.request
+import atexit, concurrent.futures as cf, http.client, json, re, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request
 
 K, M = sys.argv[1], sys.argv[2]
 GPU = __import__("os").environ.get("GPU_DEVICE", "cuda")  # "cpu" tests this script without a GPU
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def start(device, port):
+    log = tempfile.TemporaryFile(mode="w+")  # the server's stderr: read back only if it dies
     p = subprocess.Popen([K, "serve", "-m", M, "--device", device, "--port", str(port), "--parallel", "8",
-                          "-c", "512"], stderr=subprocess.PIPE, text=True)
-    for _ in range(600):
+                          "-c", "512"], stderr=log, text=True)
+    for _ in range(3000):  # up to 5 min: a first start compiles the kernels
+        if p.poll() is not None:
+            break
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
             return p
         except Exception:
             time.sleep(0.1)
     p.kill()
-    sys.exit(f"{device} server did not start: {p.stderr.read()}")
+    log.seek(0)
+    sys.exit(f"{device} server did not start: {log.read()[-3000:]}")
 
 
 def post(port, path, body, stream=False):
@@ -32,7 +42,11 @@ def post(port, path, body, stream=False):
         return r.read().decode() if stream else json.loads(r.read())
 
 
-servers = {"cuda": (start(GPU, 8181), 8181), "cpu": (start("cpu", 8182), 8182)}
+servers = {}
+atexit.register(lambda: [p.kill() for p, _ in servers.values()])  # on any way out
+for dev, name in (("cuda", GPU), ("cpu", "cpu")):
+    port = free_port()
+    servers[dev] = (start(name, port), port)
 prompts = [[1 + (i * 37 + j * 11) % 500 for j in range(5 + 7 * i)] for i in range(16)]
 out, resps = {}, {}
 for dev, (_, port) in servers.items():

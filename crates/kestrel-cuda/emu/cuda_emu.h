@@ -1,15 +1,17 @@
 // The kernels of kernels/*.cu on the CPU: what the CUDA C++ they use means, for g++.
 //
 // The emulated driver (driver.cpp) compiles the kernels' one translation unit with this
-// header in front, as a shared library it loads as the "module". A launch runs the grid's
-// blocks one after another; a block's threads are fibers on one OS thread, switched only where
-// CUDA makes threads meet: __syncthreads, and the warp-wide instructions (shuffles, mma,
-// ldmatrix, movmatrix, __syncwarp), which the last lane of the warp to arrive carries out for
-// all of them. So a kernel that leans on lanes running in lockstep without saying so, reads
-// shared memory before a barrier, or lets a warp's lanes meet at different instructions fails
-// here (a deadlock or a mismatch is reported by name) as it may on a GPU. Shared memory is
-// `static thread_local`: one copy a block (blocks run one at a time on an OS thread).
-// What this checks is what a kernel computes, not how fast: nothing here models timing.
+// header in front, as a shared library it loads as the "module". A launch shares the grid's
+// blocks among a pool of OS threads; a block's threads are fibers on one OS thread, switched
+// only where CUDA makes threads meet: __syncthreads, and the warp-wide instructions (shuffles,
+// mma, ldmatrix, movmatrix, __syncwarp), which the last lane of the warp to arrive carries out
+// for all of them. Fibers run in index order in even blocks and in reverse in odd ones, so a
+// thread reading what another writes with no barrier between sees it unwritten in one of the
+// two. A barrier or warp-wide instruction that live threads never reach, threads of a block
+// at different __syncthreads, or a warp's lanes at different instructions are reported by
+// name, as a GPU would hang or misbehave. Shared memory is `static thread_local`: one copy a
+// block (an OS thread runs one block at a time). Not modelled: timing; cp.async copies land
+// when issued (a missing wait goes unseen); stack and shared-memory overruns are not trapped.
 #pragma once
 #define KESTREL_EMU 1
 
@@ -136,6 +138,10 @@ struct Fiber {
     dim3 tid;
     unsigned lane, warp;
     bool done;
+    // while waiting: the generation counter it waits on and the value it waits to see change
+    // (the scheduler passes it over without switching to it until then)
+    const uint64_t* wait_on;
+    uint64_t wait_while;
 };
 
 // A warp's meeting point: the lanes of `mask` post a record each; the last to arrive runs `fn`
@@ -158,6 +164,8 @@ struct Block {
     void* sched_sp = nullptr;
     void (*thunk)(void**) = nullptr;
     void** params = nullptr;
+    bool reverse = false;  // fibers run last to first
+    int bar_line = 0;      // the source line of the __syncthreads being waited at
     const char* failure = nullptr;  // set when the block cannot go on
     char msg[256];
 };
@@ -194,6 +202,14 @@ emu_swap:
 
 inline void yield() { emu_swap(&cur->sp, blk->sched_sp); }
 
+// Switches out until *gen moves past g.
+inline void wait_for(const uint64_t* gen, uint64_t g) {
+    cur->wait_on = gen;
+    cur->wait_while = g;
+    while (*gen == g) yield();
+    cur->wait_on = nullptr;
+}
+
 [[noreturn]] inline void fail_block(const char* fmt, unsigned a, unsigned b) {
     snprintf(blk->msg, sizeof blk->msg, fmt, a, b);
     blk->failure = blk->msg;
@@ -205,14 +221,17 @@ inline void release_barrier() {
     blk->bar_gen++;
 }
 
-inline void syncthreads() {
+inline void syncthreads(int line) {
+    if (blk->bar_arrived == 0) blk->bar_line = line;
+    else if (blk->bar_line != line)
+        fail_block("threads of the block wait at different __syncthreads (lines %u and %u of the kernels)",
+                   (unsigned)blk->bar_line, (unsigned)line);
     blk->progress++;
     if (++blk->bar_arrived == blk->live) {
         release_barrier();
         return;
     }
-    uint64_t g = blk->bar_gen;
-    while (blk->bar_gen == g) yield();
+    wait_for(&blk->bar_gen, blk->bar_gen);
 }
 
 inline void warp_meet(uint32_t mask, const char* what, void* rec, void (*fn)(void**, uint32_t)) {
@@ -235,8 +254,7 @@ inline void warp_meet(uint32_t mask, const char* what, void* rec, void (*fn)(voi
         w.gen++;
         return;
     }
-    uint64_t g = w.gen;
-    while (w.gen == g) yield();
+    wait_for(&w.gen, w.gen);
 }
 
 inline void fiber_main() {
@@ -284,8 +302,10 @@ inline bool run_block(Block& b) {
         f.lane = i % 32;
         f.warp = i / 32;
         f.done = false;
-        // a fresh stack whose first switch "returns" into fiber_start with the alignment
-        // of a call (rsp = 8 mod 16 at entry)
+        f.wait_on = nullptr;
+        // a fresh stack whose first switch "returns" into the entry (fiber_main) with the
+        // alignment of a call (rsp = 8 mod 16 at entry): six zeroed registers, the entry,
+        // a null return address for it
         uintptr_t top = ((uintptr_t)(mem + (size_t)(i + 1) * STACK)) & ~(uintptr_t)15;
         void** sp = (void**)(top - 64);
         for (int r = 0; r < 6; r++) sp[r] = nullptr;
@@ -297,10 +317,11 @@ inline bool run_block(Block& b) {
     for (;;) {
         uint64_t before = b.progress;
         bool any = false;
-        for (unsigned i = 0; i < b.n; i++) {
-            Fiber& f = b.fibers[i];
+        for (unsigned k = 0; k < b.n; k++) {
+            Fiber& f = b.fibers[b.reverse ? b.n - 1 - k : k];
             if (f.done) continue;
             any = true;
+            if (f.wait_on && *f.wait_on == f.wait_while) continue;  // still waiting
             cur = &f;
             emu_swap(&b.sched_sp, f.sp);
             if (b.failure) return false;
@@ -483,7 +504,7 @@ inline const int* param_sizes(void (*)(A...)) {
 #define blockDim (emu::block_dim)
 #define gridDim (emu::grid_dim)
 
-inline void __syncthreads() { emu::syncthreads(); }
+inline void __syncthreads(int line = __builtin_LINE()) { emu::syncthreads(line); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::warp_meet(mask, "syncwarp", nullptr, emu::nop_fn); }
 
 template <class T>
@@ -601,6 +622,7 @@ inline void work(Job& j) {
         b.n = n;
         b.thunk = j.thunk;
         b.params = j.params;
+        b.reverse = (x + y + z) & 1;
         if (!run_block(b)) {
             std::lock_guard<std::mutex> g(j.err_mu);
             if (!j.failed)

@@ -3,7 +3,8 @@
 // in one shared library that scripts/cuda-emu.sh installs under those libraries' names.
 //
 // - Device memory is host memory (a device pointer is the host address); every operation runs
-//   at once, in order, on the calling thread, so streams and events only keep the API's shape.
+//   at once, in order, called from the calling thread (a kernel's blocks shared by a pool of
+//   OS threads, cuda_emu.h), so streams and events only keep the API's shape.
 // - NVRTC: the kernels' source is compiled by g++ with cuda_emu.h in front into a shared
 //   library, which stands for the cubin; the "module" is that library, loaded with dlopen.
 // - A stream being captured records kernel launches, copies and cuBLAS calls as a graph's
@@ -61,7 +62,8 @@ struct Func {
     Module* m;
     std::string name;
     void (*thunk)(void**);
-    const int* sizes;  // parameter byte sizes, 0-terminated
+    const int* sizes;      // parameter byte sizes, 0-terminated
+    int max_dynamic_smem;  // opted into by cuFuncSetAttribute (48 KiB without)
 };
 struct Node {
     Func* f = nullptr;  // a kernel, or else `host` runs
@@ -181,7 +183,7 @@ static int smem_optin(bool per_sm) {
     if (major >= 9) return per_sm ? 233472 : 232448;
     if (major == 8 && minor == 0) return per_sm ? 167936 : 166912;
     if (major == 8) return per_sm ? 102400 : 101376;
-    return per_sm ? 65536 : 65536;
+    return 65536;  // Turing: 64 KiB either way
 }
 CUresult cuDeviceGetAttribute(int* v, int attr, int) {
     int major, minor;
@@ -369,10 +371,16 @@ CUresult cuModuleGetFunction(void** f, void* mod, const char* name) {
     void* thunk = dlsym(m->lib, k.c_str());
     void* sizes = dlsym(m->lib, p.c_str());
     if (!thunk || !sizes) return NOT_FOUND;
-    *f = new Func{m, name, (void (*)(void**))thunk, ((const int* (*)())sizes)()};
+    *f = new Func{m, name, (void (*)(void**))thunk, ((const int* (*)())sizes)(), 49152};
     return OK;
 }
-CUresult cuFuncSetAttribute(void*, int, int) { return OK; }
+CUresult cuFuncSetAttribute(void* f, int attr, int v) {
+    if (attr == 8) {  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        if (v < 0 || v > smem_optin(false)) return INVALID_VALUE;
+        ((Func*)f)->max_dynamic_smem = v;
+    }
+    return OK;
+}
 CUresult cuFuncGetAttribute(int* v, int, void*) {
     *v = 0;
     return OK;
@@ -384,7 +392,14 @@ CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, unsigne
     if (extra) return NOT_SUPPORTED;
     Func* f = (Func*)fp;
     const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-    if ((unsigned long long)bx * by * bz > 1024 || smem > (unsigned)smem_optin(false)) return INVALID_VALUE;
+    // what a GPU refuses: empty or oversized grids and blocks, more dynamic shared memory
+    // than the function opted into
+    if (!gx || !gy || !gz || !bx || !by || !bz || gy > 65535 || gz > 65535 || (unsigned long long)bx * by * bz > 1024 ||
+        bz > 64 || smem > (unsigned)f->max_dynamic_smem) {
+        fprintf(stderr, "kestrel CUDA emulation: launch of %s refused: grid (%u, %u, %u), block (%u, %u, %u), %u bytes of dynamic shared memory (%d allowed)\n",
+                f->name.c_str(), gx, gy, gz, bx, by, bz, smem, f->max_dynamic_smem);
+        return INVALID_VALUE;
+    }
     Stream* st = (Stream*)s;
     if (st && st->capture) {
         Node n;
@@ -475,11 +490,23 @@ struct Program {
     std::string src, log, bin;
 };
 
+// How the kernels are built: -march=native (the module runs where it was compiled; F16C
+// converts the halves), no strict aliasing and wrapping signed arithmetic, as a GPU reads them.
+static const char CXXFLAGS[] = "-std=c++17 -O2 -march=native -fPIC -shared -w -fno-strict-aliasing -fwrapv";
+
+static std::string include_dir() {
+    const char* v = getenv("KESTREL_CUDA_EMU_INCLUDE");
+    return v ? v : KESTREL_EMU_INCLUDE;
+}
+
 int nvrtcVersion(int* major, int* minor) {
-    // not a real NVRTC version: kestrel's kernel cache keys on it, so emulated "cubins" never
-    // meet a GPU's
+    // Not a real NVRTC version: kestrel's kernel cache keys on it. Major 0, so an emulated
+    // "cubin" never meets a GPU's; minor from cuda_emu.h's text, so a changed emulation
+    // compiles the kernels afresh.
+    uint32_t h = 2166136261u;
+    for (unsigned char c : read_file(include_dir() + "/cuda_emu.h") + CXXFLAGS) h = (h ^ c) * 16777619u;
     *major = 0;
-    *minor = 1;
+    *minor = (int)(h % 1000000);
     return 0;
 }
 int nvrtcCreateProgram(void** prog, const char* src, const char*, int, const char* const*, const char* const*) {
@@ -507,7 +534,7 @@ int nvrtcCompileProgram(void* pp, int, const char* const*) {
         "$1* $2 = ($1*)emu::dyn_smem();");
     std::ofstream(d + "/kernels.cu") << src;
     const char* cxx = getenv("CXX") ? getenv("CXX") : "g++";
-    std::string inc = getenv("KESTREL_CUDA_EMU_INCLUDE") ? getenv("KESTREL_CUDA_EMU_INCLUDE") : KESTREL_EMU_INCLUDE;
+    std::string inc = include_dir();
     // the kernels' names, from the preprocessed source (macros make many of them)
     std::string pre = std::string(cxx) + " -E -P -x c++ " + shell_quote(d + "/kernels.cu") + " -o " +
                       shell_quote(d + "/kernels.i") + " 2> " + shell_quote(d + "/log");
@@ -524,8 +551,7 @@ int nvrtcCompileProgram(void* pp, int, const char* const*) {
     }
     std::ofstream(d + "/module.cpp") << tu;
     if (rc == 0) {
-        std::string cmd = std::string(cxx) +
-                          " -std=c++17 -O2 -fPIC -shared -w -fno-strict-aliasing -fwrapv -I " + shell_quote(inc) +
+        std::string cmd = std::string(cxx) + " " + CXXFLAGS + " -I " + shell_quote(inc) +
                           " -I " + shell_quote(d) + " " + shell_quote(d + "/module.cpp") + " -o " +
                           shell_quote(d + "/module.so") + " 2>> " + shell_quote(d + "/log");
         rc = system(cmd.c_str());
@@ -533,8 +559,7 @@ int nvrtcCompileProgram(void* pp, int, const char* const*) {
     p->log = read_file(d + "/log");
     if (rc == 0) p->bin = read_file(d + "/module.so");
     std::string rm = "rm -rf " + shell_quote(d);
-    if (system(rm.c_str()) != 0) {
-    }
+    (void)!system(rm.c_str());  // a temporary directory left behind costs nothing
     if (rc != 0 || p->bin.empty() || n == 0) {
         if (n == 0) p->log += "\nno kernels found in the source";
         return 6;  // NVRTC_ERROR_COMPILATION

@@ -1,7 +1,8 @@
 // The emulation's own checks (scripts/cuda-emu.sh builds and runs this): shuffles against
 // CUDA's documented rules, and the faults it must report instead of hanging or passing: a
-// barrier or shuffle that live threads never reach, lanes of a warp at different warp-wide
-// instructions.
+// barrier or shuffle that live threads never reach, threads at different __syncthreads, lanes
+// of a warp at different warp-wide instructions; and a read of shared memory with no barrier
+// after its write seeing the slot unwritten.
 // Exit status 0 when every check holds; each failed check is one line on stderr.
 #include "cuda_emu.h"
 
@@ -49,6 +50,18 @@ extern "C" __global__ void exited_barrier(int* out) {
     out[threadIdx.x] = 2;
 }
 
+extern "C" __global__ void split_barriers(int* out) {
+    if (threadIdx.x < 32) __syncthreads();
+    else __syncthreads();
+    out[threadIdx.x] = 3;
+}
+// each thread reads its neighbour's shared slot with no barrier between the write and the read
+extern "C" __global__ void unsynced_read(int* out) {
+    __shared__ int s[64];
+    s[threadIdx.x] = 1 + blockIdx.x;
+    out[blockIdx.x * 64 + threadIdx.x] = s[(threadIdx.x + 1) % 64];
+}
+
 static int launch(void (*k)(void**), unsigned blocks, unsigned threads, int* out, char* err) {
     unsigned grid[3] = {blocks, 1, 1}, block[3] = {threads, 1, 1};
     void* p[1] = {&out};
@@ -79,6 +92,15 @@ int main() {
     rc = launch([](void** p) { emu::invoke(exited_barrier, p); }, 3, 128, out, err);
     CHECK(rc == 0 && out[0] == 2 && out[63] == 2, "a barrier after some threads returned: rc %d, '%s'", rc,
           rc ? err : "");
+    rc = launch([](void** p) { emu::invoke(split_barriers, p); }, 1, 64, out, err);
+    CHECK(rc == 1 && strstr(err, "different __syncthreads"), "threads at different __syncthreads: rc %d, '%s'", rc,
+          rc ? err : "");
+    // one of the two orders (forward in block 0, reverse in block 1) reads a slot unwritten
+    memset(out, 0, sizeof out);
+    rc = launch([](void** p) { emu::invoke(unsynced_read, p); }, 2, 64, out, err);
+    int stale = 0;
+    for (int i = 0; i < 128; i++) stale += out[i] != 1 + i / 64;
+    CHECK(rc == 0 && stale > 0, "a read with no barrier after the write was never stale: rc %d", rc);
     if (failures == 0) printf("selftest: all checks hold\n");
     return failures ? 1 : 0;
 }

@@ -205,8 +205,6 @@ fn launch_decode(
     Ok(())
 }
 
-/// The decode kernels a shape takes: the CUDA-core one, and the tensor-core one where it
-/// applies.
 /// The decode kernels for these heads: the CUDA-core one, and the tensor-core one where the
 /// heads take it and its shared memory fits this GPU's blocks (as the model picks them).
 fn decode_kernels(s: &Step, gpu: &Gpu) -> Result<Vec<AttnDecode>> {
