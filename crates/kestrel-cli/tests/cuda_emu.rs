@@ -121,6 +121,14 @@ fn gpu_check_passes_on_the_emulated_device() {
         assert_eq!(ok("reference prompt"), 4, "{name}: {stdout}");
         assert_eq!(ok("GPU vs CPU logits"), 1, "{name}: {stdout}");
     }
+    // on sm_90 the captured steps' kernel -> kernel edges were made programmatic (graph.rs)
+    assert!(
+        stdout
+            .lines()
+            .filter(|l| l.contains("GPU vs CPU logits"))
+            .all(|l| !l.contains("(0 programmatic edges")),
+        "{stdout}"
+    );
 }
 
 /// An int32 tensor (`tokens_i`, `greedy_i`) of a tiny model's transformers reference.
@@ -266,7 +274,9 @@ fn other_gpu_generations_on_the_emulated_device() {
     let out = kestrel_emulated_as(dir, "8.6", &args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.contains("(sm_86,"),
+        out.status.success()
+            && stdout.contains("(sm_86,")
+            && stdout.contains("(0 programmatic edges in the last graph)"),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );

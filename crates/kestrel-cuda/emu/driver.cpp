@@ -8,7 +8,8 @@
 // - NVRTC: the kernels' source is compiled by g++ with cuda_emu.h in front into a shared
 //   library, which stands for the cubin; the "module" is that library, loaded with dlopen.
 // - A stream being captured records kernel launches, copies and cuBLAS calls as a graph's
-//   nodes (kernel parameters copied by value); a graph launch replays them in order.
+//   nodes (kernel parameters copied by value), a chain whose edges can be read and retyped
+//   (programmatic edges); a graph launch replays the nodes in order.
 // - cuBLAS: GemmEx with f32 / f16 / bf16 operands and f32 results, a plain loop.
 // Nothing here models speed: timings taken on it measure the CPU.
 #include <dlfcn.h>
@@ -18,10 +19,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -71,8 +74,20 @@ struct Node {
     std::vector<std::vector<unsigned char>> args;
     std::function<CUresult()> host;
 };
+// A graph edge as the API reports it (CUgraphEdgeData's fields: ports and type).
+struct Edge {
+    size_t from, to;
+    unsigned char from_port, to_port, type;
+};
+// A captured graph: its nodes in capture order, each depending on the one before (a stream's
+// capture is a chain); node handles point into `handles`, which never moves an element.
 struct Graph {
     std::vector<Node> nodes;
+    std::vector<Edge> edges;
+    std::deque<std::pair<Graph*, size_t>> handles;
+};
+struct EdgeData {  // CUgraphEdgeData
+    unsigned char from_port, to_port, type, reserved[5];
 };
 struct Stream {
     Graph* capture = nullptr;
@@ -434,13 +449,82 @@ CUresult cuStreamEndCapture(void* s, void** graph) {
     st->capture = nullptr;
     return OK;
 }
-// No edges are reported: the nodes run in their captured order.
-CUresult cuGraphGetEdges_v2(void*, void**, void**, void*, size_t* n) {
-    *n = 0;
+// The edges of the capture's chain, with the types kestrel gives them (graph.rs makes the ones
+// into its own kernels programmatic); a launch runs the nodes in order whatever the types.
+static void* node_handle(Graph* g, size_t i) {
+    while (g->handles.size() < g->nodes.size()) g->handles.emplace_back(g, g->handles.size());
+    return &g->handles[i];
+}
+static bool node_index(void* h, Graph*& g, size_t& i) {
+    if (!h) return false;
+    auto* p = (std::pair<Graph*, size_t>*)h;
+    g = p->first;
+    i = p->second;
+    return i < g->nodes.size();
+}
+CUresult cuGraphGetEdges_v2(void* graph, void** from, void** to, void* data, size_t* n) {
+    Graph* g = (Graph*)graph;
+    if (g->edges.empty())
+        for (size_t i = 1; i < g->nodes.size(); i++) g->edges.push_back({i - 1, i, 0, 0, 0});
+    if (!from) {
+        *n = g->edges.size();
+        return OK;
+    }
+    size_t k = 0;
+    for (; k < *n && k < g->edges.size(); k++) {
+        const Edge& e = g->edges[k];
+        from[k] = node_handle(g, e.from);
+        to[k] = node_handle(g, e.to);
+        if (data) ((EdgeData*)data)[k] = {e.from_port, e.to_port, e.type, {0}};
+    }
+    *n = k;
     return OK;
 }
+CUresult cuGraphNodeGetType(void* node, int* type) {
+    Graph* g;
+    size_t i;
+    if (!node_index(node, g, i)) return INVALID_VALUE;
+    *type = g->nodes[i].f ? 0 : 3;  // CU_GRAPH_NODE_TYPE_KERNEL, else _HOST (copies, cuBLAS)
+    return OK;
+}
+// Only the function is filled: the first field of CUDA_KERNEL_NODE_PARAMS_v2.
+CUresult cuGraphKernelNodeGetParams_v2(void* node, void** params) {
+    Graph* g;
+    size_t i;
+    if (!node_index(node, g, i) || !g->nodes[i].f) return INVALID_VALUE;
+    params[0] = g->nodes[i].f;
+    return OK;
+}
+static CUresult change_edges(void* graph, void* const* from, void* const* to, const void* data, size_t n, bool add) {
+    Graph* g = (Graph*)graph;
+    for (size_t k = 0; k < n; k++) {
+        Graph *gf, *gt;
+        size_t a, b;
+        if (!node_index(from[k], gf, a) || !node_index(to[k], gt, b) || gf != g || gt != g) return INVALID_VALUE;
+        EdgeData d = data ? ((const EdgeData*)data)[k] : EdgeData{0, 0, 0, {0}};
+        auto it = std::find_if(g->edges.begin(), g->edges.end(), [&](const Edge& e) {
+            return e.from == a && e.to == b && e.type == d.type && e.from_port == d.from_port;
+        });
+        if (add) {
+            if (it != g->edges.end()) return INVALID_VALUE;
+            g->edges.push_back({a, b, d.from_port, d.to_port, d.type});
+        } else {
+            if (it == g->edges.end()) return INVALID_VALUE;
+            g->edges.erase(it);
+        }
+    }
+    return OK;
+}
+CUresult cuGraphRemoveDependencies_v2(void* graph, void* const* from, void* const* to, const void* data, size_t n) {
+    return change_edges(graph, from, to, data, n, false);
+}
+CUresult cuGraphAddDependencies_v2(void* graph, void* const* from, void* const* to, const void* data, size_t n) {
+    return change_edges(graph, from, to, data, n, true);
+}
 CUresult cuGraphInstantiateWithFlags(void** exec, void* graph, unsigned long long) {
-    *exec = new Graph(*(Graph*)graph);
+    Graph* e = new Graph();
+    e->nodes = ((Graph*)graph)->nodes;  // what a launch runs: the nodes, in order
+    *exec = e;
     return OK;
 }
 CUresult cuGraphUpload(void*, void*) { return OK; }
