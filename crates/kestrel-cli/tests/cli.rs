@@ -1,6 +1,9 @@
 //! The `kestrel` binary as a user meets it: bad files end with one line and exit code 1,
 //! `info` plans from tensor sizes, `run` reproduces the transformers greedy references.
 
+mod common;
+
+use common::{reference_ints, root, tiny};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -9,26 +12,6 @@ fn kestrel(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("kestrel runs")
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn tiny(arch: &str) -> PathBuf {
-    root().join("testdata/tiny").join(format!("tiny-{arch}"))
-}
-
-/// An int32 tensor (`tokens_i`, `greedy_i`) of a tiny model's transformers reference.
-fn reference_ints(arch: &str, name: &str) -> Vec<u32> {
-    let bytes = std::fs::read(tiny(arch).join("reference.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensor(name)
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
-        .collect()
 }
 
 fn tmp(name: &str) -> PathBuf {

@@ -9,19 +9,15 @@
 //! Without g++ the tests say they skipped, unless KESTREL_REQUIRE_CUDA_EMU=1 (scripts/test.sh)
 //! makes that a failure; an emulation that does not build or fails its self-test fails them.
 
+mod common;
+
+use common::{reference_ints, root, tiny};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn tiny_gguf(arch: &str) -> PathBuf {
-    root()
-        .join("testdata/tiny")
-        .join(format!("tiny-{arch}"))
-        .join(format!("{arch}-f32.gguf"))
+    tiny(arch).join(format!("{arch}-f32.gguf"))
 }
 
 /// The emulation's library directory, built once per test binary (with its self-test) and its
@@ -131,22 +127,6 @@ fn gpu_check_passes_on_the_emulated_device() {
     );
 }
 
-/// An int32 tensor (`tokens_i`, `greedy_i`) of a tiny model's transformers reference.
-fn reference_ints(arch: &str, name: &str) -> Vec<u64> {
-    let path = root()
-        .join("testdata/tiny")
-        .join(format!("tiny-{arch}"))
-        .join("reference.safetensors");
-    let bytes = std::fs::read(path).expect("the reference");
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
-    st.tensor(name)
-        .expect("the tensor")
-        .data()
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u64)
-        .collect()
-}
-
 #[test]
 fn run_on_the_emulated_device_reproduces_transformers_greedy() {
     let Some(dir) = emulation() else { return };
@@ -183,11 +163,11 @@ fn run_on_the_emulated_device_reproduces_transformers_greedy() {
                 String::from_utf8_lossy(&out.stderr)
             );
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-            let got: Vec<u64> = v["tokens"]
+            let got: Vec<u32> = v["tokens"]
                 .as_array()
                 .expect("tokens")
                 .iter()
-                .map(|t| t.as_u64().expect("a token id"))
+                .map(|t| t.as_u64().expect("a token id") as u32)
                 .collect();
             assert_eq!(
                 got,
