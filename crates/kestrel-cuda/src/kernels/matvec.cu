@@ -27,7 +27,8 @@ __device__ __forceinline__ int kbyte(u32 s0, u32 s1, u32 s2, int i) {
     return (int)((w >> (8 * (i & 3))) & 0xFF);
 }
 
-// Scale and min of sub-block j (< 8) of a Q4_K block from its scale bytes held in registers.
+// Scale and min of sub-block j (< 8) of a Q4_K block from its scale bytes held in registers,
+// for a j the whole warp shares (the mat-mat's units).
 __device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int& d, int& m) {
     if (j < 4) {
         d = kbyte(s0, s1, s2, j) & 63;
@@ -37,6 +38,16 @@ __device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int&
         d = (a & 0xF) | ((kbyte(s0, s1, s2, j - 4) >> 6) << 4);
         m = (a >> 4) | ((kbyte(s0, s1, s2, j) >> 6) << 4);
     }
+}
+
+// As scale_min_k4, for a j that differs between a warp's lanes (the mat-vec's units): byte
+// j & 3 of each word, picked without a branch (a branch on it would run both sides a warp).
+__device__ __forceinline__ void scale_min_k4_lanes(int j, u32 s0, u32 s1, u32 s2, int& d, int& m) {
+    int k = 8 * (j & 3);
+    int a = (int)((s0 >> k) & 0xFF), b = (int)((s1 >> k) & 0xFF), c = (int)((s2 >> k) & 0xFF);
+    bool first = j < 4;  // 6-bit values in bytes 0-7; else low nibbles in 8-11, top bits above
+    d = first ? a & 63 : (c & 0xF) | ((a >> 2) & 0x30);
+    m = first ? b & 63 : (c >> 4) | ((b >> 2) & 0x30);
 }
 
 // Signed byte i (< 8) of v.
@@ -148,25 +159,27 @@ __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) 
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int s, m;
-            scale_min_k4(2 * c + h, r.hd.y, r.hd.z, r.hd.w, s, m);
+            scale_min_k4_lanes(2 * c + h, r.hd.y, r.hd.z, r.hd.w, s, m);
 #pragma unroll
             for (int i = 0; i < 8; i++) w[h].q[i] = (int)((vs[i] >> (4 * h)) & 0x0F0F0F0Fu);
             w[h].a0 = w[h].a1 = d * (float)s;
             w[h].b = -dmin * (float)m;
         }
     } else {
+        // q stays 0..63 (it stands for q - 32: x_piece_q6k folds the 32 into the dot's start).
+        // The high bits of piece p are bits 2p, 2p + 1 of each qh byte, moved to bits 4, 5.
         int pp = u & 1;
         float d = h2f(r.d);
-        int ls[8] = {r.l0.x, r.l0.y, r.l0.z, r.l0.w, r.l1.x, r.l1.y, r.l1.z, r.l1.w};
-        int hs[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+        u32 ls[8] = {(u32)r.l0.x, (u32)r.l0.y, (u32)r.l0.z, (u32)r.l0.w, (u32)r.l1.x, (u32)r.l1.y, (u32)r.l1.z, (u32)r.l1.w};
+        u32 hs[8] = {(u32)r.h0.x, (u32)r.h0.y, (u32)r.h0.z, (u32)r.h0.w, (u32)r.h1.x, (u32)r.h1.y, (u32)r.h1.z, (u32)r.h1.w};
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int p = pp + 2 * h;  // piece within the half
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                int lo = (ls[i] >> (4 * h)) & 0x0F0F0F0F;
-                int hi = ((hs[i] >> (2 * p)) & 0x03030303) << 4;
-                w[h].q[i] = __vsubss4(lo | hi, 0x20202020);
+                u32 lo = (ls[i] >> (4 * h)) & 0x0F0F0F0Fu;
+                u32 hi = (h == 0 ? hs[i] << (4 - 2 * pp) : hs[i] >> (2 * pp)) & 0x30303030u;
+                w[h].q[i] = (int)(lo | hi);
             }
             w[h].a0 = d * sbyte(r.sv, 2 * p);
             w[h].a1 = d * sbyte(r.sv, 2 * p + 1);
@@ -175,22 +188,43 @@ __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) 
     }
 }
 
-// Piece P of token t's activations: 32 int8 and (d, d * their sum).
+// Piece P of token t's activations: 32 int8, (d, d * their sum), and where each 16-weight
+// half's integer dot starts (0, or for Q6_K -32 times the half's sum).
 struct XPiece {
     int4 x0, x1;
     float2 ds;
+    int s0, s1;
 };
 
+__device__ __forceinline__ int dot4(int4 a, int4 b, int c) {
+    return __dp4a(a.x, b.x, __dp4a(a.y, b.y, __dp4a(a.z, b.z, __dp4a(a.w, b.w, c))));
+}
+
+template <int TY>
 __device__ __forceinline__ XPiece x_piece(const i8* __restrict__ xq, const float2* __restrict__ xd, int xld,
                                           int t, int P) {
     const int4* xp = (const int4*)(xq + (u64)t * xld + 32 * P);
-    return XPiece{xp[0], xp[1], xd[t * (xld / 32) + P]};
+    XPiece x{xp[0], xp[1], xd[t * (xld / 32) + P], 0, 0};
+    if constexpr (TY == T_Q6_K) {
+        // Q6_K weights arrive as q in 0..63 for q - 32: sum (q - 32) x = sum q x - 32 sum x, the
+        // second term one dp4a a word (bytes of -32) for all of a warp's rows, where subtracting
+        // 32 from every weight byte costs ~8 instructions a word (no SIMD byte subtract on sm_90).
+        const int4 m32 = make_int4(0xE0E0E0E0, 0xE0E0E0E0, 0xE0E0E0E0, 0xE0E0E0E0);
+        x.s0 = dot4(m32, x.x0, 0);
+        x.s1 = dot4(m32, x.x1, 0);
+    }
+    return x;
 }
 
+template <int TY>
 __device__ __forceinline__ float piece_dot(const Piece& w, const XPiece& x) {
-    int lo = __dp4a(w.q[0], x.x0.x, __dp4a(w.q[1], x.x0.y, __dp4a(w.q[2], x.x0.z, __dp4a(w.q[3], x.x0.w, 0))));
-    int hi = __dp4a(w.q[4], x.x1.x, __dp4a(w.q[5], x.x1.y, __dp4a(w.q[6], x.x1.z, __dp4a(w.q[7], x.x1.w, 0))));
-    return x.ds.x * (w.a0 * (float)lo + w.a1 * (float)hi) + w.b * x.ds.y;
+    int4 q0 = make_int4(w.q[0], w.q[1], w.q[2], w.q[3]), q1 = make_int4(w.q[4], w.q[5], w.q[6], w.q[7]);
+    if constexpr (TY == T_Q6_K) {  // a scale a 16 weights
+        int lo = dot4(q0, x.x0, x.s0), hi = dot4(q1, x.x1, x.s1);
+        return x.ds.x * (w.a0 * (float)lo + w.a1 * (float)hi) + w.b * x.ds.y;
+    } else {  // one scale a piece: one integer sum
+        return x.ds.x * w.a0 * (float)dot4(q1, x.x1, dot4(q0, x.x0, 0)) + w.b * x.ds.y;
+    }
 }
 
 // Unit u of M rows from their loaded words, dotted with NT tokens into acc[m][t]: each token's
@@ -207,9 +241,9 @@ __device__ __forceinline__ void units_dot(const RawU<TY>* raw, int u, const i8* 
         int P = piece_index<TY>(u, h);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-            XPiece x = x_piece(xq, xd, xld, t, P);
+            XPiece x = x_piece<TY>(xq, xd, xld, t, P);
 #pragma unroll
-            for (int m = 0; m < M; m++) acc[m][t] += piece_dot(w[m][h], x);
+            for (int m = 0; m < M; m++) acc[m][t] += piece_dot<TY>(w[m][h], x);
         }
     }
 }
