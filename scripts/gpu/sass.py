@@ -3,12 +3,13 @@
 (default sm_90) and disassembles the cubin (cuobjdump + nvdisasm from PyPI), then per kernel:
 instructions, registers, spill stores, or, against a git revision, which kernels' SASS changed.
 
-  python3 scripts/gpu/sass.py [--arch sm_90] [--rev REV] [PATTERN]
+  python3 scripts/gpu/sass.py [--arch sm_90] [--rev REV] [--show] [PATTERN]
 
 PATTERN (a regex) picks kernels; --rev REV compiles that revision's kernels too and lists each
 kernel whose code differs (its instruction encodings, control bits included; instruction counts
 old -> new, registers, spills), or says that every kernel's code is identical: a refactor of the kernels can be checked to change nothing
-with no GPU at all. NVRTC comes from target/nvrtc (scripts/test.sh fetches it); the two
+with no GPU at all. --show prints each picked kernel's SASS and its count of instructions by
+opcode (what a kernel spends its issue slots on: the dp4a / mma against the unpacking). NVRTC comes from target/nvrtc (scripts/test.sh fetches it); the two
 disassembly tools are fetched from PyPI into target/cuda-tools on first use."""
 import argparse, ctypes, os, re, subprocess, sys, zipfile
 
@@ -101,12 +102,23 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--rev")
+    ap.add_argument("--show", action="store_true", help="print the picked kernels' SASS and opcode counts")
     ap.add_argument("pattern", nargs="?", default=".")
     a = ap.parse_args()
     bindir = tools()
     new_bin, new_info = cubin(source(None), a.arch)
     new, new_words = sass(new_bin, bindir, "new")
     pick = lambda k: re.search(a.pattern, k)
+    if a.show:
+        for k in sorted(filter(pick, new)):
+            ops = {}
+            for ins in new[k]:
+                op = re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].split(".")[0]
+                ops[op] = ops.get(op, 0) + 1
+            print(f"== {k}: {len(new[k])} instructions, {new_info.get(k, {}).get('regs', 0)} registers")
+            print("\n".join(new[k]))
+            print("by opcode: " + ", ".join(f"{o} {n}" for o, n in sorted(ops.items(), key=lambda x: -x[1])))
+        return
     if not a.rev:
         print(f"{'kernel':<40} {'instructions':>12} {'registers':>9} {'spill bytes':>11}")
         for k in sorted(filter(pick, new)):

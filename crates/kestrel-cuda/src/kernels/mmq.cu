@@ -118,6 +118,18 @@ __device__ __forceinline__ Raw<TY> unit_load(const u8* __restrict__ W, u64 nblk,
     return r;
 }
 
+// Four Q6_K weights, one a byte, as int8 4 (q - 32) for the tensor cores' signed operands: ql
+// holds their low nibbles at bits 0-3 (h = 0) or 4-7 (h = 1), qh their two high bits at bits
+// 2p, 2p + 1 (p: the piece within its half). Four times the weight (its scale takes the 1/4) so
+// that no byte subtraction is needed: 4q lies in 0..252, and 4q - 128 is 4q with bit 7 flipped
+// (sm_90 has no SIMD byte subtract; __vsubss4 costs ~8 instructions a word). The mat-vec keeps q
+// and folds the 32 into its dot instead (x_piece), which costs fewer instructions there.
+__device__ __forceinline__ int q6_word(u32 ql, u32 qh, int h, int p) {
+    u32 lo = (h == 0 ? ql << 2 : ql >> 2) & 0x3C3C3C3Cu;  // low nibbles to bits 2-5
+    u32 hi = (qh << (6 - 2 * p)) & 0xC0C0C0C0u;           // high bits to bits 6-7
+    return (int)((lo | hi) ^ 0x80808080u);
+}
+
 // The pieces of unit u (one for the 32-weight blocks, two for the K-quants) from its raw words.
 template <int TY>
 __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, PieceW* p) {
@@ -154,14 +166,12 @@ __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, Pie
         }
     } else {
         int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
-        float d = h2f(r.d);
+        float d = 0.25f * h2f(r.d);  // the words are 4 (q - 32): see q6_word
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int q = pp + 2 * h;  // piece within the half
-            p[h].lo = __vsubss4(((r.l0 >> (4 * h)) & 0x0F0F0F0F) | (((r.h0 >> (2 * q)) & 0x03030303) << 4),
-                                0x20202020);
-            p[h].hi = __vsubss4(((r.l1 >> (4 * h)) & 0x0F0F0F0F) | (((r.h1 >> (2 * q)) & 0x03030303) << 4),
-                                0x20202020);
+            p[h].lo = q6_word((u32)r.l0, (u32)r.h0, h, q);
+            p[h].hi = q6_word((u32)r.l1, (u32)r.h1, h, q);
             p[h].a0 = d * sbyte(r.sv, 2 * q);
             p[h].a1 = d * sbyte(r.sv, 2 * q + 1);
             p[h].b = 0.f;
