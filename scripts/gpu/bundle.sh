@@ -3,7 +3,10 @@
 # device tool sends, git-ignored through .git/info/exclude): the stripped, xz-compressed
 # release binary, llama.cpp trimmed to build llama-quantize (LLAMA_SRC: a trimmed tree; left
 # out when unset: kestrel's own quantizer writes the same bytes), the gguf wheel (WHEEL) and
-# make_dense_model.py / make_qwen35_model.py with their vocabulary.
+# make_dense_model.py / make_qwen35_model.py with their vocabulary. BASE_KERNELS=REV adds REV's
+# kernel sources as kernels-REV/: h200.sh's AB_ENV="KESTREL_CUDA_KERNELS=.gpu-cuda/kernels-REV"
+# then times them against the binary's own in the same call (same host code: the kernels'
+# names and arguments must match).
 set -eu
 DEST=${1:-.gpu-cuda}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -11,6 +14,13 @@ mkdir -p "$DEST"
 strip -o /tmp/kestrel-stripped "$ROOT/target/release/kestrel"
 xz -T2 -6 -c /tmp/kestrel-stripped > "$DEST/kestrel.xz"
 [ -z "${LLAMA_SRC:-}" ] || [ -f "$DEST/llama-src.tar.xz" ] || tar cJf "$DEST/llama-src.tar.xz" -C "$(dirname "$LLAMA_SRC")" "$(basename "$LLAMA_SRC")"
+if [ -n "${BASE_KERNELS:-}" ]; then
+  K="$DEST/kernels-$BASE_KERNELS"
+  mkdir -p "$K"
+  for f in $(git -C "$ROOT" ls-tree --name-only "$BASE_KERNELS" crates/kestrel-cuda/src/kernels/); do
+    git -C "$ROOT" show "$BASE_KERNELS:$f" > "$K/$(basename "$f")"
+  done
+fi
 cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$DEST/"
 cp "$ROOT/../shared/peers/gpu/make_dense_model.py" "$ROOT/../shared/peers/gpu/make_qwen35_model.py" \
   "$ROOT/../shared/peers/gpu/ggml-vocab-qwen2.gguf" "$DEST/"

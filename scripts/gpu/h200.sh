@@ -21,7 +21,8 @@
 # qwen3-8b qwen35-0.8b qwen2.5-1.5b), with FLASH_AB=1 pp4096 again with KESTREL_CUDA_FLASH=0
 # (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
 # tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu;
-# AB_ENV="VAR=value,VAR2=value+VAR3=value": tg128 again with each setting (small, big, hybrid);
+# AB_ENV="VAR=value,VAR2=value+VAR3=value": tg128 again with each setting (small, big, hybrid;
+# KESTREL_CUDA_KERNELS=$B/kernels-REV: another revision's kernels, bundle.sh BASE_KERNELS=REV);
 # SCEN_AB (same form): the concurrent scenario again with each setting;
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
@@ -52,7 +53,11 @@ if [ -f $B/llama-src.tar.xz ] && [ ! -x $PEER/build/bin/llama-bench ]; then
     echo "llama.cpp CUDA build rc=$? ($(date +%T))" ) > $PEER/status.txt 2>&1 &
 fi
 # the kernels compile (NVRTC, ~1-2 minutes on a fresh machine) while the first model is written
-$K run -m testdata/tiny/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1 -n 1 --device cuda > /tmp/w/warm.log 2>&1 &
+# (and those of any other revision in the bundle, for AB_ENV's KESTREL_CUDA_KERNELS, beside them)
+( for d in "" $B/kernels-*/; do
+    [ -z "$d" ] || [ -d "$d" ] || continue
+    KESTREL_CUDA_KERNELS=$d $K run -m testdata/tiny/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1 -n 1 --device cuda &
+  done; wait ) > /tmp/w/warm.log 2>&1 &
 WARM=$!
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $B/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site

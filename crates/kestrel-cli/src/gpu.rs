@@ -619,7 +619,7 @@ pub fn logits(
 pub fn compile_only(arch: &str) -> Result<()> {
     kestrel_cuda::probe::nvrtc()?;
     let t = Instant::now();
-    let bin = kestrel_cuda::compile::compile(&kestrel_cuda::compile::source(), arch)?;
+    let bin = kestrel_cuda::compile::compile(&kestrel_cuda::compile::source()?, arch)?;
     println!(
         "kernels compiled for {arch}: {} bytes in {:.0} ms",
         bin.len(),

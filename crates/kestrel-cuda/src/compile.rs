@@ -16,20 +16,48 @@
 use crate::error::{CudaError, Result};
 use cudarc::nvrtc::sys as nv;
 use std::ffi::CString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-/// Every kernel, as one translation unit.
-pub fn source() -> String {
-    [
-        include_str!("kernels/common.cuh"),
-        include_str!("kernels/matvec.cu"),
-        include_str!("kernels/mmq.cu"),
-        include_str!("kernels/elementwise.cu"),
-        include_str!("kernels/attention.cu"),
-        include_str!("kernels/flash.cu"),
-        include_str!("kernels/deltanet.cu"),
-    ]
-    .join("\n")
+/// The kernel files, in the order they form one translation unit.
+const FILES: [(&str, &str); 7] = [
+    ("common.cuh", include_str!("kernels/common.cuh")),
+    ("matvec.cu", include_str!("kernels/matvec.cu")),
+    ("mmq.cu", include_str!("kernels/mmq.cu")),
+    ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+    ("flash.cu", include_str!("kernels/flash.cu")),
+    ("deltanet.cu", include_str!("kernels/deltanet.cu")),
+];
+
+/// Where `KESTREL_CUDA_KERNELS` points: a directory holding the same files, compiled instead of
+/// the ones built into the binary. Kernel work is timed by A/B in one call on the GPU host: the
+/// kernels of another revision (scripts/gpu/bundle.sh's `BASE_KERNELS=REV`) against these, with
+/// the same host code. The kernels' names and arguments must be the binary's own.
+pub const KERNELS_ENV: &str = "KESTREL_CUDA_KERNELS";
+
+/// Every kernel, as one translation unit: the binary's own, or those in `KESTREL_CUDA_KERNELS`
+/// (unset or empty: the binary's).
+pub fn source() -> Result<String> {
+    let dir = std::env::var_os(KERNELS_ENV).filter(|d| !d.is_empty());
+    source_from(dir.map(PathBuf::from).as_deref())
+}
+
+fn source_from(dir: Option<&Path>) -> Result<String> {
+    let Some(dir) = dir else {
+        return Ok(FILES.map(|(_, text)| text).join("\n"));
+    };
+    let mut parts = Vec::with_capacity(FILES.len());
+    for (name, _) in FILES {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            CudaError::Other(format!(
+                "{KERNELS_ENV}: cannot read {}: {e}",
+                path.display()
+            ))
+        })?;
+        parts.push(text);
+    }
+    Ok(parts.join("\n"))
 }
 
 /// FNV-1a: a hash that stays the same across Rust versions (the cache key outlives a build).
@@ -56,7 +84,7 @@ fn nvrtc_version() -> (i32, i32) {
 /// The cubin for `arch` ("sm_90"): from the disk cache, or compiled (and cached). Returns the
 /// cubin and whether it came from the cache.
 pub fn cubin(arch: &str) -> Result<(Vec<u8>, bool)> {
-    let src = source();
+    let src = source()?;
     let (maj, min) = nvrtc_version();
     let key = fnv1a(format!("{src}\n{arch}\n{maj}.{min}").as_bytes());
     let path = cache_dir().map(|d| d.join(format!("kernels-{arch}-{key:016x}.cubin")));
@@ -167,7 +195,31 @@ mod tests {
             eprintln!("skipped: NVRTC is not on the library path ({e})");
             return;
         }
-        let bin = super::compile(&super::source(), "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        let src = super::source().unwrap_or_else(|e| panic!("{e}"));
+        let bin = super::compile(&src, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         assert!(bin.len() > 1000, "a cubin of {} bytes", bin.len());
+    }
+
+    /// A directory of kernel sources is read file by file in the binary's order (the kernels/
+    /// directory itself gives the built-in source back); a missing file is named.
+    #[test]
+    fn kernel_sources_from_a_directory() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
+        let read = super::source_from(Some(&dir)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            read,
+            super::source_from(None).unwrap_or_else(|e| panic!("{e}"))
+        );
+        let empty = std::env::temp_dir().join(format!("kestrel-no-kernels-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap_or_else(|e| panic!("{e}"));
+        let err = super::source_from(Some(&empty))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("KESTREL_CUDA_KERNELS") && err.contains("common.cuh"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir(&empty);
     }
 }
