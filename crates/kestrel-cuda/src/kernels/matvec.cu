@@ -40,14 +40,22 @@ __device__ __forceinline__ void scale_min_k4(int j, u32 s0, u32 s1, u32 s2, int&
     }
 }
 
-// As scale_min_k4, for a j that differs between a warp's lanes (the mat-vec's units): byte
-// j & 3 of each word, picked without a branch (a branch on it would run both sides a warp).
-__device__ __forceinline__ void scale_min_k4_lanes(int j, u32 s0, u32 s1, u32 s2, int& d, int& m) {
-    int k = 8 * (j & 3);
-    int a = (int)((s0 >> k) & 0xFF), b = (int)((s1 >> k) & 0xFF), c = (int)((s2 >> k) & 0xFF);
-    bool first = j < 4;  // 6-bit values in bytes 0-7; else low nibbles in 8-11, top bits above
-    d = first ? a & 63 : (c & 0xF) | ((a >> 2) & 0x30);
-    m = first ? b & 63 : (c >> 4) | ((b >> 2) & 0x30);
+// Scales and mins of sub-blocks 2c and 2c + 1 of a Q4_K block (a mat-vec unit's two pieces)
+// from its 12 scale bytes s0..s2, for a c that differs between a warp's lanes: no branch (one
+// would run both sides a warp). GGUF packs sub-blocks 0-3 as the low 6 bits of bytes 0-3
+// (scales) and 4-7 (mins), 4-7 as the nibbles of bytes 8-11 with their top 2 bits in the top
+// bits of bytes 0-7: the four scales (mins) of c's half in one word, c's pair at bytes 2 (c & 1).
+__device__ __forceinline__ void scale_min_k4_pair(int c, u32 s0, u32 s1, u32 s2, int* d, int* m) {
+    bool first = c < 2;
+    u32 sw = first ? s0 & 0x3F3F3F3Fu : (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+    u32 mw = first ? s1 & 0x3F3F3F3Fu : ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+    int sh = 16 * (c & 1);
+    sw >>= sh;
+    mw >>= sh;
+    d[0] = (int)(sw & 0xFF);
+    d[1] = (int)((sw >> 8) & 0xFF);
+    m[0] = (int)(mw & 0xFF);
+    m[1] = (int)((mw >> 8) & 0xFF);
 }
 
 // Signed byte i (< 8) of v.
@@ -156,17 +164,17 @@ __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) 
         int c = u & 3;
         float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
         u32 vs[8] = {r.v0.x, r.v0.y, r.v0.z, r.v0.w, r.v1.x, r.v1.y, r.v1.z, r.v1.w};
+        int s[2], m[2];
+        scale_min_k4_pair(c, r.hd.y, r.hd.z, r.hd.w, s, m);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int s, m;
-            scale_min_k4_lanes(2 * c + h, r.hd.y, r.hd.z, r.hd.w, s, m);
 #pragma unroll
             for (int i = 0; i < 8; i++) w[h].q[i] = (int)((vs[i] >> (4 * h)) & 0x0F0F0F0Fu);
-            w[h].a0 = w[h].a1 = d * (float)s;
-            w[h].b = -dmin * (float)m;
+            w[h].a0 = w[h].a1 = d * (float)s[h];
+            w[h].b = -dmin * (float)m[h];
         }
     } else {
-        // q stays 0..63 (it stands for q - 32: x_piece_q6k folds the 32 into the dot's start).
+        // q stays 0..63 (it stands for q - 32: x_piece folds the 32 into the dot's start).
         // The high bits of piece p are bits 2p, 2p + 1 of each qh byte, moved to bits 4, 5.
         int pp = u & 1;
         float d = h2f(r.d);
