@@ -96,6 +96,11 @@ inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
 }
+// common.cuh's dp4a_us (PTX dp4a.u32.s32): a's bytes unsigned, b's signed
+inline int dp4a_us(uint32_t a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
 // a - b on each signed byte, saturated
 inline unsigned __vsubss4(unsigned a, unsigned b) {
     unsigned r = 0;

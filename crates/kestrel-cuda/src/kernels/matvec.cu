@@ -63,7 +63,8 @@ __device__ __forceinline__ float sbyte(uint2 v, int i) {
     return (float)(i8)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFF);
 }
 
-// One 32-weight piece in int8 form: value_i = a(i) * q_i + b, a = a0 for i < 16, a1 after.
+// One 32-weight piece in byte form: value_i = a(i) * q_i + b, a = a0 for i < 16, a1 after (q
+// signed bytes; Q4_K's unsigned, see piece_dot).
 struct Piece {
     int q[8];
     float a0, a1, b;
@@ -168,9 +169,11 @@ __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) 
         scale_min_k4_pair(c, r.hd.y, r.hd.z, r.hd.w, s, m);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
+            // the high nibbles stay in place, 16 times their value as unsigned bytes (piece_dot
+            // takes Q4_K's bytes unsigned), and the scale takes the 1/16: no shift a word
 #pragma unroll
-            for (int i = 0; i < 8; i++) w[h].q[i] = (int)((vs[i] >> (4 * h)) & 0x0F0F0F0Fu);
-            w[h].a0 = w[h].a1 = d * (float)s[h];
+            for (int i = 0; i < 8; i++) w[h].q[i] = (int)(vs[i] & (h == 0 ? 0x0F0F0F0Fu : 0xF0F0F0F0u));
+            w[h].a0 = w[h].a1 = (h == 0 ? d : d * 0.0625f) * (float)s[h];
             w[h].b = -dmin * (float)m[h];
         }
     } else {
@@ -230,6 +233,10 @@ __device__ __forceinline__ float piece_dot(const Piece& w, const XPiece& x) {
     if constexpr (TY == T_Q6_K) {  // a scale a 16 weights
         int lo = dot4(q0, x.x0, x.s0), hi = dot4(q1, x.x1, x.s1);
         return x.ds.x * (w.a0 * (float)lo + w.a1 * (float)hi) + w.b * x.ds.y;
+    } else if constexpr (TY == T_Q4_K) {  // unsigned bytes (a high nibble is 16 x its value)
+        int s = dp4a_us(q0.x, x.x0.x, dp4a_us(q0.y, x.x0.y, dp4a_us(q0.z, x.x0.z, dp4a_us(q0.w, x.x0.w, 0))));
+        s = dp4a_us(q1.x, x.x1.x, dp4a_us(q1.y, x.x1.y, dp4a_us(q1.z, x.x1.z, dp4a_us(q1.w, x.x1.w, s))));
+        return x.ds.x * w.a0 * (float)s + w.b * x.ds.y;
     } else {  // one scale a piece: one integer sum
         return x.ds.x * w.a0 * (float)dot4(q1, x.x1, dot4(q0, x.x0, 0)) + w.b * x.ds.y;
     }
