@@ -14,10 +14,14 @@ mkdir -p "$DEST"
 strip -o /tmp/kestrel-stripped "$ROOT/target/release/kestrel"
 xz -T2 -6 -c /tmp/kestrel-stripped > "$DEST/kestrel.xz"
 [ -z "${LLAMA_SRC:-}" ] || [ -f "$DEST/llama-src.tar.xz" ] || tar cJf "$DEST/llama-src.tar.xz" -C "$(dirname "$LLAMA_SRC")" "$(basename "$LLAMA_SRC")"
+rm -rf "$DEST"/kernels-*  # h200.sh compiles every kernels-* folder it finds
 if [ -n "${BASE_KERNELS:-}" ]; then
-  K="$DEST/kernels-$BASE_KERNELS"
+  git -C "$ROOT" rev-parse --verify --quiet "$BASE_KERNELS^{commit}" > /dev/null ||
+    { echo "bundle.sh: BASE_KERNELS=$BASE_KERNELS is not a revision" >&2; exit 1; }
+  K="$DEST/kernels-$(echo "$BASE_KERNELS" | tr '/' '-')"
   mkdir -p "$K"
-  for f in $(git -C "$ROOT" ls-tree --name-only "$BASE_KERNELS" crates/kestrel-cuda/src/kernels/); do
+  FILES=$(git -C "$ROOT" ls-tree --name-only "$BASE_KERNELS" crates/kestrel-cuda/src/kernels/)
+  for f in $FILES; do
     git -C "$ROOT" show "$BASE_KERNELS:$f" > "$K/$(basename "$f")"
   done
 fi

@@ -105,6 +105,8 @@ def main():
     ap.add_argument("--show", action="store_true", help="print the picked kernels' SASS and opcode counts")
     ap.add_argument("pattern", nargs="?", default=".")
     a = ap.parse_args()
+    if a.show and a.rev:
+        sys.exit("sass.py: --show prints this tree's kernels; leave out --rev")
     bindir = tools()
     new_bin, new_info = cubin(source(None), a.arch)
     new, new_words = sass(new_bin, bindir, "new")

@@ -101,7 +101,9 @@ pub fn cubin(arch: &str) -> Result<(Vec<u8>, bool)> {
         if let Some(dir) = p.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
-        let tmp = p.with_extension("tmp");
+        // A file of this process's own: two processes compiling the same source at once (h200.sh
+        // warms several kernel sets side by side) must not rename each other's half-written file.
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
         if std::fs::write(&tmp, &bin).is_ok() {
             let _ = std::fs::rename(&tmp, p);
         }

@@ -64,7 +64,8 @@ __device__ __forceinline__ float sbyte(uint2 v, int i) {
 }
 
 // One 32-weight piece in byte form: value_i = a(i) * q_i + b, a = a0 for i < 16, a1 after (q
-// signed bytes; Q4_K's unsigned, see piece_dot).
+// signed bytes; Q4_K's unsigned, see piece_dot; Q6_K's q is 0..63 for q - 32, the 32 taken off
+// in the dot through XPiece's s0 / s1).
 struct Piece {
     int q[8];
     float a0, a1, b;
@@ -218,8 +219,9 @@ __device__ __forceinline__ XPiece x_piece(const i8* __restrict__ xq, const float
     XPiece x{xp[0], xp[1], xd[t * (xld / 32) + P], 0, 0};
     if constexpr (TY == T_Q6_K) {
         // Q6_K weights arrive as q in 0..63 for q - 32: sum (q - 32) x = sum q x - 32 sum x, the
-        // second term one dp4a a word (bytes of -32) for all of a warp's rows, where subtracting
-        // 32 from every weight byte costs ~8 instructions a word (no SIMD byte subtract on sm_90).
+        // second term one dp4a a word (bytes of -32), once a token for all of a lane's rows
+        // (units_dot), where subtracting 32 from every weight byte costs ~8 instructions a word
+        // (no SIMD byte subtract on sm_90).
         const int4 m32 = make_int4(0xE0E0E0E0, 0xE0E0E0E0, 0xE0E0E0E0, 0xE0E0E0E0);
         x.s0 = dot4(m32, x.x0, 0);
         x.s1 = dot4(m32, x.x1, 0);

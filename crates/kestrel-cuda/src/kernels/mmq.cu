@@ -1,8 +1,8 @@
 // Quantized mat-mat for steps of more tokens than the mat-vecs take (batched decode of 9-64
 // sequences): out[t][row] (+)= W[row] . x[t], on the int8 tensor cores.
 //
-// The weights' pieces (32 weights: value = a * q + b, a per 16 weights for Q6_K, as unit_unpack
-// in matvec.cu decodes them) go from device memory straight into mma.sync fragments, against the same int8
+// The weights' pieces (32 weights: value = a * q + b, a per 16 weights for Q6_K; q signed, Q6_K's
+// as 4 (q - 32) with a / 4, see q6_word) go from device memory straight into mma.sync fragments, against the same int8
 // activation blocks the mat-vecs read; each piece's int32 dot (Q6_K: each half's) is scaled
 // into f32 accumulators by the piece's scales and the activation block's. A block is WK (4 or 8)
 // warps over the same 16 rows: warp w takes units w, w + WK, ... of the rows (K split keeps
@@ -26,7 +26,8 @@
 // tid + 4 (the halves stay apart).
 
 // The int32 sums start from 1.5 * 2^23: their bits then read as that float plus the dot
-// (|dot| < 2^22: at most 32 * 127 * 127), so the conversion is one subtraction.
+// (|dot| < 2^22: at most 32 * 128 * 128; Q6_K's 4 (q - 32) are k16 sums of at most
+// 16 * 128 * 128), so the conversion is one subtraction.
 #define MMQ_BIAS 0x4B400000
 #define MMQ_BIASF 12582912.f
 
