@@ -184,7 +184,7 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                         "  {b:<11?} decode  hot {hot:6.2} GB/s  cold {cold:6.2} GB/s  (matvec)"
                     );
                 }
-                if Repacked::supports(w, ROWS) && b == Backend::Avx512Vnni {
+                if Repacked::supports(w, ROWS) && b == Backend::detect() {
                     // The layout the model decodes K-quants from (16-row groups, repacked at load).
                     let packed: Vec<Repacked> = mats
                         .iter()
@@ -253,6 +253,26 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                         2.0 * macs / s / 1e9,
                         (rb * rows * reps) as f64 / s / 1e9
                     );
+                    if Repacked::supports(w, rows) && b == Backend::detect() {
+                        // The layout the model runs (16-row groups, repacked at load).
+                        let packed = Repacked::new(w, &m0[..rb * rows], rows, N)?;
+                        let prepared = packed.prepare(&refs)?;
+                        let mut out = vec![0f32; kestrel_quant::repack::R * t_len];
+                        let t = Instant::now();
+                        for _ in 0..reps {
+                            for g in 0..rows / kestrel_quant::repack::R {
+                                packed.dot_group(g, &prepared, &mut out)?;
+                                sink += out[0];
+                            }
+                        }
+                        let s = t.elapsed().as_secs_f64();
+                        std::hint::black_box(sink);
+                        println!(
+                            "  {b:<11?} prefill T={t_len:<4} repacked: {:7.1} GOPS ({:5.2} GB/s weights)",
+                            2.0 * macs / s / 1e9,
+                            (rb * rows * reps) as f64 / s / 1e9
+                        );
+                    }
                 }
             }
         }

@@ -86,7 +86,18 @@ pub fn cpu_is_amd() -> bool {
     false
 }
 
-/// Whether the SIMD kernels run here (repacking pays only where they do).
+/// Whether the detected backend is AVX2 or wider (the repacked Q4_K kernels run there).
+pub fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Backend::detect() >= Backend::Avx2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Whether the detected backend is AVX-512 VNNI: every repacked layout's kernels run there
+/// (repacking pays only where they do).
 pub fn avx512_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -47,13 +47,15 @@ pub enum PreparedActs<'a> {
 }
 
 impl Repacked {
-    /// Whether `ty` has a repacked layout and kernel on this CPU for a matrix of `rows` rows.
+    /// Whether `ty` has a repacked layout and kernel on this CPU for a matrix of `rows` rows:
+    /// every layout with AVX-512 VNNI, Q4_K's with AVX2 too (`q4k`'s AVX2 kernels).
     pub fn supports(ty: GgmlType, rows: usize) -> bool {
-        matches!(
-            ty,
-            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0
-        ) && rows.is_multiple_of(R)
-            && avx512_available()
+        let simd = match ty {
+            GgmlType::Q6_K | GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => avx512_available(),
+            GgmlType::Q4_K => crate::cpu::avx2_available(),
+            _ => false,
+        };
+        simd && rows.is_multiple_of(R)
     }
 
     /// Repack `rows` rows of `cols` elements of type `ty` (`bytes` row-major, as in a GGUF file).
