@@ -46,7 +46,7 @@ pub use cpu::{avx512_available, cpu_is_amd};
 pub fn kernels_summary() -> String {
     let base = match cpu::Backend::detect() {
         cpu::Backend::Generic => "portable (scalar)".to_string(),
-        cpu::Backend::Avx2 => "AVX2".to_string(),
+        cpu::Backend::Avx2 => "AVX2 (Q4_K repacked)".to_string(),
         cpu::Backend::Avx512Vnni => {
             let ahead = crate::cpu::weight_prefetch_ahead();
             let prefetch = if ahead == 0 {

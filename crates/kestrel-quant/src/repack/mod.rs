@@ -1,6 +1,7 @@
 //! Weights repacked at load into groups of 16 rows, so one 512-bit vector holds four
 //! consecutive quants of each of 16 rows and every `vpdpbusd` lane is one output row: the
-//! integer dot products need no horizontal sums. Each layout keeps the f32 arithmetic of the
+//! integer dot products need no horizontal sums (on AVX2, Q4_K's: a 256-bit vector holds
+//! eight of the rows, and each row's `maddubs` pair sums are its lanes). Each layout keeps the f32 arithmetic of the
 //! llama.cpp kernel it replaces, so results stay bit-identical:
 //! - [`q4k`]: Q4_K, as llama.cpp's own repacked `q4_K_8x8` kernels;
 //! - [`q6k`]: Q6_K, as its `ggml_vec_dot_q6_K_q8_K` (fewer than 8 tokens) and its tiled

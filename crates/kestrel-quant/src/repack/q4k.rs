@@ -9,7 +9,8 @@
 //!
 //! Where the CPU has AMX, matmuls over [`super::AMX_MIN_TOKENS`] tokens or more take their
 //! integer sums from tile products instead (`amx_kernel`); the sums are the same integers and
-//! the f32 steps the same, so the results are too.
+//! the f32 steps the same, so the results are too. On CPUs with AVX2 and no AVX-512 the `avx2`
+//! kernels run the same layout eight rows at a time, with the same integers and f32 steps.
 //!
 //! Layout of one group (16 rows) and super-block, 2,304 bytes, as many as the 16 native
 //! blocks: `d[16] f16, dmin[16] f16, scm[4][3][16] u8, qs[4][8][16][4] u8`. The f16 scales
@@ -531,9 +532,11 @@ mod avx2 {
         }
     }
 
-    /// The group against `N` activation rows, each half (rows `8 h ..`) over all super-blocks
-    /// (the group stays in L1 or L2 for the second): `out[t * 16 + r]`, the first `G` tokens
-    /// in the GEMM order.
+    /// The group against `N` activation rows: `out[t * 16 + r]`, the first `G` tokens in the
+    /// GEMM order. Up to two tokens, both halves (rows `8 h ..`) go through each super-block
+    /// while it is in L1 (decode reads each weight line once); more, each half goes through
+    /// all super-blocks in turn (the accumulators of both would not fit the 16 registers; the
+    /// group stays in L1 or L2 for the second).
     #[inline(always)]
     unsafe fn tile<const N: usize, const G: usize>(
         nb: usize,
@@ -542,21 +545,26 @@ mod avx2 {
         out: &mut [f32],
     ) {
         let ahead = crate::cpu::weight_prefetch_ahead();
-        for h in 0..2 {
-            let mut acc = [_mm256_setzero_ps(); N];
-            let mut acc_min = [_mm256_setzero_ps(); N];
+        let passes: &[&[usize]] = if N <= 2 { &[&[0, 1]] } else { &[&[0], &[1]] };
+        for &halves in passes {
+            let mut acc = [[_mm256_setzero_ps(); N]; 2];
+            let mut acc_min = [[_mm256_setzero_ps(); N]; 2];
             for i in 0..nb {
                 let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
-                if h == 0 {
+                if halves[0] == 0 {
                     crate::cpu::prefetch_ahead(wb, ahead, GROUP_BLOCK_BYTES);
                 }
-                block::<N, G>(i, wb, h, acts, &mut acc, &mut acc_min);
+                for &h in halves {
+                    block::<N, G>(i, wb, h, acts, &mut acc[h], &mut acc_min[h]);
+                }
             }
-            for c in 0..N {
-                _mm256_storeu_ps(
-                    out.as_mut_ptr().add(c * R + 8 * h),
-                    _mm256_sub_ps(acc[c], acc_min[c]),
-                );
+            for &h in halves {
+                for c in 0..N {
+                    _mm256_storeu_ps(
+                        out.as_mut_ptr().add(c * R + 8 * h),
+                        _mm256_sub_ps(acc[h][c], acc_min[h][c]),
+                    );
+                }
             }
         }
     }
