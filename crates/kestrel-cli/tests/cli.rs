@@ -98,7 +98,7 @@ fn missing_file_and_bad_ids_are_clear_errors() {
 }
 
 /// `info --json` plans weight bytes as the sum of every tensor's type x shape, plus, on CPUs
-/// whose kernels repack Q4_K at load (AVX-512 VNNI), the repacked layout's growth per 16 rows
+/// whose kernels repack Q4_K at load (AVX-512 VNNI or AVX2), the repacked layout's growth per 16 rows
 /// and 256 columns of each Q4_K matrix (embeddings aside): none today, 2,304 bytes either way.
 fn check_info(model: &Path) {
     let out = kestrel(&["info", "-m", model.to_str().unwrap(), "--json"]);

@@ -6,7 +6,8 @@
 //! than the 32 MB L3); "hot" (one matrix, L3-resident when it fits) shows the compute ceiling.
 //!
 //! Prefill: `T` activation rows per weight row through [`vec_dot_multi`] (one call per weight
-//! row, as the model does) and through [`vec_dot_rows`] (4 weight rows per call), in effective
+//! row) and through [`vec_dot_rows`] (4 weight rows per call), and where the detected backend
+//! repacks the type, through the repacked layout the model runs ("repacked"), in effective
 //! GOPS (2 ops per multiply-add) and GB/s of weights.
 //!
 //! cargo run -p kestrel-quant --release --example matvec_bench -- [TYPES..] [--t 64,512]

@@ -1,5 +1,5 @@
 //! What this CPU runs: the dot backend detected once, the vendor (some prefetch settings are
-//! tuned per vendor), and whether the AVX-512 kernels (and so the repacked layouts) apply. Every
+//! tuned per vendor), and whether the AVX-512 or AVX2 kernels (and so which repacked layouts) apply. Every
 //! other module asks here; this one asks nothing of them.
 
 use std::sync::OnceLock;

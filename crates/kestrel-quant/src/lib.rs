@@ -10,8 +10,9 @@
 //! - [`dot`]: `vec_dot(weight row, activation row)`, with a scalar oracle for every pair and
 //!   AVX2 / AVX-512 VNNI kernels chosen once at run time; [`vec_dot_multi`] runs one weight row
 //!   against several activation rows, decoding each weight block once (batched prefill).
-//! - [`repack`]: weights regrouped at load for the AVX-512 kernels; prefill's K-quant matmuls
-//!   take their integer sums from [`amx`] tiles where the CPU and OS allow it.
+//! - [`repack`]: weights regrouped at load for the AVX-512 kernels (Q4_K for the AVX2 ones too);
+//!   prefill's K-quant matmuls take their integer sums from [`amx`] tiles where the CPU and OS
+//!   allow it.
 //! - [`cpu`]: what this CPU runs (the dot backend, the vendor, AVX-512), asked by the others;
 //!   [`kernels_summary`] puts the choices of all of them into one line.
 //!
@@ -44,16 +45,16 @@ pub use cpu::{avx512_available, cpu_is_amd};
 /// The CPU kernels this process runs, in words (for `kestrel bench` and logs): the dot
 /// backend, and AMX where the prefill matmuls use it.
 pub fn kernels_summary() -> String {
+    let ahead = crate::cpu::weight_prefetch_ahead();
+    let prefetch = if ahead == 0 {
+        "no weight prefetch".to_string()
+    } else {
+        format!("decode prefetches weights {ahead} B ahead")
+    };
     let base = match cpu::Backend::detect() {
         cpu::Backend::Generic => "portable (scalar)".to_string(),
-        cpu::Backend::Avx2 => "AVX2 (Q4_K repacked)".to_string(),
+        cpu::Backend::Avx2 => format!("AVX2 (Q4_K repacked; {prefetch})"),
         cpu::Backend::Avx512Vnni => {
-            let ahead = crate::cpu::weight_prefetch_ahead();
-            let prefetch = if ahead == 0 {
-                "no weight prefetch".to_string()
-            } else {
-                format!("decode prefetches weights {ahead} B ahead")
-            };
             format!("AVX-512 VNNI (Q4_K, Q6_K, Q8_0, Q5_0 repacked; {prefetch})")
         }
     };

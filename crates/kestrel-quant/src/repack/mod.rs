@@ -382,7 +382,7 @@ mod tests {
         }
         let ahead = crate::cpu::weight_prefetch_ahead();
         assert_eq!(ahead, if crate::cpu_is_amd() { 0 } else { 4096 });
-        if avx512_available() {
+        if crate::cpu::avx2_available() {
             let summary = crate::kernels_summary();
             let named = if ahead == 0 {
                 "no weight prefetch".to_string()

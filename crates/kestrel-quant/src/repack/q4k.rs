@@ -33,9 +33,10 @@ const QS_OFF: usize = SCM_OFF + 4 * 3 * R;
 /// Bytes of one group's super-block.
 pub const GROUP_BLOCK_BYTES: usize = QS_OFF + 4 * 8 * R * 4;
 
-/// Up to this many tokens, the tiles take the scales from the packed group; past it, the
-/// group's scales are unpacked once first (1.5B, AMD VM, 2 threads: pp9 149 tok/s unpacked
-/// first against 180 from the packed scales; pp512 the other way round).
+/// Up to this many tokens, the tiles take the scales from the packed group and prefetch the
+/// weight stream (decode); past it, the group's scales are unpacked once first (1.5B, AMD VM,
+/// 2 threads: pp9 149 tok/s unpacked first against 180 from the packed scales; pp512 the
+/// other way round).
 const FEW_TOKENS: usize = 16;
 
 /// A Q4_K matrix (`rows` a multiple of 16) in the repacked layout.
@@ -489,7 +490,7 @@ mod avx512 {
 /// `sc_j (q . y)_j` in i32: the integers of the AVX-512 kernel, and its f32 steps, so the bits
 /// are the same. Against the row-major AVX2 kernels (one row, four tokens, a `madd` per
 /// `maddubs`), each activation quad is loaded once for eight rows and the scales applied once
-/// per sub-block: 2.2x the Q4_K GOPS (1536 columns, 64 tokens, AMD EPYC, one core).
+/// per sub-block: 2.1x the Q4_K GOPS (1536 columns, 64-512 tokens, AMD EPYC, one core).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::*;
@@ -506,24 +507,31 @@ mod avx2 {
         out: &mut [f32],
     ) {
         let t_len = acts.len();
+        // The weight stream is prefetched for a few tokens (decode), as on AVX-512; a matmul
+        // over more passes over the group while it is in L1 / L2.
+        let ahead = if t_len <= FEW_TOKENS {
+            crate::cpu::weight_prefetch_ahead()
+        } else {
+            0
+        };
         let mut c = 0;
         while c < t_len {
             let n = (t_len - c).min(4);
             let g = gemm_upto.saturating_sub(c).min(n);
             let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
             match (n, g) {
-                (4, 4) => tile::<4, 4>(nb, w, a, o),
-                (4, 0) => tile::<4, 0>(nb, w, a, o),
-                (3, 0) => tile::<3, 0>(nb, w, a, o),
-                (2, 0) => tile::<2, 0>(nb, w, a, o),
-                (1, 0) => tile::<1, 0>(nb, w, a, o),
+                (4, 4) => tile::<4, 4>(nb, w, ahead, a, o),
+                (4, 0) => tile::<4, 0>(nb, w, ahead, a, o),
+                (3, 0) => tile::<3, 0>(nb, w, ahead, a, o),
+                (2, 0) => tile::<2, 0>(nb, w, ahead, a, o),
+                (1, 0) => tile::<1, 0>(nb, w, ahead, a, o),
                 _ => {
                     for t in 0..n {
                         let o = &mut o[t * R..(t + 1) * R];
                         if t < g {
-                            tile::<1, 1>(nb, w, &a[t..], o);
+                            tile::<1, 1>(nb, w, ahead, &a[t..], o);
                         } else {
-                            tile::<1, 0>(nb, w, &a[t..], o);
+                            tile::<1, 0>(nb, w, ahead, &a[t..], o);
                         }
                     }
                 }
@@ -541,10 +549,10 @@ mod avx2 {
     unsafe fn tile<const N: usize, const G: usize>(
         nb: usize,
         w: &[u8],
+        ahead: usize,
         acts: &[&[u8]],
         out: &mut [f32],
     ) {
-        let ahead = crate::cpu::weight_prefetch_ahead();
         let passes: &[&[usize]] = if N <= 2 { &[&[0, 1]] } else { &[&[0], &[1]] };
         for &halves in passes {
             let mut acc = [[_mm256_setzero_ps(); N]; 2];
@@ -927,10 +935,10 @@ mod tests {
             let (rows, cols) = (32, 768);
             let mut rng = Rng::new(0xa5a5_0002);
             let (w, _) = rng.matrix(GgmlType::Q4_K, rows, cols);
-            let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
+            let mut packed = Q4KRepacked::new(&w, rows, cols).unwrap();
             let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
             let nb = cols / QK_K;
-            for (t, gemm_upto) in [
+            let cases = [
                 (1, 0),
                 (2, 0),
                 (3, 0),
@@ -940,22 +948,44 @@ mod tests {
                 (9, 8),
                 (6, 5),
                 (13, 2),
-            ] {
-                let acts = rng.acts(GgmlType::Q8_K, t, cols);
-                let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
-                for g in 0..rows / R {
-                    let mut got = vec![0f32; t * R];
-                    // SAFETY: AVX2, FMA and F16C checked above; rows of `nb` Q8_K blocks.
-                    unsafe { avx2::tiles(nb, packed.group(g), &act_rows, gemm_upto, &mut got) };
-                    for (c, a) in act_rows.iter().enumerate() {
-                        let mut want = [0f32; R];
-                        dot_scalar(nb, packed.group(g), a, c < gemm_upto, &mut want);
-                        for r in 0..R {
-                            assert_eq!(
-                                got[c * R + r].to_bits(),
-                                want[r].to_bits(),
-                                "{t} tokens, GEMM order up to {gemm_upto}: group {g} token {c} row {r}"
-                            );
+            ];
+            // Random weights, then the i16 sums at their largest: every nibble 15 against
+            // activations of +127 (tokens 0, 2, ..) and -127 (tokens 1, 3, ..).
+            for extreme in [false, true] {
+                if extreme {
+                    for blk in packed
+                        .data
+                        .as_mut_slice()
+                        .chunks_exact_mut(GROUP_BLOCK_BYTES)
+                    {
+                        blk[QS_OFF..].fill(0xff);
+                    }
+                }
+                for (t, gemm_upto) in cases {
+                    let mut acts = rng.acts(GgmlType::Q8_K, t, cols);
+                    if extreme {
+                        for (c, row) in acts.chunks_exact_mut(ab).enumerate() {
+                            for blk in row.chunks_exact_mut(Q8K_BYTES) {
+                                blk[4..260].fill(if c % 2 == 0 { 127 } else { 0x81 });
+                            }
+                        }
+                    }
+                    let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+                    for g in 0..rows / R {
+                        let mut got = vec![0f32; t * R];
+                        // SAFETY: AVX2, FMA and F16C checked above; rows of `nb` Q8_K blocks.
+                        unsafe { avx2::tiles(nb, packed.group(g), &act_rows, gemm_upto, &mut got) };
+                        for (c, a) in act_rows.iter().enumerate() {
+                            let mut want = [0f32; R];
+                            dot_scalar(nb, packed.group(g), a, c < gemm_upto, &mut want);
+                            for r in 0..R {
+                                assert_eq!(
+                                    got[c * R + r].to_bits(),
+                                    want[r].to_bits(),
+                                    "{t} tokens, GEMM order up to {gemm_upto}, extreme {extreme}: \
+                                     group {g} token {c} row {r}"
+                                );
+                            }
                         }
                     }
                 }
