@@ -233,11 +233,15 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                     let s = t.elapsed().as_secs_f64();
                     std::hint::black_box(sink);
                     let macs = (rows * N * t_len * reps) as f64;
-                    println!(
-                        "  {b:<11?} prefill T={t_len:<4} multi: {:7.1} GOPS ({:5.2} GB/s weights)",
-                        2.0 * macs / s / 1e9,
-                        (rb * rows * reps) as f64 / s / 1e9
-                    );
+                    // One line per form: effective GOPS and weight bytes read per second.
+                    let line = |form: &str, s: f64| {
+                        println!(
+                            "  {b:<11?} prefill T={t_len:<4} {form:<6} {:7.1} GOPS ({:5.2} GB/s weights)",
+                            2.0 * macs / s / 1e9,
+                            (rb * rows * reps) as f64 / s / 1e9
+                        )
+                    };
+                    line("multi:", s);
                     let mut out4 = vec![0f32; ROWS_PER_CALL * t_len];
                     let all: Vec<&[u8]> = m0.chunks_exact(rb).take(rows).collect();
                     let t = Instant::now();
@@ -249,11 +253,7 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                     }
                     let s = t.elapsed().as_secs_f64();
                     std::hint::black_box(sink);
-                    println!(
-                        "  {b:<11?} prefill T={t_len:<4} rows:  {:7.1} GOPS ({:5.2} GB/s weights)",
-                        2.0 * macs / s / 1e9,
-                        (rb * rows * reps) as f64 / s / 1e9
-                    );
+                    line("rows:", s);
                     if Repacked::supports(w, rows) && b == Backend::detect() {
                         // The layout the model runs (16-row groups, repacked at load).
                         let packed = Repacked::new(w, &m0[..rb * rows], rows, N)?;
@@ -268,11 +268,7 @@ fn main() -> Result<(), kestrel_quant::QuantError> {
                         }
                         let s = t.elapsed().as_secs_f64();
                         std::hint::black_box(sink);
-                        println!(
-                            "  {b:<11?} prefill T={t_len:<4} repacked: {:7.1} GOPS ({:5.2} GB/s weights)",
-                            2.0 * macs / s / 1e9,
-                            (rb * rows * reps) as f64 / s / 1e9
-                        );
+                        line("repacked:", s);
                     }
                 }
             }
