@@ -155,14 +155,14 @@ __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, Pie
     } else if constexpr (TY == T_Q4_K) {
         int b = u >> 2, c = u & 3;
         float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
+        int s[2], m[2];
+        scale_min_k4_pair(c, r.hd.y, r.hd.z, r.hd.w, s, m);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            int s, m;
-            scale_min_k4(2 * c + h, r.hd.y, r.hd.z, r.hd.w, s, m);
             p[h].lo = (r.v.x >> (4 * h)) & 0x0F0F0F0F;
             p[h].hi = (r.v.y >> (4 * h)) & 0x0F0F0F0F;
-            p[h].a0 = p[h].a1 = d * (float)s;
-            p[h].b = -dmin * (float)m;
+            p[h].a0 = p[h].a1 = d * (float)s[h];
+            p[h].b = -dmin * (float)m[h];
             p[h].P = b * 8 + 2 * c + h;
         }
     } else {
@@ -212,10 +212,13 @@ __device__ __forceinline__ void piece_mma(float (*acc)[4], const PieceW (*pa)[PI
             a[3] += d1.x * (B.a0 * c[3] + B.a1 * ch[3]) + B.b * d1.y;
         } else {
             mma_k32(c, A.lo, B.lo, A.hi, B.hi, b0, b1);
-            a[0] += d0.x * A.a0 * c[0] + A.b * d0.y;
-            a[1] += d1.x * A.a0 * c[1] + A.b * d1.y;
-            a[2] += d0.x * B.a0 * c[2] + B.b * d0.y;
-            a[3] += d1.x * B.a0 * c[3] + B.b * d1.y;
+            // the min term into the accumulator first, then the scaled dot: two fused
+            // multiply-adds an output (a += s c + b dsum compiled to a multiply, a multiply-add
+            // and an add)
+            a[0] = fmaf(d0.x * A.a0, c[0], fmaf(A.b, d0.y, a[0]));
+            a[1] = fmaf(d1.x * A.a0, c[1], fmaf(A.b, d1.y, a[1]));
+            a[2] = fmaf(d0.x * B.a0, c[2], fmaf(B.b, d0.y, a[2]));
+            a[3] = fmaf(d1.x * B.a0, c[3], fmaf(B.b, d1.y, a[3]));
         }
     }
 }
