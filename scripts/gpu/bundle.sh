@@ -3,8 +3,8 @@
 # device tool sends, git-ignored through .git/info/exclude): the stripped, xz-compressed
 # release binary, llama.cpp trimmed to build llama-quantize (LLAMA_SRC: a trimmed tree; left
 # out when unset: kestrel's own quantizer writes the same bytes), the gguf wheel (WHEEL) and
-# make_dense_model.py / make_qwen35_model.py with their vocabulary. BASE_KERNELS=REV adds REV's
-# kernel sources as kernels-REV/: h200.sh's AB_ENV="KESTREL_CUDA_KERNELS=.gpu-cuda/kernels-REV"
+# make_dense_model.py / make_qwen35_model.py with their vocabulary. BASE_KERNELS="REV ..." adds
+# each REV's kernel sources as kernels-REV/: h200.sh's AB_ENV="KESTREL_CUDA_KERNELS=.gpu-cuda/kernels-REV"
 # then times them against the binary's own in the same call (same host code: the kernels'
 # names and arguments must match).
 set -eu
@@ -15,16 +15,16 @@ strip -o /tmp/kestrel-stripped "$ROOT/target/release/kestrel"
 xz -T2 -6 -c /tmp/kestrel-stripped > "$DEST/kestrel.xz"
 [ -z "${LLAMA_SRC:-}" ] || [ -f "$DEST/llama-src.tar.xz" ] || tar cJf "$DEST/llama-src.tar.xz" -C "$(dirname "$LLAMA_SRC")" "$(basename "$LLAMA_SRC")"
 rm -rf "$DEST"/kernels-*  # h200.sh compiles every kernels-* folder it finds
-if [ -n "${BASE_KERNELS:-}" ]; then
-  git -C "$ROOT" rev-parse --verify --quiet "$BASE_KERNELS^{commit}" > /dev/null ||
-    { echo "bundle.sh: BASE_KERNELS=$BASE_KERNELS is not a revision" >&2; exit 1; }
-  K="$DEST/kernels-$(echo "$BASE_KERNELS" | tr '/' '-')"
+for REV in ${BASE_KERNELS:-}; do
+  git -C "$ROOT" rev-parse --verify --quiet "$REV^{commit}" > /dev/null ||
+    { echo "bundle.sh: BASE_KERNELS: $REV is not a revision" >&2; exit 1; }
+  K="$DEST/kernels-$(echo "$REV" | tr '/' '-')"
   mkdir -p "$K"
-  FILES=$(git -C "$ROOT" ls-tree --name-only "$BASE_KERNELS" crates/kestrel-cuda/src/kernels/)
+  FILES=$(git -C "$ROOT" ls-tree --name-only "$REV" crates/kestrel-cuda/src/kernels/)
   for f in $FILES; do
-    git -C "$ROOT" show "$BASE_KERNELS:$f" > "$K/$(basename "$f")"
+    git -C "$ROOT" show "$REV:$f" > "$K/$(basename "$f")"
   done
-fi
+done
 cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$DEST/"
 cp "$ROOT/../shared/peers/gpu/make_dense_model.py" "$ROOT/../shared/peers/gpu/make_qwen35_model.py" \
   "$ROOT/../shared/peers/gpu/ggml-vocab-qwen2.gguf" "$DEST/"

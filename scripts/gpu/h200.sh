@@ -22,7 +22,7 @@
 # (the split attention kernel instead of the tensor-core prompt kernel), with PREFILL_GEN=128
 # tg128 in the same bench, with PROF=N the first N kernels of a 2048-token prompt under ncu;
 # AB_ENV="VAR=value,VAR2=value+VAR3=value": tg128 again with each setting (small, big, hybrid;
-# KESTREL_CUDA_KERNELS=$B/kernels-REV: another revision's kernels, bundle.sh BASE_KERNELS=REV);
+# KESTREL_CUDA_KERNELS=$B/kernels-REV: another revision's kernels, bundle.sh BASE_KERNELS="REV ...");
 # SCEN_AB (same form): the concurrent scenario again with each setting;
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
