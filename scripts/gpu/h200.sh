@@ -102,8 +102,9 @@ ab() {  # ab MODEL: tg128 again with each comma-separated setting of $AB_ENV (A/
   # DEPTH_AB=1: tg128 at depth 16384 too)
   local e
   for e in $(echo "${AB_ENV:-}" | tr ',' ' '); do
-    env $(echo $e | tr '+' ' ') $K bench -m $1 -p 0 -n 128 -r 3 --device cuda 2>&1 | grep "| tg" | sed "s/\$/ ($e)/"
-    [ -n "${DEPTH_AB:-}" ] && env $(echo $e | tr '+' ' ') $K bench -m $1 -p 0 -n 128 -d 16384 -r 2 --device cuda 2>&1 | grep "| tg" | sed "s/\$/ ($e)/"
+    # the setting after each line (awk: a setting may hold a path, which sed's s/// would cut)
+    env $(echo $e | tr '+' ' ') $K bench -m $1 -p 0 -n 128 -r 3 --device cuda 2>&1 | grep "| tg" | awk -v e="$e" '{print $0 " (" e ")"}'
+    [ -n "${DEPTH_AB:-}" ] && env $(echo $e | tr '+' ' ') $K bench -m $1 -p 0 -n 128 -d 16384 -r 2 --device cuda 2>&1 | grep "| tg" | awk -v e="$e" '{print $0 " (" e ")"}'
   done
   return 0
 }

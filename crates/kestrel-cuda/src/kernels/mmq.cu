@@ -131,8 +131,23 @@ __device__ __forceinline__ int q6_word(u32 ql, u32 qh, int h, int p) {
     return (int)((lo | hi) ^ 0x80808080u);
 }
 
+// Scale and min of sub-block 2c + h of a Q4_K block, picked from whole words as
+// scale_min_k4_pair does (no byte-by-byte selects).
+__device__ __forceinline__ void scale_min_k4_word(int c, int h, u32 s0, u32 s1, u32 s2, int& d, int& m) {
+    bool first = c < 2;
+    u32 sw = first ? s0 & 0x3F3F3F3Fu : (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+    u32 mw = first ? s1 & 0x3F3F3F3Fu : ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+    int sh = 16 * (c & 1) + 8 * h;
+    d = (int)((sw >> sh) & 0xFF);
+    m = (int)((mw >> sh) & 0xFF);
+}
+
 // The pieces of unit u (one for the 32-weight blocks, two for the K-quants) from its raw words.
-template <int TY>
+// STAGED: a Q4_K unit's scales and mins from whole words (scale_min_k4_word), fewer
+// instructions than byte by byte (scale_min_k4); the staged kernels take it. The register
+// kernels keep the bytes: with the words (and piece_mma's staged epilogue) their 8-token tiles
+// spilled 16 bytes, and 8 sequences' aggregate decode was 13% slower on the 8B (2026-12-05).
+template <int TY, bool STAGED = false>
 __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, PieceW* p) {
     if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
         float d = h2f(r.d);
@@ -155,14 +170,15 @@ __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, Pie
     } else if constexpr (TY == T_Q4_K) {
         int b = u >> 2, c = u & 3;
         float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
-        int s[2], m[2];
-        scale_min_k4_pair(c, r.hd.y, r.hd.z, r.hd.w, s, m);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
+            int s, m;
+            if (STAGED) scale_min_k4_word(c, h, r.hd.y, r.hd.z, r.hd.w, s, m);
+            else scale_min_k4(2 * c + h, r.hd.y, r.hd.z, r.hd.w, s, m);
             p[h].lo = (r.v.x >> (4 * h)) & 0x0F0F0F0F;
             p[h].hi = (r.v.y >> (4 * h)) & 0x0F0F0F0F;
-            p[h].a0 = p[h].a1 = d * (float)s[h];
-            p[h].b = -dmin * (float)m[h];
+            p[h].a0 = p[h].a1 = d * (float)s;
+            p[h].b = -dmin * (float)m;
             p[h].P = b * 8 + 2 * c + h;
         }
     } else {
@@ -183,8 +199,9 @@ __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, Pie
 
 // One piece (k) of a unit against one 8-token activation fragment: the B words at xp (this
 // lane's token), the scales dd = (d, d * sum) of this lane's two C tokens; acc[m] the MR row
-// tiles' accumulators of this fragment.
-template <int TY, int MR, int PIECES>
+// tiles' accumulators of this fragment. STAGED: the staged kernels' epilogue (fewer
+// instructions; in the register kernels it cost registers, and spills at 16 tokens).
+template <int TY, int MR, int PIECES, bool STAGED = false>
 __device__ __forceinline__ void piece_mma(float (*acc)[4], const PieceW (*pa)[PIECES], const PieceW (*pb)[PIECES],
                                           int k, const i8* xp, float4 dd, int tid) {
     float2 d0 = make_float2(dd.x, dd.y), d1 = make_float2(dd.z, dd.w);
@@ -212,13 +229,20 @@ __device__ __forceinline__ void piece_mma(float (*acc)[4], const PieceW (*pa)[PI
             a[3] += d1.x * (B.a0 * c[3] + B.a1 * ch[3]) + B.b * d1.y;
         } else {
             mma_k32(c, A.lo, B.lo, A.hi, B.hi, b0, b1);
-            // the min term into the accumulator first, then the scaled dot: two fused
-            // multiply-adds an output (a += s c + b dsum compiled to a multiply, a multiply-add
-            // and an add)
-            a[0] = fmaf(d0.x * A.a0, c[0], fmaf(A.b, d0.y, a[0]));
-            a[1] = fmaf(d1.x * A.a0, c[1], fmaf(A.b, d1.y, a[1]));
-            a[2] = fmaf(d0.x * B.a0, c[2], fmaf(B.b, d0.y, a[2]));
-            a[3] = fmaf(d1.x * B.a0, c[3], fmaf(B.b, d1.y, a[3]));
+            if (STAGED) {
+                // the min term into the accumulator first, then the scaled dot: two fused
+                // multiply-adds an output where the form below compiles to a multiply, a
+                // multiply-add and an add
+                a[0] = fmaf(d0.x * A.a0, c[0], fmaf(A.b, d0.y, a[0]));
+                a[1] = fmaf(d1.x * A.a0, c[1], fmaf(A.b, d1.y, a[1]));
+                a[2] = fmaf(d0.x * B.a0, c[2], fmaf(B.b, d0.y, a[2]));
+                a[3] = fmaf(d1.x * B.a0, c[3], fmaf(B.b, d1.y, a[3]));
+            } else {
+                a[0] += d0.x * A.a0 * c[0] + A.b * d0.y;
+                a[1] += d1.x * A.a0 * c[1] + A.b * d1.y;
+                a[2] += d0.x * B.a0 * c[2] + B.b * d0.y;
+                a[3] += d1.x * B.a0 * c[3] + B.b * d1.y;
+            }
         }
     }
 }
@@ -471,8 +495,8 @@ __device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, i
         PieceW pa[MR][2], pb[MR][2];
 #pragma unroll
         for (int m = 0; m < MR; m++) {
-            unit_words<TY>(unit_record<TY>(st + (16 * m + gid) * G::RB, tid, ra[m] ^ bodd), u, tid, pa[m]);
-            unit_words<TY>(unit_record<TY>(st + (16 * m + gid + 8) * G::RB, tid, rb[m] ^ bodd), u, tid, pb[m]);
+            unit_words<TY, true>(unit_record<TY>(st + (16 * m + gid) * G::RB, tid, ra[m] ^ bodd), u, tid, pa[m]);
+            unit_words<TY, true>(unit_record<TY>(st + (16 * m + gid + 8) * G::RB, tid, rb[m] ^ bodd), u, tid, pb[m]);
         }
 #pragma unroll
         for (int k = 0; k < 2; k++)
@@ -480,7 +504,7 @@ __device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, i
             for (int j = 0; j < NJ; j++) {
                 const i8* xp = (const i8*)(st + G::WB + (k * G::TW + 8 * j + gid) * 32);
                 float4 dd = *(const float4*)(st + G::WB + G::XQ + (k * G::TW + 8 * j + 2 * tid) * 8);
-                piece_mma<TY, MR, 2>(acc[j], pa, pb, k, xp, dd, tid);
+                piece_mma<TY, MR, 2, true>(acc[j], pa, pb, k, xp, dd, tid);
             }
         __syncwarp();
     }
