@@ -61,7 +61,7 @@ pub fn kernels_summary() -> String {
     match crate::amx::state() {
         crate::amx::AmxState::On => format!(
             "{base}; AMX int8 for Q4_K and Q6_K matmuls of {}+ tokens",
-            crate::repack::AMX_MIN_TOKENS
+            crate::amx::AMX_MIN_TOKENS
         ),
         crate::amx::AmxState::NotInCpu => base,
         other => format!("{base}; AMX {other}"),

@@ -246,11 +246,7 @@ fn source_row_bytes(
     Ok(row_bytes)
 }
 
-/// Tokens from which a matmul's integer sums go through AMX tiles, where the CPU has them
-/// ([`crate::amx`]); results are the same either way. Below it the per-group B-tile build
-/// does not pay: one 1.5B layer's Q4_K matmuls took 7.0 ms with AMX against 6.7 with VNNI at
-/// 16 tokens, 9.5 against 11.7 at 32 (`examples/prefill_matmul`, Xeon, 2 threads).
-pub const AMX_MIN_TOKENS: usize = 32;
+pub use crate::amx::AMX_MIN_TOKENS;
 
 /// A matmul's Q8_K activation rows laid out as AMX A tiles, built once per matmul where AMX
 /// runs: per 16-token tile, super-block and 64-element chunk, the chunk's quants of each token,
