@@ -28,6 +28,8 @@ mod error;
 pub mod float16;
 mod quantize;
 pub mod repack;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 pub use blocks::row_bytes;
 pub use dequant::dequantize_row;

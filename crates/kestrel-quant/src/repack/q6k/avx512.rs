@@ -2,7 +2,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::*;
-use crate::dot::avx512::dpwssd;
+use crate::simd::dpwssd;
 use std::arch::x86_64::*;
 
 /// Quad `quad` of a super-block's quants (`qs`) as the levels of its chunks A, B, C, D.
