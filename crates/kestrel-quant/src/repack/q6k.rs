@@ -23,6 +23,9 @@
 //! - `d[16]` f16, 32 bytes per super-block;
 //! - scales, 256 bytes per super-block: `sc[p][r][t]` i8, sub-block `2p + t` of row r (so one
 //!   32-byte load sign-extends to the 16 rows' scale pairs of element group `p`).
+//!
+//! On CPUs with AVX2 and no AVX-512 the `avx2` kernels run over the same layout, eight rows a
+//! vector, with the same integers and f32 steps (so the same bits).
 
 use super::{f16_at, f32_at, i16_at, AlignedBytes, AmxPanel, Q8K_BYTES, R};
 use crate::blocks::{BlockQ6K, QK_K};
@@ -248,6 +251,29 @@ impl Q6KRepacked {
             }
             return Ok(());
         }
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::avx2_available() {
+            let mut c = 0;
+            while c < acts.len() {
+                // decode's one or two tokens keep their 8 f32 lanes a row in registers
+                let n = (acts.len() - c).min(if batched { 4 } else { 2 });
+                let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
+                // SAFETY: AVX2, FMA and F16C are available; the group and every activation row
+                // were length-checked above.
+                unsafe {
+                    match (batched, n) {
+                        (true, 4) => avx2::batched::<4>(nb, w, a, o),
+                        (true, 3) => avx2::batched::<3>(nb, w, a, o),
+                        (true, 2) => avx2::batched::<2>(nb, w, a, o),
+                        (true, _) => avx2::batched::<1>(nb, w, a, o),
+                        (false, 2) => avx2::lanes8::<2>(nb, w, a, o),
+                        (false, _) => avx2::lanes8::<1>(nb, w, a, o),
+                    }
+                }
+                c += n;
+            }
+            return Ok(());
+        }
         for (t, a) in acts.iter().enumerate() {
             dot_scalar(nb, w, a, batched, &mut out[t * R..(t + 1) * R]);
         }
@@ -312,6 +338,9 @@ fn dot_scalar(nb: usize, w: &[u8], a: &[u8], batched: bool, out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 /// The AMX form of the tiled order. Each element's `(level - 32) * sc` (its sub-block's
 /// signed scale folded in; at most 4,096 in size) is split into a low 7-bit part (u8) and a
 /// high part (-32..32, i8): per 64-element chunk, one `tdpbsud` and one `tdpbssd` per 16 tokens
@@ -364,5 +393,85 @@ mod tests {
             }
         }
         assert!(Q6KRepacked::new(&w[..rb * 8], 8, cols).is_err());
+    }
+
+    /// The AVX2 kernels against the scalar form, bit for bit, on any CPU with AVX2 (whichever
+    /// backend this process detected): both orders, every token count a call takes, and the
+    /// i16 sums at their largest.
+    #[test]
+    fn the_avx2_kernels_equal_the_scalar_form() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c"))
+            {
+                eprintln!("skipped: no AVX2 / FMA / F16C on this CPU");
+                return;
+            }
+            let (rows, cols) = (32, 768);
+            let mut rng = Rng::new(0x5eed_0006);
+            let (w, _) = rng.matrix(GgmlType::Q6_K, rows, cols);
+            let mut packed = Q6KRepacked::new(&w, rows, cols).unwrap();
+            let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
+            let nb = cols / QK_K;
+            // Random weights, then every level 63 against activations of +127 (tokens 0, 2,
+            // ..) and -127 (tokens 1, 3, ..).
+            for extreme in [false, true] {
+                if extreme {
+                    for g in 0..rows / R {
+                        let stride = packed.stride;
+                        let grp = &mut packed.data.as_mut_slice()[g * stride..(g + 1) * stride];
+                        for i in 0..nb {
+                            let qs = offsets(i).0;
+                            grp[qs..qs + QS_BYTES].fill(0xff);
+                        }
+                    }
+                }
+                for t in 1..=4 {
+                    let mut acts = rng.acts(GgmlType::Q8_K, t, cols);
+                    if extreme {
+                        for (c, row) in acts.chunks_exact_mut(ab).enumerate() {
+                            for blk in row.chunks_exact_mut(Q8K_BYTES) {
+                                blk[4..260].fill(if c % 2 == 0 { 127 } else { 0x81 });
+                            }
+                        }
+                    }
+                    let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+                    for batched in [false, true] {
+                        if !batched && t > 2 {
+                            continue;
+                        }
+                        for g in 0..rows / R {
+                            let mut got = vec![0f32; t * R];
+                            let (w, a, o) = (packed.group(g), &act_rows[..], &mut got[..]);
+                            // SAFETY: AVX2, FMA and F16C checked above; rows of `nb` Q8_K blocks.
+                            unsafe {
+                                match (batched, t) {
+                                    (true, 4) => avx2::batched::<4>(nb, w, a, o),
+                                    (true, 3) => avx2::batched::<3>(nb, w, a, o),
+                                    (true, 2) => avx2::batched::<2>(nb, w, a, o),
+                                    (true, _) => avx2::batched::<1>(nb, w, a, o),
+                                    (false, 2) => avx2::lanes8::<2>(nb, w, a, o),
+                                    (false, _) => avx2::lanes8::<1>(nb, w, a, o),
+                                }
+                            }
+                            for (c, a) in act_rows.iter().enumerate() {
+                                let mut want = [0f32; R];
+                                dot_scalar(nb, packed.group(g), a, batched, &mut want);
+                                for r in 0..R {
+                                    assert_eq!(
+                                        got[c * R + r].to_bits(),
+                                        want[r].to_bits(),
+                                        "{t} tokens, batched {batched}, extreme {extreme}: \
+                                         group {g} token {c} row {r}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
