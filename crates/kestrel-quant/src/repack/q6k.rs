@@ -229,14 +229,11 @@ impl Q6KRepacked {
         }
         #[cfg(target_arch = "x86_64")]
         if super::avx512_available() {
-            let mut c = 0;
-            while c < acts.len() {
-                let n = (acts.len() - c).min(4);
-                let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
+            for (a, o) in acts.chunks(4).zip(out.chunks_mut(4 * R)) {
                 // SAFETY: AVX-512 VNNI is available; the group and every activation row were
                 // length-checked above.
                 unsafe {
-                    match (batched, n) {
+                    match (batched, a.len()) {
                         (true, 4) => avx512::batched::<4>(nb, w, a, o),
                         (true, 3) => avx512::batched::<3>(nb, w, a, o),
                         (true, 2) => avx512::batched::<2>(nb, w, a, o),
@@ -247,21 +244,18 @@ impl Q6KRepacked {
                         (false, _) => avx512::lanes8::<1>(nb, w, a, o),
                     }
                 }
-                c += n;
             }
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::avx2_available() {
-            let mut c = 0;
-            while c < acts.len() {
-                // decode's one or two tokens keep their 8 f32 lanes a row in registers
-                let n = (acts.len() - c).min(if batched { 4 } else { 2 });
-                let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
+            // decode's one or two tokens a call keep their 8 f32 lanes a row in registers
+            let n = if batched { 4 } else { 2 };
+            for (a, o) in acts.chunks(n).zip(out.chunks_mut(n * R)) {
                 // SAFETY: AVX2, FMA and F16C are available; the group and every activation row
                 // were length-checked above.
                 unsafe {
-                    match (batched, n) {
+                    match (batched, a.len()) {
                         (true, 4) => avx2::batched::<4>(nb, w, a, o),
                         (true, 3) => avx2::batched::<3>(nb, w, a, o),
                         (true, 2) => avx2::batched::<2>(nb, w, a, o),
@@ -270,7 +264,6 @@ impl Q6KRepacked {
                         (false, _) => avx2::lanes8::<1>(nb, w, a, o),
                     }
                 }
-                c += n;
             }
             return Ok(());
         }
