@@ -98,8 +98,8 @@ fn missing_file_and_bad_ids_are_clear_errors() {
 }
 
 /// `info --json` plans weight bytes as the sum of every tensor's type x shape, plus, on CPUs
-/// whose kernels repack Q4_K at load (AVX-512 VNNI or AVX2), the repacked layout's growth per 16 rows
-/// and 256 columns of each Q4_K matrix (embeddings aside): none today, 2,304 bytes either way.
+/// whose kernels repack Q4_K / Q6_K at load (AVX-512 VNNI or AVX2), each repacked matrix's
+/// padding of its 16-row groups to 64 bytes (embeddings aside unless tied).
 fn check_info(model: &Path) {
     let out = kestrel(&["info", "-m", model.to_str().unwrap(), "--json"]);
     assert!(
@@ -131,8 +131,7 @@ fn check_info(model: &Path) {
                 t.ggml_type,
                 kestrel_gguf::GgmlType::Q4_K | kestrel_gguf::GgmlType::Q6_K
             ) && (tied || t.name != "token_embd.weight")
-                && rows % 16 == 0
-                && kestrel_quant::repack::avx512_available()
+                && kestrel_quant::repack::Repacked::supports(t.ggml_type, rows as usize)
         })
         .map(|t| {
             let rows = t.dims.iter().skip(1).product::<u64>();

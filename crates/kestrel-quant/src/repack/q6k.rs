@@ -249,7 +249,7 @@ impl Q6KRepacked {
         }
         #[cfg(target_arch = "x86_64")]
         if crate::cpu::avx2_available() {
-            // decode's one or two tokens a call keep their 8 f32 lanes a row in registers
+            // decode's 8 f32 lanes a row for one or two tokens a call (more would only spill)
             let n = if batched { 4 } else { 2 };
             for (a, o) in acts.chunks(n).zip(out.chunks_mut(n * R)) {
                 // SAFETY: AVX2, FMA and F16C are available; the group and every activation row
