@@ -13,6 +13,8 @@ mod avx2;
 pub(crate) mod avx512;
 pub mod generic;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+mod q32;
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod x86;
 
 use crate::blocks::check_row;
@@ -160,7 +162,10 @@ pub fn vec_dot_rows_each_with(
     mut put: impl FnMut(usize, usize, &[f32; RUN], usize),
 ) -> Result<(), QuantError> {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if backend == Backend::Avx512Vnni && avx512::has_tile(w) && backend.is_available() {
+    if backend != Backend::Generic
+        && (q32::has_panel(w) || avx512::has_tile(w) && backend == Backend::Avx512Vnni)
+        && backend.is_available()
+    {
         for r in w_rows {
             check_row(w, n, r.len())?;
         }
@@ -168,8 +173,8 @@ pub fn vec_dot_rows_each_with(
             check_row(vec_dot_type(w), n, a.len())?;
         }
         let nb = n / w.block_len() as usize;
-        if avx512::has_pair_tile(w) {
-            panel_rows(w, nb, w_rows, acts, &mut put);
+        // SAFETY: the backend is available; the rows were length-checked above.
+        if unsafe { q32::panel_rows(backend, w, nb, w_rows, acts, &mut put) } {
             return Ok(());
         }
         // The K-quants (the only other `has_tile` types) through the register tile.
@@ -222,76 +227,6 @@ pub const PANEL_ROWS: usize = 8;
 
 /// The most consecutive rows one [`vec_dot_rows_each`] hand-over carries (the values array).
 pub const RUN: usize = PANEL_ROWS;
-
-/// The 32-element block types ([`avx512::has_pair_tile`]): up to eight weight rows at a time decoded once into a
-/// panel (two quads), then every activation row against it in tiles of four (lengths checked,
-/// AVX-512 available). The activations' block scales are converted to f32 once per call, in
-/// groups of four tokens, transposed (`[group][block][token]`), as the tile reads them.
-#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-fn panel_rows(
-    w: GgmlType,
-    nb: usize,
-    w_rows: &[&[u8]],
-    acts: &[&[u8]],
-    put: &mut impl FnMut(usize, usize, &[f32; RUN], usize),
-) {
-    thread_local! {
-        static PANEL: std::cell::RefCell<(avx512::Panel, Vec<f32>, Vec<f32>)> =
-            std::cell::RefCell::new((avx512::Panel::new(), Vec::new(), Vec::new()));
-    }
-    let t = acts.len();
-    if t == 0 {
-        return;
-    }
-    let by = vec_dot_type(w).block_bytes() as usize;
-    let groups = t.div_ceil(4);
-    PANEL.with_borrow_mut(|(panel, dy, dyt)| {
-        dy.clear();
-        dy.resize(t * nb, 0.0);
-        for (a, d) in acts.iter().zip(dy.chunks_exact_mut(nb)) {
-            // SAFETY: AVX-512 (so F16C) is available; each row holds `nb` blocks of `by` bytes.
-            unsafe { avx512::block_scales(a.as_ptr(), by, d) };
-        }
-        dyt.clear();
-        dyt.resize(groups * nb * 4, 0.0);
-        for (g, dg) in dyt.chunks_exact_mut(nb * 4).enumerate() {
-            for j in 0..4 {
-                // Past the last token the group repeats it (results not handed out).
-                let c = (4 * g + j).min(t - 1);
-                for (i, &d) in dy[c * nb..(c + 1) * nb].iter().enumerate() {
-                    dg[4 * i + j] = d;
-                }
-            }
-        }
-        let mut r = 0;
-        while r < w_rows.len() {
-            let mr = (w_rows.len() - r).min(PANEL_ROWS);
-            let x: Vec<*const u8> = w_rows[r..r + mr].iter().map(|row| row.as_ptr()).collect();
-            // SAFETY: AVX-512 VNNI is available (checked by the caller); rows hold `nb` blocks.
-            unsafe { avx512::panel_fill(w, nb, &x, panel) };
-            for g in 0..groups {
-                let c = 4 * g;
-                let yy = [0, 1, 2, 3].map(|j| acts[(c + j).min(t - 1)].as_ptr());
-                let nr = (t - c).min(4);
-                // [token][row] of this group.
-                let mut vals = [[0f32; RUN]; 4];
-                for q in 0..mr.div_ceil(4) {
-                    // SAFETY: as above; the panel holds quad q, `dyt` has `4 * nb` per group.
-                    let v = unsafe {
-                        avx512::panel_tile(w, nb, panel, q, yy, dyt[g * nb * 4..].as_ptr())
-                    };
-                    for (j, run) in vals.iter_mut().enumerate() {
-                        run[4 * q..4 * q + 4].copy_from_slice(&v[4 * j..4 * j + 4]);
-                    }
-                }
-                for (j, run) in vals.iter().enumerate().take(nr) {
-                    put(c + j, r, run, mr);
-                }
-            }
-            r += mr;
-        }
-    });
-}
 
 /// The first `MR` of `w_rows` (rows `r0..` of the call) against all of `acts` (lengths
 /// checked, AVX-512 available).
@@ -437,6 +372,12 @@ pub fn matvec(
     }
     let acts = [act];
     let ahead = crate::cpu::weight_prefetch_ahead();
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if backend == Backend::Avx2 && q32::has_panel(w) {
+        // SAFETY: AVX2 is available (detected); the rows and the activation were length-checked.
+        unsafe { q32::row_quads(w, nb, w_rows, row_bytes, &acts, out) };
+        return Ok(());
+    }
     for (r, o) in out.iter_mut().enumerate() {
         let row = &w_rows[r * row_bytes..(r + 1) * row_bytes];
         // The row `ahead` bytes on is on its way to L2 while this one is dotted.
@@ -517,6 +458,16 @@ pub fn matmul_few(
                 }
             }
         });
+        return Ok(());
+    }
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if backend == Backend::Avx2 && q32::has_panel(w) {
+        for a in acts {
+            check_row(vec_dot_type(w), n, a.len())?;
+        }
+        let nb = n / w.block_len() as usize;
+        // SAFETY: AVX2 is available (detected); rows and activations were length-checked.
+        unsafe { q32::row_quads(w, nb, w_rows, row_bytes, acts, out) };
         return Ok(());
     }
     for r in 0..rows {

@@ -298,5 +298,5 @@ mod pre;
 
 pub(crate) use ktile::matvec_k;
 use ktile::{ktile_q4k, ktile_q6k};
-pub(crate) use panel::{block_scales, panel_fill, panel_tile, Panel};
+pub(crate) use panel::Panel;
 pub(crate) use pre::{matvec_pre, multi_pre, preact_fill, PreAct};

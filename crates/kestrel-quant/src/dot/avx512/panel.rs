@@ -2,6 +2,7 @@
 //! whole batch of activation rows, then register tiles of rows x tokens.
 
 use super::*;
+use crate::dot::q32::PrefillPanel;
 
 /// Weight rows of a 32-element block type decoded once for a whole batch of activation rows,
 /// in quads of four rows: per row and block the signed quants (32 bytes: `q - 8`, `q - 16`,
@@ -25,8 +26,10 @@ pub(crate) struct Panel {
     prod: Vec<__m512>,
 }
 
-impl Panel {
-    pub(crate) fn new() -> Self {
+impl PrefillPanel for Panel {
+    const TOKENS: usize = 4;
+
+    fn new() -> Self {
         Self {
             x: Vec::new(),
             seed: Vec::new(),
@@ -35,14 +38,26 @@ impl Panel {
             prod: Vec::new(),
         }
     }
+
+    unsafe fn fill(&mut self, w: GgmlType, nb: usize, x: &[*const u8]) {
+        panel_fill(w, nb, x, self)
+    }
+
+    unsafe fn tile(
+        &mut self,
+        w: GgmlType,
+        nb: usize,
+        q: usize,
+        y: [*const u8; 4],
+        dyt: *const f32,
+    ) -> [f32; 16] {
+        panel_tile(w, nb, self, q, y, dyt)
+    }
 }
 
 /// Decodes rows `x` (1..=8) into `panel`, as `ceil(len / 4)` quads.
-///
-/// # Safety
-/// AVX-512 VNNI is available; each row holds `nb` blocks of `w` (a [`has_pair_tile`] type).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn panel_fill(w: GgmlType, nb: usize, x: &[*const u8], panel: &mut Panel) {
+unsafe fn panel_fill(w: GgmlType, nb: usize, x: &[*const u8], panel: &mut Panel) {
     match w {
         GgmlType::Q4_0 => panel_fill_t::<Q4_0>(nb, x, panel),
         GgmlType::Q5_0 => panel_fill_t::<Q5_0>(nb, x, panel),
@@ -120,17 +135,6 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
     }
 }
 
-/// The f16 scales leading each of `out.len()` blocks of `by` bytes at `row`, as f32 (F16C).
-///
-/// # Safety
-/// F16C is available; `row` holds `out.len()` blocks of `by >= 2` bytes.
-#[target_feature(enable = "avx2,f16c")]
-pub(crate) unsafe fn block_scales(row: *const u8, by: usize, out: &mut [f32]) {
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = fp16(row.add(i * by));
-    }
-}
-
 /// Four activation rows against quad `q` of a filled [`Panel`]: `[token][row]`, the same
 /// arithmetic as [`matvec_pre`] per row and token (bit for bit). `dyt` holds the four tokens'
 /// block scales as f32, transposed: `dyt[4 * block + c]`.
@@ -140,10 +144,8 @@ pub(crate) unsafe fn block_scales(row: *const u8, by: usize, out: &mut [f32]) {
 /// memory (sixteen products made by one 16-lane multiply per block), so the FP pipes do three
 /// 256-bit ops per 32 products.
 ///
-/// # Safety
-/// As [`panel_fill`]; the panel holds quad `q` of `nb` blocks of `w`; `dyt` has `4 * nb`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn panel_tile(
+unsafe fn panel_tile(
     w: GgmlType,
     nb: usize,
     panel: &mut Panel,
