@@ -109,6 +109,7 @@ macro_rules! x86_kernels {
                 GgmlType::Q5_0 => q5_0_q8_0::<N>(nb, x, y),
                 GgmlType::Q8_0 => q8_0_q8_0::<N>(nb, x, y),
                 GgmlType::Q4_K => q4_k_q8_k::<N>(nb, x, y),
+                GgmlType::Q5_K => q5_k_q8_k::<N>(nb, x, y),
                 GgmlType::Q6_K => q6_k_q8_k::<N>(nb, x, y),
                 _ => return None,
             })
@@ -316,15 +317,41 @@ macro_rules! x86_kernels {
             x: *const u8,
             y: [*const u8; N],
         ) -> [f32; N] {
+            k_scale_min::<N, false>(nb, x, y)
+        }
+
+        /// Q5_K (176 B: d, dmin, 12 B scales, 32 B fifth bits, 128 B nibbles) x Q8_K: Q4_K's
+        /// sums over 5-bit levels (`q + 16 * bit`; at most 31 x 2 x 128 a `maddubs` pair).
+        #[target_feature(enable = $feat)]
+        unsafe fn q5_k_q8_k<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            k_scale_min::<N, true>(nb, x, y)
+        }
+
+        /// The K-quants with 6-bit scales and mins (Q4_K; Q5_K with `FIFTH`, its fifth bits
+        /// after the scales): one 8-lane i32 sum per super-block and token, scaled by `d * dy`.
+        #[inline(always)]
+        unsafe fn k_scale_min<const N: usize, const FIFTH: bool>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
             const KMASK1: u32 = 0x3f3f3f3f;
             const KMASK2: u32 = 0x0f0f0f0f;
             const KMASK3: u32 = 0x03030303;
             let m4 = _mm256_set1_epi8(0x0f);
             let mut acc = [_mm256_setzero_ps(); N];
             let mut acc_m = [_mm_setzero_ps(); N];
+            let (block, qs) = if FIFTH { (176, 48) } else { (144, 16) };
+            let sixteen = _mm256_set1_epi8(16);
             for i in 0..nb {
-                let xb = x.add(i * 144);
+                let xb = x.add(i * block);
                 let (d, dmin) = (fp16(xb), fp16(xb.add(2)));
+                // Q5_K: element l of sub-block s has its fifth bit at bit s of byte l.
+                let fifth = _mm256_loadu_si256(xb.add(16) as *const __m256i);
                 // 12 packed bytes -> 8 scales then 8 mins, one byte each.
                 let sp = xb.add(4) as *const u32;
                 let mut u = [
@@ -369,9 +396,27 @@ macro_rules! x86_kernels {
                         _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((lo + 1) << 8) | lo));
                     let scale_h =
                         _mm256_shuffle_epi8(scales, _mm256_set1_epi16(((lo + 3) << 8) | (lo + 2)));
-                    let bits = _mm256_loadu_si256(xb.add(16 + 32 * j) as *const __m256i);
-                    let q4l = _mm256_and_si256(bits, m4);
-                    let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    let bits = _mm256_loadu_si256(xb.add(qs + 32 * j) as *const __m256i);
+                    let mut q4l = _mm256_and_si256(bits, m4);
+                    let mut q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                    if FIFTH {
+                        // Bits 2j and 2j + 1 of every byte moved to bit 4 (16-bit shifts by
+                        // the same count keep each byte's bits in that byte).
+                        let shifted = |s: i32| match s {
+                            0 => _mm256_slli_epi16::<4>(fifth),
+                            1 => _mm256_slli_epi16::<3>(fifth),
+                            2 => _mm256_slli_epi16::<2>(fifth),
+                            3 => _mm256_slli_epi16::<1>(fifth),
+                            4 => fifth,
+                            5 => _mm256_srli_epi16::<1>(fifth),
+                            6 => _mm256_srli_epi16::<2>(fifth),
+                            _ => _mm256_srli_epi16::<3>(fifth),
+                        };
+                        let hl = _mm256_and_si256(shifted(2 * j as i32), sixteen);
+                        let hh = _mm256_and_si256(shifted(2 * j as i32 + 1), sixteen);
+                        q4l = _mm256_or_si256(q4l, hl);
+                        q4h = _mm256_or_si256(q4h, hh);
+                    }
                     for c in 0..N {
                         let q8 = y[c].add(i * 292 + 4 + 64 * j);
                         let q8l = _mm256_loadu_si256(q8 as *const __m256i);
