@@ -106,6 +106,7 @@ macro_rules! x86_kernels {
             Some(match w {
                 GgmlType::Q4_0 => q4_0_q8_0::<N>(nb, x, y),
                 GgmlType::Q4_1 => q4_1_q8_1::<N>(nb, x, y),
+                GgmlType::Q5_1 => q5_1_q8_1::<N>(nb, x, y),
                 GgmlType::Q5_0 => q5_0_q8_0::<N>(nb, x, y),
                 GgmlType::Q8_0 => q8_0_q8_0::<N>(nb, x, y),
                 GgmlType::Q4_K => q4_k_q8_k::<N>(nb, x, y),
@@ -273,29 +274,56 @@ macro_rules! x86_kernels {
             x: *const u8,
             y: [*const u8; N],
         ) -> [f32; N] {
+            min_q8_1::<N, false>(nb, x, y)
+        }
+
+        /// Q5_1 (24 B: d, m, qh u32, 16 nibble bytes) x Q8_1: Q4_1's steps over the 5-bit
+        /// levels (the nibble with 16 added where the fifth bit is set).
+        #[target_feature(enable = $feat)]
+        unsafe fn q5_1_q8_1<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            min_q8_1::<N, true>(nb, x, y)
+        }
+
+        /// The 32-element types with a min (Q4_1; Q5_1 with `FIFTH`) against Q8_1 rows.
+        #[inline(always)]
+        unsafe fn min_q8_1<const N: usize, const FIFTH: bool>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            let (xs, qs) = if FIFTH { (24, 8) } else { (20, 4) };
             let mut acc = [_mm256_setzero_ps(); N];
             let mut summs = [0f32; N];
             let mut i = 0;
             while i < nb {
                 let n = (nb - i).min(8);
-                let d = scale_products(x, 20, 0, &y, 36, i, n);
+                let d = scale_products(x, xs, 0, &y, 36, i, n);
                 let mut mx = [0f32; 8];
                 let mut sy = [[0f32; 8]; N];
                 if n == 8 {
-                    _mm256_storeu_ps(mx.as_mut_ptr(), fp16x8(x.add(i * 20 + 2), 20));
+                    _mm256_storeu_ps(mx.as_mut_ptr(), fp16x8(x.add(i * xs + 2), xs));
                     for c in 0..N {
                         _mm256_storeu_ps(sy[c].as_mut_ptr(), fp16x8(y[c].add(i * 36 + 2), 36));
                     }
                 } else {
                     for k in 0..n {
-                        mx[k] = fp16(x.add((i + k) * 20 + 2));
+                        mx[k] = fp16(x.add((i + k) * xs + 2));
                         for c in 0..N {
                             sy[c][k] = fp16(y[c].add((i + k) * 36 + 2));
                         }
                     }
                 }
                 for k in 0..n {
-                    let qx = bytes_from_nibbles_32(x.add((i + k) * 20 + 4));
+                    let xb = x.add((i + k) * xs);
+                    let mut qx = bytes_from_nibbles_32(xb.add(qs));
+                    if FIFTH {
+                        let bit = bytes_from_bits_32(xb.add(4));
+                        qx = _mm256_or_si256(qx, _mm256_and_si256(bit, _mm256_set1_epi8(16)));
+                    }
                     for c in 0..N {
                         summs[c] = mx[k].mul_add(sy[c][k], summs[c]);
                         let qy = _mm256_loadu_si256(y[c].add((i + k) * 36 + 4) as *const __m256i);
