@@ -3,7 +3,8 @@
 //! integer dot products need no horizontal sums (on AVX2, Q4_K's: a 256-bit vector holds
 //! eight of the rows, and each row's `maddubs` pair sums are its lanes). Each layout keeps the f32 arithmetic of the
 //! llama.cpp kernel it replaces, so results stay bit-identical:
-//! - [`q4k`]: Q4_K, as llama.cpp's own repacked `q4_K_8x8` kernels;
+//! - [`q4k`]: Q4_K, as llama.cpp's own repacked `q4_K_8x8` kernels, and Q5_K in the same
+//!   order (with a plane of fifth bits);
 //! - [`q6k`]: Q6_K, as its `ggml_vec_dot_q6_K_q8_K` (fewer than 8 tokens) and its tiled
 //!   K-quant matmul (8 tokens or more);
 //! - [`q32`]: Q8_0, Q5_0 and Q4_0, as its `vec_dot` and tinyBLAS kernels for them.
@@ -33,6 +34,7 @@ const Q8K_BYTES: usize = 292;
 
 /// A matrix in one of the repacked layouts.
 pub enum Repacked {
+    /// Q4_K and Q5_K.
     Q4K(Q4KRepacked),
     Q6K(Q6KRepacked),
     Q32(Q32Repacked),
@@ -52,7 +54,7 @@ impl Repacked {
     /// every layout with AVX-512 VNNI, Q4_K's and Q6_K's with AVX2 too (their `avx2` kernels).
     pub fn supports(ty: GgmlType, rows: usize) -> bool {
         let simd = match ty {
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => avx512_available(),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q5_K => avx512_available(),
             GgmlType::Q4_K | GgmlType::Q6_K => crate::cpu::avx2_available(),
             _ => false,
         };
@@ -73,7 +75,9 @@ impl Repacked {
         done: &mut dyn FnMut(usize),
     ) -> Result<Self, QuantError> {
         match ty {
-            GgmlType::Q4_K => Ok(Self::Q4K(Q4KRepacked::new_with(bytes, rows, cols, done)?)),
+            GgmlType::Q4_K | GgmlType::Q5_K => Ok(Self::Q4K(Q4KRepacked::new_with(
+                ty, bytes, rows, cols, done,
+            )?)),
             GgmlType::Q6_K => Ok(Self::Q6K(Q6KRepacked::new_with(bytes, rows, cols, done)?)),
             GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => Ok(Self::Q32(
                 Q32Repacked::new_with(ty, bytes, rows, cols, done)?,
@@ -88,6 +92,7 @@ impl Repacked {
         let nb = cols / crate::blocks::QK_K;
         let group = match ty {
             GgmlType::Q4_K => nb * q4k::GROUP_BLOCK_BYTES,
+            GgmlType::Q5_K => nb * q4k::Q5K_GROUP_BLOCK_BYTES,
             GgmlType::Q6_K => nb * q6k::GROUP_BLOCK_BYTES,
             GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => {
                 cols / 32 * q32::group_block_bytes(ty)
@@ -108,7 +113,7 @@ impl Repacked {
     /// Row `r` as the file stored it (`out`: exactly the row's bytes).
     pub fn native_row(&self, r: usize, out: &mut [u8]) -> Result<(), QuantError> {
         let (rows, ty, cols) = match self {
-            Self::Q4K(p) => (p.rows(), GgmlType::Q4_K, p.cols()),
+            Self::Q4K(p) => (p.rows(), p.ty(), p.cols()),
             Self::Q6K(p) => (p.rows(), GgmlType::Q6_K, p.cols()),
             Self::Q32(p) => (p.rows(), p.ty(), p.cols()),
         };

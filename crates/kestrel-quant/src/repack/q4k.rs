@@ -1,5 +1,5 @@
-//! Q4_K repacked into 16-row groups; the f32 arithmetic follows llama.cpp's repacked Q4_K
-//! kernels (`ggml_gemv/gemm_q4_K_8x8_q8_K`) exactly:
+//! Q4_K (and Q5_K) repacked into 16-row groups; the f32 arithmetic follows llama.cpp's
+//! repacked Q4_K kernels (`ggml_gemv/gemm_q4_K_8x8_q8_K`) exactly:
 //!
 //! - GEMV order (decode, and the last `T % 4` tokens of a matmul): per super-block, the whole
 //!   integer sum `sum_j sc_j (q . y)_j` and the mins term `sum_j m_j bsum32_j` each go through
@@ -19,19 +19,62 @@
 //! of the mins, `[2][r]` their top two bits, `sc_j0 | sc_j1 << 2 | m_j0 << 4 | m_j1 << 6`. And
 //! `qs[sb][k][r]` holds bytes `32 sb + 4k .. 32 sb + 4k + 4` of row r's native `qs`: low
 //! nibbles are sub-block `2 sb`, high nibbles sub-block `2 sb + 1`, elements `4k .. 4k + 4`.
+//!
+//! Q5_K is Q4_K with a fifth bit per element: its groups' super-blocks hold `qh[sb][8][2] u64`
+//! before each pair's `qs[sb]` (2,816 bytes, again the 16 native blocks' size), `qh[sb][k][0]`
+//! the fifth bits of `qs[sb][k]`'s low nibbles (bit `4r + e` for row r's element `4k + e`),
+//! `[1]` of its high nibbles. The kernels are Q4_K's over levels `q + 16 * bit` (AVX-512 adds the 16 under the
+//! mask); the integer sums stay exact (at most 31 x 128 a product), the f32 steps are the same.
+//! The AVX2 and AMX kernels run Q4_K only.
 
 use super::{f16_at, f32_at, i16_at, AlignedBytes, AmxPanel, Q8K_BYTES, R};
-use crate::blocks::{scale_min_k4, BlockQ4K, QK_K};
+use crate::blocks::{scale_min_k4, K_SCALE_SIZE, QK_K};
 use crate::QuantError;
 use kestrel_gguf::GgmlType;
+use std::ptr::null;
 
 const Q4K_BYTES: usize = 144;
+const Q5K_BYTES: usize = 176;
 const D_OFF: usize = 0;
 const DMIN_OFF: usize = 2 * R;
 const SCM_OFF: usize = 4 * R;
 const QS_OFF: usize = SCM_OFF + 4 * 3 * R;
 /// Bytes of one group's super-block.
 pub const GROUP_BLOCK_BYTES: usize = QS_OFF + 4 * 8 * R * 4;
+/// Bytes of a sub-block pair's quants and of (Q5_K) its fifth bits.
+const QS_PAIR: usize = 8 * R * 4;
+const QH_PAIR: usize = 8 * 16;
+/// Bytes of one Q5_K group's super-block.
+pub const Q5K_GROUP_BLOCK_BYTES: usize = QS_OFF + 4 * (QH_PAIR + QS_PAIR);
+
+/// Where chunk `k` of sub-block pair `sb` (16 rows x 4 bytes) starts in a group super-block.
+/// Q5_K keeps each pair's fifth bits just before its quants ([`qh_at`]), so a super-block is
+/// read front to back (the bits at the end of it were a second stream that the hardware
+/// prefetcher did not follow: decode read at 9 GB/s where Q4_K's reads at 24).
+#[inline(always)]
+pub(crate) const fn qs_at(fifth: bool, sb: usize, k: usize) -> usize {
+    if fifth {
+        QS_OFF + sb * (QH_PAIR + QS_PAIR) + QH_PAIR + k * R * 4
+    } else {
+        QS_OFF + (sb * 8 + k) * R * 4
+    }
+}
+
+/// Where the fifth bits of chunk `k` of pair `sb` start in a Q5_K group super-block: a u64
+/// for its low nibbles, then one for its high nibbles.
+#[inline(always)]
+pub(crate) const fn qh_at(sb: usize, k: usize) -> usize {
+    QS_OFF + sb * (QH_PAIR + QS_PAIR) + k * 16
+}
+
+/// Bytes of a group's super-block: Q4_K's, or with `fifth` Q5_K's.
+pub(crate) const fn block_bytes(fifth: bool) -> usize {
+    if fifth {
+        Q5K_GROUP_BLOCK_BYTES
+    } else {
+        GROUP_BLOCK_BYTES
+    }
+}
 
 /// Up to this many tokens, the tiles take the scales from the packed group and prefetch the
 /// weight stream (decode); past it, the group's scales are unpacked once first (1.5B, AMD VM,
@@ -39,48 +82,64 @@ pub const GROUP_BLOCK_BYTES: usize = QS_OFF + 4 * 8 * R * 4;
 /// other way round).
 const FEW_TOKENS: usize = 16;
 
-/// A Q4_K matrix (`rows` a multiple of 16) in the repacked layout.
+/// A Q4_K or Q5_K matrix (`rows` a multiple of 16) in the repacked layout.
 pub struct Q4KRepacked {
     rows: usize,
     cols: usize,
+    /// Q5_K: the layout's fifth bits.
+    fifth: bool,
     data: AlignedBytes,
 }
 
 impl Q4KRepacked {
-    /// Repack `rows` rows of `cols` Q4_K elements (`bytes` row-major, as in a GGUF file).
-    pub fn new(bytes: &[u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
-        Self::new_with(bytes, rows, cols, &mut |_| {})
+    /// Repack `rows` rows of `cols` elements of `ty` (Q4_K or Q5_K; `bytes` row-major, as in a
+    /// GGUF file).
+    pub fn new(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        Self::new_with(ty, bytes, rows, cols, &mut |_| {})
     }
 
     /// [`Self::new`], calling `done(rows)` as the first `rows` rows are repacked (every
     /// 1,024 rows), so the caller can release their source pages as it goes.
     pub fn new_with(
+        ty: GgmlType,
         bytes: &[u8],
         rows: usize,
         cols: usize,
         done: &mut dyn FnMut(usize),
     ) -> Result<Self, QuantError> {
+        let fifth = match ty {
+            GgmlType::Q4_K => false,
+            GgmlType::Q5_K => true,
+            _ => return Err(QuantError::Unsupported { ty, op: "repack" }),
+        };
         let row_bytes = super::source_row_bytes(
-            GgmlType::Q4_K,
+            ty,
             bytes,
             rows,
             cols,
-            "Q4_K repack (rows must be a multiple of 16)",
+            "Q4_K / Q5_K repack (rows must be a multiple of 16)",
         )?;
         let nb = cols / QK_K;
-        let mut data = AlignedBytes::zeroed(rows / R * nb * GROUP_BLOCK_BYTES);
+        let (native, gbb) = if fifth {
+            (Q5K_BYTES, Q5K_GROUP_BLOCK_BYTES)
+        } else {
+            (Q4K_BYTES, GROUP_BLOCK_BYTES)
+        };
+        // Where the native block's quants start (Q5_K's fifth bits come before them).
+        let qs_from = native - QK_K / 2;
+        let mut data = AlignedBytes::zeroed(rows / R * nb * gbb);
         for g in 0..rows / R {
             for i in 0..nb {
-                let dst = &mut data.as_mut_slice()[(g * nb + i) * GROUP_BLOCK_BYTES..]
-                    [..GROUP_BLOCK_BYTES];
+                let dst = &mut data.as_mut_slice()[(g * nb + i) * gbb..][..gbb];
                 for r in 0..R {
-                    let src = &bytes[(g * R + r) * row_bytes + i * Q4K_BYTES..][..Q4K_BYTES];
-                    let blk: BlockQ4K = crate::blocks::read_block(src);
-                    dst[D_OFF + 2 * r..][..2].copy_from_slice(&blk.d.0.to_le_bytes());
-                    dst[DMIN_OFF + 2 * r..][..2].copy_from_slice(&blk.dmin.0.to_le_bytes());
+                    let src = &bytes[(g * R + r) * row_bytes + i * native..][..native];
+                    dst[D_OFF + 2 * r..][..2].copy_from_slice(&src[0..2]);
+                    dst[DMIN_OFF + 2 * r..][..2].copy_from_slice(&src[2..4]);
+                    let mut scales = [0u8; K_SCALE_SIZE];
+                    scales.copy_from_slice(&src[4..4 + K_SCALE_SIZE]);
                     for sb in 0..4 {
-                        let (sc0, m0) = scale_min_k4(2 * sb, &blk.scales);
-                        let (sc1, m1) = scale_min_k4(2 * sb + 1, &blk.scales);
+                        let (sc0, m0) = scale_min_k4(2 * sb, &scales);
+                        let (sc1, m1) = scale_min_k4(2 * sb + 1, &scales);
                         let at = SCM_OFF + 3 * R * sb + r;
                         dst[at] = (sc0 & 15) | (sc1 & 15) << 4;
                         dst[at + R] = (m0 & 15) | (m1 & 15) << 4;
@@ -89,8 +148,21 @@ impl Q4KRepacked {
                     }
                     for sb in 0..4 {
                         for k in 0..8 {
-                            let at = QS_OFF + ((sb * 8 + k) * R + r) * 4;
-                            dst[at..at + 4].copy_from_slice(&blk.qs[32 * sb + 4 * k..][..4]);
+                            let at = qs_at(fifth, sb, k) + 4 * r;
+                            dst[at..at + 4].copy_from_slice(&src[qs_from + 32 * sb + 4 * k..][..4]);
+                            if !fifth {
+                                continue;
+                            }
+                            // Element 4k + e of sub-block j has its fifth bit at bit j of
+                            // qh[4k + e]; here bit 4r + e of the (sb, k) mask of its nibbles.
+                            for e in 0..4 {
+                                let qh = src[16 + 4 * k + e];
+                                let bit = 4 * r + e;
+                                for (half, j) in [2 * sb, 2 * sb + 1].into_iter().enumerate() {
+                                    let at = qh_at(sb, k) + 8 * half + bit / 8;
+                                    dst[at] |= (qh >> j & 1) << (bit % 8);
+                                }
+                            }
                         }
                     }
                 }
@@ -99,7 +171,21 @@ impl Q4KRepacked {
                 done((g + 1) * R);
             }
         }
-        Ok(Self { rows, cols, data })
+        Ok(Self {
+            rows,
+            cols,
+            fifth,
+            data,
+        })
+    }
+
+    /// The file's type of these rows: Q4_K, or Q5_K.
+    pub fn ty(&self) -> GgmlType {
+        if self.fifth {
+            GgmlType::Q5_K
+        } else {
+            GgmlType::Q4_K
+        }
     }
 
     pub fn rows(&self) -> usize {
@@ -115,12 +201,14 @@ impl Q4KRepacked {
         self.data.len()
     }
 
-    /// Row `r` as the file stored it (`out`: the row's bytes, 144 per super-block).
+    /// Row `r` as the file stored it (`out`: the row's bytes, 144 or 176 per super-block).
     pub fn native_row(&self, r: usize, out: &mut [u8]) {
         let (g, rr) = (r / R, r % R);
         let w = self.group(g);
-        for (i, blk) in out.chunks_exact_mut(Q4K_BYTES).enumerate() {
-            let wb = &w[i * GROUP_BLOCK_BYTES..];
+        let native = if self.fifth { Q5K_BYTES } else { Q4K_BYTES };
+        let qs_from = native - QK_K / 2;
+        for (i, blk) in out.chunks_exact_mut(native).enumerate() {
+            let wb = &w[i * block_bytes(self.fifth)..];
             blk[0..2].copy_from_slice(&wb[D_OFF + 2 * rr..D_OFF + 2 * rr + 2]);
             blk[2..4].copy_from_slice(&wb[DMIN_OFF + 2 * rr..DMIN_OFF + 2 * rr + 2]);
             let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
@@ -136,10 +224,19 @@ impl Q4KRepacked {
                 q[j + 4] = m[j] | (m[j + 4] >> 4) << 6;
                 q[j + 8] = (sc[j + 4] & 15) | (m[j + 4] & 15) << 4;
             }
+            if self.fifth {
+                blk[16..48].fill(0);
+            }
             for sb in 0..4 {
                 for k in 0..8 {
-                    let at = QS_OFF + ((sb * 8 + k) * R + rr) * 4;
-                    blk[16 + 32 * sb + 4 * k..][..4].copy_from_slice(&wb[at..at + 4]);
+                    let at = qs_at(self.fifth, sb, k) + 4 * rr;
+                    blk[qs_from + 32 * sb + 4 * k..][..4].copy_from_slice(&wb[at..at + 4]);
+                    if self.fifth {
+                        for e in 0..4 {
+                            let (lo, hi) = fifth_bits(wb, sb, k, rr, e);
+                            blk[16 + 4 * k + e] |= lo << (2 * sb) | hi << (2 * sb + 1);
+                        }
+                    }
                 }
             }
         }
@@ -147,7 +244,8 @@ impl Q4KRepacked {
 
     fn group(&self, g: usize) -> &[u8] {
         let nb = self.cols / QK_K;
-        &self.data.as_slice()[g * nb * GROUP_BLOCK_BYTES..(g + 1) * nb * GROUP_BLOCK_BYTES]
+        let gbb = block_bytes(self.fifth);
+        &self.data.as_slice()[g * nb * gbb..(g + 1) * nb * gbb]
     }
 
     /// Rows `16 g .. 16 g + 16` against every activation row (Q8_K rows of `cols`):
@@ -164,7 +262,7 @@ impl Q4KRepacked {
     ) -> Result<(), QuantError> {
         let nb = self.cols / QK_K;
         super::check_q8k_group(
-            "Q4_K repacked group output",
+            "Q4_K / Q5_K repacked group output",
             g,
             self.rows / R,
             nb,
@@ -172,8 +270,9 @@ impl Q4KRepacked {
             out,
         )?;
         let w = self.group(g);
+        let fifth = self.fifth;
         #[cfg(target_arch = "x86_64")]
-        if let Some(panel) = panel.filter(|p| p.fits(acts.len(), nb)) {
+        if let Some(panel) = panel.filter(|p| !fifth && p.fits(acts.len(), nb)) {
             super::with_b_tiles(nb * amx_kernel::QUANT_BYTES, |bq| {
                 // SAFETY: a panel exists only where AMX (and so AVX-512 VNNI) is available; it
                 // holds these `acts` (same count, same `nb`), whose lengths were checked above;
@@ -188,7 +287,12 @@ impl Q4KRepacked {
                 // A few tokens (a verify pass, a small batched decode): straight from the packed
                 // scales; the group stays in L1 between the tiles.
                 // SAFETY: AVX-512 VNNI is available; every row was length-checked above.
-                unsafe { avx512::tiles::<false>(nb, w, std::ptr::null(), acts, gemm_upto, out) };
+                unsafe {
+                    match fifth {
+                        false => avx512::tiles::<false, false>(nb, w, null(), acts, gemm_upto, out),
+                        true => avx512::tiles::<false, true>(nb, w, null(), acts, gemm_upto, out),
+                    }
+                }
                 return Ok(());
             }
             thread_local! {
@@ -199,31 +303,47 @@ impl Q4KRepacked {
                 // SAFETY: AVX-512 VNNI is available; `pre` holds `nb * 256` bytes, this
                 // group's unpacked scales once `unpack_scales` has run.
                 unsafe {
-                    avx512::unpack_scales(nb, w, pre);
-                    avx512::tiles::<true>(nb, w, pre.as_ptr(), acts, gemm_upto, out);
+                    avx512::unpack_scales(nb, w, block_bytes(fifth), pre);
+                    let pre = pre.as_ptr();
+                    match fifth {
+                        false => avx512::tiles::<true, false>(nb, w, pre, acts, gemm_upto, out),
+                        true => avx512::tiles::<true, true>(nb, w, pre, acts, gemm_upto, out),
+                    }
                 }
             });
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::cpu::avx2_available() {
+        if !fifth && crate::cpu::avx2_available() {
             // SAFETY: AVX2, FMA and F16C are available (the AVX2 backend needs all three);
             // every row was length-checked above.
             unsafe { avx2::tiles(nb, w, acts, gemm_upto, out) };
             return Ok(());
         }
         for (t, a) in acts.iter().enumerate() {
-            dot_scalar(nb, w, a, t < gemm_upto, &mut out[t * R..(t + 1) * R]);
+            dot_scalar(nb, w, fifth, a, t < gemm_upto, &mut out[t * R..(t + 1) * R]);
         }
         Ok(())
     }
 }
 
 impl Q4KRepacked {
-    /// The AMX panel of these activation rows ([`AmxPanel::new`]).
+    /// The AMX panel of these activation rows ([`AmxPanel::new`]); none for Q5_K (its tiles
+    /// run on the VNNI kernels).
     pub fn amx_panel(&self, acts: &[&[u8]]) -> Option<AmxPanel> {
+        if self.fifth {
+            return None;
+        }
         AmxPanel::new(acts, self.cols / QK_K)
     }
+}
+
+/// Row r's fifth bits of element `4k + e` of sub-blocks `2 sb` and `2 sb + 1` in a Q5_K group
+/// super-block `wb`.
+fn fifth_bits(wb: &[u8], sb: usize, k: usize, r: usize, e: usize) -> (u8, u8) {
+    let (bit, at) = (4 * r + e, qh_at(sb, k));
+    let get = |half: usize| wb[at + 8 * half + bit / 8] >> (bit % 8) & 1;
+    (get(0), get(1))
 }
 
 /// Row r's (sc_j0, m_j0, sc_j1, m_j1) of sub-block pair `sb` in a group super-block `wb`.
@@ -240,11 +360,11 @@ fn scales_of(wb: &[u8], sb: usize, r: usize) -> (i32, i32, i32, i32) {
 
 /// The arithmetic of the repacked kernels, one lane at a time: the oracle for the SIMD form
 /// (integer sums are exact, the f32 operations the same, so results agree bit for bit).
-fn dot_scalar(nb: usize, w: &[u8], a: &[u8], gemm: bool, out: &mut [f32]) {
+fn dot_scalar(nb: usize, w: &[u8], fifth: bool, a: &[u8], gemm: bool, out: &mut [f32]) {
     for (r, o) in out.iter_mut().enumerate() {
         let (mut acc, mut acc_min) = (0f32, 0f32);
         for i in 0..nb {
-            let wb = &w[i * GROUP_BLOCK_BYTES..];
+            let wb = &w[i * block_bytes(fifth)..];
             let ab = &a[i * Q8K_BYTES..];
             let yd = f32_at(ab, 0);
             let dyd = f16_at(wb, D_OFF + 2 * r) * yd;
@@ -255,10 +375,16 @@ fn dot_scalar(nb: usize, w: &[u8], a: &[u8], gemm: bool, out: &mut [f32]) {
                 let mut hi = 0i32;
                 for k in 0..8 {
                     for b in 0..4 {
-                        let q = wb[QS_OFF + ((sb * 8 + k) * R + r) * 4 + b];
+                        let q = wb[qs_at(fifth, sb, k) + 4 * r + b];
+                        let (bl, bh) = if fifth {
+                            fifth_bits(wb, sb, k, r, b)
+                        } else {
+                            (0, 0)
+                        };
+                        let (ql, qh) = ((q & 0xf) | bl << 4, (q >> 4) | bh << 4);
                         let e = 4 * k + b;
-                        lo += (q & 0xf) as i32 * ab[4 + 64 * sb + e] as i8 as i32;
-                        hi += (q >> 4) as i32 * ab[4 + 64 * sb + 32 + e] as i8 as i32;
+                        lo += ql as i32 * ab[4 + 64 * sb + e] as i8 as i32;
+                        hi += qh as i32 * ab[4 + 64 * sb + 32 + e] as i8 as i32;
                     }
                 }
                 let (j0, j1) = (2 * sb, 2 * sb + 1);
@@ -315,10 +441,17 @@ mod tests {
 
     #[test]
     fn simd_equals_the_scalar_form_and_the_oracle_dot() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+            check_type(ty);
+        }
+    }
+
+    /// [`simd_equals_the_scalar_form_and_the_oracle_dot`] for one of the two types.
+    fn check_type(ty: GgmlType) {
         let (rows, cols) = (32, 512);
         let mut rng = Rng::new(0x1234_5678_9abc_def0);
-        let (w, rb) = rng.matrix(GgmlType::Q4_K, rows, cols);
-        let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
+        let (w, rb) = rng.matrix(ty, rows, cols);
+        let packed = Q4KRepacked::new(ty, &w, rows, cols).unwrap();
         assert_rows_round_trip(&w, rb, |r, out| packed.native_row(r, out));
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
         // Every tile shape: up to 16 tokens, the scales unpacked in the kernel; more: first;
@@ -330,7 +463,9 @@ mod tests {
             let act_rows: Vec<&[u8]> = owned.iter().map(|r| r.as_slice()).collect();
             let gemm_upto = t - t % 4;
             let panel = packed.amx_panel(&act_rows);
-            let amx = t >= super::super::AMX_MIN_TOKENS && crate::amx::available();
+            let amx = t >= super::super::AMX_MIN_TOKENS
+                && crate::amx::available()
+                && ty == GgmlType::Q4_K;
             assert_eq!(panel.is_some(), amx, "{t} tokens");
             for g in 0..rows / R {
                 let mut got = vec![0f32; t * R];
@@ -359,6 +494,7 @@ mod tests {
                     dot_scalar(
                         cols / QK_K,
                         packed.group(g),
+                        ty == GgmlType::Q5_K,
                         a,
                         c < gemm_upto,
                         &mut want[c * R..(c + 1) * R],
@@ -377,15 +513,14 @@ mod tests {
                 for c in 0..t {
                     for r in 0..R {
                         let row = &w[(g * R + r) * rb..(g * R + r + 1) * rb];
-                        let o =
-                            crate::dot::generic::vec_dot(GgmlType::Q4_K, cols, row, act_rows[c]);
+                        let o = crate::dot::generic::vec_dot(ty, cols, row, act_rows[c]);
                         let v = got[c * R + r];
-                        assert!((o - v).abs() <= 1e-3 * (1.0 + o.abs()), "{o} vs {v}");
+                        assert!((o - v).abs() <= 1e-3 * (1.0 + o.abs()), "{ty}: {o} vs {v}");
                     }
                 }
             }
         }
-        assert!(Q4KRepacked::new(&w[..rb * 8], 8, cols).is_err());
+        assert!(Q4KRepacked::new(ty, &w[..rb * 8], 8, cols).is_err());
     }
 
     /// The AVX2 kernels against the scalar form, bit for bit, on any CPU with AVX2 (whichever
@@ -404,7 +539,7 @@ mod tests {
             let (rows, cols) = (32, 768);
             let mut rng = Rng::new(0xa5a5_0002);
             let (w, _) = rng.matrix(GgmlType::Q4_K, rows, cols);
-            let mut packed = Q4KRepacked::new(&w, rows, cols).unwrap();
+            let mut packed = Q4KRepacked::new(GgmlType::Q4_K, &w, rows, cols).unwrap();
             let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
             let nb = cols / QK_K;
             let cases = [
@@ -446,7 +581,7 @@ mod tests {
                         unsafe { avx2::tiles(nb, packed.group(g), &act_rows, gemm_upto, &mut got) };
                         for (c, a) in act_rows.iter().enumerate() {
                             let mut want = [0f32; R];
-                            dot_scalar(nb, packed.group(g), a, c < gemm_upto, &mut want);
+                            dot_scalar(nb, packed.group(g), false, a, c < gemm_upto, &mut want);
                             for r in 0..R {
                                 assert_eq!(
                                     got[c * R + r].to_bits(),
@@ -467,7 +602,7 @@ mod tests {
         let (rows, cols) = (16, 512);
         let mut rng = Rng::new(0x0dd5_1175);
         let (w, _) = rng.matrix(GgmlType::Q4_K, rows, cols);
-        let packed = Q4KRepacked::new(&w, rows, cols).unwrap();
+        let packed = Q4KRepacked::new(GgmlType::Q4_K, &w, rows, cols).unwrap();
         let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
         // Splits that are not a multiple of 4 (no tile of their own), few tokens and many.
         for (t, gemm_upto) in [(3, 1), (6, 5), (9, 2), (13, 13), (19, 10), (21, 7)] {
@@ -479,7 +614,14 @@ mod tests {
                 .unwrap();
             for (c, a) in act_rows.iter().enumerate() {
                 let mut want = [0f32; R];
-                dot_scalar(cols / QK_K, packed.group(0), a, c < gemm_upto, &mut want);
+                dot_scalar(
+                    cols / QK_K,
+                    packed.group(0),
+                    false,
+                    a,
+                    c < gemm_upto,
+                    &mut want,
+                );
                 for r in 0..R {
                     assert_eq!(
                         got[c * R + r].to_bits(),

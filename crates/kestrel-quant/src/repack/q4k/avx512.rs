@@ -26,9 +26,9 @@ pub(super) unsafe fn scales_pair(wb: *const u8, sb: usize) -> [__m128i; 4] {
 /// bytes: per super-block and pair, [`scales_pair`]'s four vectors), for matmuls over many
 /// tokens, which would otherwise unpack them once per four tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-pub(super) unsafe fn unpack_scales(nb: usize, w: &[u8], pre: &mut [u8]) {
+pub(super) unsafe fn unpack_scales(nb: usize, w: &[u8], gbb: usize, pre: &mut [u8]) {
     for i in 0..nb {
-        let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
+        let wb = w.as_ptr().add(i * gbb);
         for sb in 0..4 {
             let at = pre.as_mut_ptr().add((i * 4 + sb) * 64);
             for (v, x) in scales_pair(wb, sb).into_iter().enumerate() {
@@ -38,13 +38,13 @@ pub(super) unsafe fn unpack_scales(nb: usize, w: &[u8], pre: &mut [u8]) {
     }
 }
 
-/// All of `acts` through [`tile`]s of 4 tokens (wider ones spill: 8-token tiles made the
+/// All of `acts` through [`tile`]s of 4 tokens (Q5_K's group with `FIFTH`) (wider ones spill: 8-token tiles made the
 /// 1.5B's pp512 12% slower, AMD VM, 2 threads): the GEMM-order tokens
 /// (`t < gemm_upto`) in whole tiles, a GEMV tail of up to 3 tokens joined to the last of
 /// them (one pass over the group saved). Shapes without a tile of their own (a `gemm_upto`
 /// that is not a multiple of 4) go one token at a time.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
-pub(super) unsafe fn tiles<const PRE: bool>(
+pub(super) unsafe fn tiles<const PRE: bool, const FIFTH: bool>(
     nb: usize,
     w: &[u8],
     pre: *const u8,
@@ -62,20 +62,20 @@ pub(super) unsafe fn tiles<const PRE: bool>(
         }
         let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
         match (n, g) {
-            (1, 0) => tile::<1, 0, PRE>(nb, w, pre, a, o),
-            (2, 0) => tile::<2, 0, PRE>(nb, w, pre, a, o),
-            (3, 0) => tile::<3, 0, PRE>(nb, w, pre, a, o),
-            (4, 4) => tile::<4, 4, PRE>(nb, w, pre, a, o),
-            (5, 4) => tile::<5, 4, PRE>(nb, w, pre, a, o),
-            (6, 4) => tile::<6, 4, PRE>(nb, w, pre, a, o),
-            (7, 4) => tile::<7, 4, PRE>(nb, w, pre, a, o),
+            (1, 0) => tile::<1, 0, PRE, FIFTH>(nb, w, pre, a, o),
+            (2, 0) => tile::<2, 0, PRE, FIFTH>(nb, w, pre, a, o),
+            (3, 0) => tile::<3, 0, PRE, FIFTH>(nb, w, pre, a, o),
+            (4, 4) => tile::<4, 4, PRE, FIFTH>(nb, w, pre, a, o),
+            (5, 4) => tile::<5, 4, PRE, FIFTH>(nb, w, pre, a, o),
+            (6, 4) => tile::<6, 4, PRE, FIFTH>(nb, w, pre, a, o),
+            (7, 4) => tile::<7, 4, PRE, FIFTH>(nb, w, pre, a, o),
             _ => {
                 for t in 0..n {
                     let o = &mut o[t * R..(t + 1) * R];
                     if t < g {
-                        tile::<1, 1, PRE>(nb, w, pre, &a[t..], o);
+                        tile::<1, 1, PRE, FIFTH>(nb, w, pre, &a[t..], o);
                     } else {
-                        tile::<1, 0, PRE>(nb, w, pre, &a[t..], o);
+                        tile::<1, 0, PRE, FIFTH>(nb, w, pre, &a[t..], o);
                     }
                 }
             }
@@ -87,7 +87,7 @@ pub(super) unsafe fn tiles<const PRE: bool>(
 /// The group (`nb` super-blocks) against `N` activation rows (`acts[0..N]`): `out[t * 16 +
 /// r]`, the first `G` tokens in the GEMM order, the rest in the GEMV order.
 #[inline(always)]
-unsafe fn tile<const N: usize, const G: usize, const PRE: bool>(
+unsafe fn tile<const N: usize, const G: usize, const PRE: bool, const FIFTH: bool>(
     nb: usize,
     w: &[u8],
     pre: *const u8,
@@ -101,11 +101,12 @@ unsafe fn tile<const N: usize, const G: usize, const PRE: bool>(
     } else {
         crate::cpu::weight_prefetch_ahead()
     };
+    let gbb = block_bytes(FIFTH);
     for i in 0..nb {
-        let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
-        crate::cpu::prefetch_ahead(wb, ahead, GROUP_BLOCK_BYTES);
+        let wb = w.as_ptr().add(i * gbb);
+        crate::cpu::prefetch_ahead(wb, ahead, gbb);
         let pre = pre.wrapping_add(i * 256);
-        block::<N, G, PRE>(i, wb, pre, acts, &mut acc, &mut acc_min);
+        block::<N, G, PRE, FIFTH>(i, wb, pre, acts, &mut acc, &mut acc_min);
     }
     for c in 0..N {
         _mm512_storeu_ps(
@@ -115,12 +116,12 @@ unsafe fn tile<const N: usize, const G: usize, const PRE: bool>(
     }
 }
 
-/// Super-block `i` (`wb`; with `PRE`, its scales unpacked at `pre`, [`unpack_scales`], else
+/// Super-block `i` (`wb`, Q5_K's with `FIFTH`; with `PRE`, its scales unpacked at `pre`, [`unpack_scales`], else
 /// taken from `wb`) against `N` activation rows (`acts[0..N]`): the first `G` in the GEMM
 /// order, the rest in the GEMV order, into `acc` and `acc_min`. The order is a constant so
 /// that only its accumulators are live: a few tokens run from registers.
 #[inline(always)]
-unsafe fn block<const N: usize, const G: usize, const PRE: bool>(
+unsafe fn block<const N: usize, const G: usize, const PRE: bool, const FIFTH: bool>(
     i: usize,
     wb: *const u8,
     pre: *const u8,
@@ -153,10 +154,17 @@ unsafe fn block<const N: usize, const G: usize, const PRE: bool>(
         let mut lo = [_mm512_setzero_si512(); N];
         let mut hi = [_mm512_setzero_si512(); N];
         for k in 0..8 {
-            let at = wb.add(QS_OFF + (sb * 8 + k) * R * 4);
+            let at = wb.add(qs_at(FIFTH, sb, k));
             let q = _mm512_loadu_si512(at as *const _);
-            let ql = _mm512_and_si512(q, m4);
-            let qh = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+            let mut ql = _mm512_and_si512(q, m4);
+            let mut qh = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+            if FIFTH {
+                // Q5_K: 16 added where the fifth bit is set (one mask bit a level).
+                let bits = wb.add(qh_at(sb, k)) as *const u64;
+                let sixteen = _mm512_set1_epi8(16);
+                ql = _mm512_mask_add_epi8(ql, bits.read_unaligned(), ql, sixteen);
+                qh = _mm512_mask_add_epi8(qh, bits.add(1).read_unaligned(), qh, sixteen);
+            }
             for c in 0..N {
                 let y = a[c].add(4 + 64 * sb + 4 * k);
                 let yl = _mm512_set1_epi32((y as *const i32).read_unaligned());
