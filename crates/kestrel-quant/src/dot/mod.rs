@@ -15,7 +15,7 @@ pub mod generic;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod q32;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-mod x86;
+pub(crate) mod x86;
 
 use crate::blocks::check_row;
 use crate::QuantError;

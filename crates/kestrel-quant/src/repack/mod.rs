@@ -51,11 +51,11 @@ pub enum PreparedActs<'a> {
 
 impl Repacked {
     /// Whether `ty` has a repacked layout and kernel on this CPU for a matrix of `rows` rows:
-    /// every layout with AVX-512 VNNI, Q4_K's and Q6_K's with AVX2 too (their `avx2` kernels).
+    /// every layout with AVX-512 VNNI, the K-quants' with AVX2 too (their `avx2` kernels).
     pub fn supports(ty: GgmlType, rows: usize) -> bool {
         let simd = match ty {
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q5_K => avx512_available(),
-            GgmlType::Q4_K | GgmlType::Q6_K => crate::cpu::avx2_available(),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => avx512_available(),
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => crate::cpu::avx2_available(),
             _ => false,
         };
         simd && rows.is_multiple_of(R)

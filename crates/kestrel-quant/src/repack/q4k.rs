@@ -25,7 +25,8 @@
 //! the fifth bits of `qs[sb][k]`'s low nibbles (bit `4r + e` for row r's element `4k + e`),
 //! `[1]` of its high nibbles. The kernels are Q4_K's over levels `q + 16 * bit` (AVX-512 adds the 16 under the
 //! mask); the integer sums stay exact (at most 31 x 128 a product), the f32 steps are the same.
-//! The AVX2 and AMX kernels run Q4_K only.
+//! The AVX2 kernels sum Q5_K's sub-blocks in i16 four steps at a time instead of eight (31 x
+//! 128 products); the AMX kernels run Q4_K only.
 
 use super::{f16_at, f32_at, i16_at, AlignedBytes, AmxPanel, Q8K_BYTES, R};
 use crate::blocks::{scale_min_k4, K_SCALE_SIZE, QK_K};
@@ -314,10 +315,15 @@ impl Q4KRepacked {
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
-        if !fifth && crate::cpu::avx2_available() {
+        if crate::cpu::avx2_available() {
             // SAFETY: AVX2, FMA and F16C are available (the AVX2 backend needs all three);
             // every row was length-checked above.
-            unsafe { avx2::tiles(nb, w, acts, gemm_upto, out) };
+            unsafe {
+                match fifth {
+                    false => avx2::tiles::<false>(nb, w, acts, gemm_upto, out),
+                    true => avx2::tiles::<true>(nb, w, acts, gemm_upto, out),
+                }
+            };
             return Ok(());
         }
         for (t, a) in acts.iter().enumerate() {
@@ -536,60 +542,76 @@ mod tests {
                 eprintln!("skipped: no AVX2 / FMA / F16C on this CPU");
                 return;
             }
-            let (rows, cols) = (32, 768);
-            let mut rng = Rng::new(0xa5a5_0002);
-            let (w, _) = rng.matrix(GgmlType::Q4_K, rows, cols);
-            let mut packed = Q4KRepacked::new(GgmlType::Q4_K, &w, rows, cols).unwrap();
-            let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
-            let nb = cols / QK_K;
-            let cases = [
-                (1, 0),
-                (2, 0),
-                (3, 0),
-                (4, 4),
-                (4, 0),
-                (7, 4),
-                (9, 8),
-                (6, 5),
-                (13, 2),
-            ];
-            // Random weights, then the i16 sums at their largest: every nibble 15 against
-            // activations of +127 (tokens 0, 2, ..) and -127 (tokens 1, 3, ..).
-            for extreme in [false, true] {
-                if extreme {
-                    for blk in packed
-                        .data
-                        .as_mut_slice()
-                        .chunks_exact_mut(GROUP_BLOCK_BYTES)
-                    {
-                        blk[QS_OFF..].fill(0xff);
-                    }
+            for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+                avx2_case(ty);
+            }
+        }
+    }
+
+    /// [`the_avx2_kernels_equal_the_scalar_form`] for one of the two types.
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_case(ty: GgmlType) {
+        let fifth = ty == GgmlType::Q5_K;
+        let (rows, cols) = (32, 768);
+        let mut rng = Rng::new(0xa5a5_0002);
+        let (w, _) = rng.matrix(ty, rows, cols);
+        let mut packed = Q4KRepacked::new(ty, &w, rows, cols).unwrap();
+        let ab = crate::row_bytes(GgmlType::Q8_K, cols).unwrap();
+        let nb = cols / QK_K;
+        let cases = [
+            (1, 0),
+            (2, 0),
+            (3, 0),
+            (4, 4),
+            (4, 0),
+            (7, 4),
+            (9, 8),
+            (6, 5),
+            (13, 2),
+        ];
+        // Random weights, then the i16 sums at their largest: every level 15 (Q5_K: 31)
+        // against activations of +127 (tokens 0, 2, ..) and -127 (tokens 1, 3, ..).
+        for extreme in [false, true] {
+            if extreme {
+                for blk in packed
+                    .data
+                    .as_mut_slice()
+                    .chunks_exact_mut(block_bytes(fifth))
+                {
+                    blk[QS_OFF..].fill(0xff);
                 }
-                for (t, gemm_upto) in cases {
-                    let mut acts = rng.acts(GgmlType::Q8_K, t, cols);
-                    if extreme {
-                        for (c, row) in acts.chunks_exact_mut(ab).enumerate() {
-                            for blk in row.chunks_exact_mut(Q8K_BYTES) {
-                                blk[4..260].fill(if c % 2 == 0 { 127 } else { 0x81 });
-                            }
+            }
+            for (t, gemm_upto) in cases {
+                let mut acts = rng.acts(GgmlType::Q8_K, t, cols);
+                if extreme {
+                    for (c, row) in acts.chunks_exact_mut(ab).enumerate() {
+                        for blk in row.chunks_exact_mut(Q8K_BYTES) {
+                            blk[4..260].fill(if c % 2 == 0 { 127 } else { 0x81 });
                         }
                     }
-                    let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
-                    for g in 0..rows / R {
-                        let mut got = vec![0f32; t * R];
-                        // SAFETY: AVX2, FMA and F16C checked above; rows of `nb` Q8_K blocks.
-                        unsafe { avx2::tiles(nb, packed.group(g), &act_rows, gemm_upto, &mut got) };
-                        for (c, a) in act_rows.iter().enumerate() {
-                            let mut want = [0f32; R];
-                            dot_scalar(nb, packed.group(g), false, a, c < gemm_upto, &mut want);
-                            for r in 0..R {
-                                assert_eq!(
-                                    got[c * R + r].to_bits(),
-                                    want[r].to_bits(),
-                                    "{t} tokens, GEMM order up to {gemm_upto}, extreme {extreme}: \
-                                     group {g} token {c} row {r}"
-                                );
-                            }
+                }
+                let act_rows: Vec<&[u8]> = acts.chunks_exact(ab).collect();
+                for g in 0..rows / R {
+                    let mut got = vec![0f32; t * R];
+                    let w = packed.group(g);
+                    // SAFETY: AVX2, FMA and F16C checked by the caller; rows of `nb` Q8_K
+                    // blocks.
+                    unsafe {
+                        match fifth {
+                            false => avx2::tiles::<false>(nb, w, &act_rows, gemm_upto, &mut got),
+                            true => avx2::tiles::<true>(nb, w, &act_rows, gemm_upto, &mut got),
+                        }
+                    }
+                    for (c, a) in act_rows.iter().enumerate() {
+                        let mut want = [0f32; R];
+                        dot_scalar(nb, w, fifth, a, c < gemm_upto, &mut want);
+                        for r in 0..R {
+                            assert_eq!(
+                                got[c * R + r].to_bits(),
+                                want[r].to_bits(),
+                                "{ty} {t} tokens, GEMM order up to {gemm_upto}, extreme \
+                                 {extreme}: group {g} token {c} row {r}"
+                            );
                         }
                     }
                 }

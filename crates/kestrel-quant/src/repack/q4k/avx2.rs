@@ -1,10 +1,18 @@
 use super::*;
+use crate::dot::x86::bytes_from_bits_32;
 use std::arch::x86_64::*;
 
-/// As `avx512::tiles`: the group against every activation row, the first `gemm_upto` in
-/// the GEMM order, the rest in the GEMV order.
+/// As `avx512::tiles`: the group (Q5_K's with `FIFTH`) against every activation row, the
+/// first `gemm_upto` in the GEMM order, the rest in the GEMV order. Q5_K takes two tokens at
+/// a time (its sums need more registers).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn tiles(nb: usize, w: &[u8], acts: &[&[u8]], gemm_upto: usize, out: &mut [f32]) {
+pub(super) unsafe fn tiles<const FIFTH: bool>(
+    nb: usize,
+    w: &[u8],
+    acts: &[&[u8]],
+    gemm_upto: usize,
+    out: &mut [f32],
+) {
     let t_len = acts.len();
     // The weight stream is prefetched for a few tokens (decode), as on AVX-512; a matmul
     // over more passes over the group while it is in L1 / L2.
@@ -15,22 +23,23 @@ pub(super) unsafe fn tiles(nb: usize, w: &[u8], acts: &[&[u8]], gemm_upto: usize
     };
     let mut c = 0;
     while c < t_len {
-        let n = (t_len - c).min(4);
+        let n = (t_len - c).min(if FIFTH { 2 } else { 4 });
         let g = gemm_upto.saturating_sub(c).min(n);
         let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
         match (n, g) {
-            (4, 4) => tile::<4, 4>(nb, w, ahead, a, o),
-            (4, 0) => tile::<4, 0>(nb, w, ahead, a, o),
-            (3, 0) => tile::<3, 0>(nb, w, ahead, a, o),
-            (2, 0) => tile::<2, 0>(nb, w, ahead, a, o),
-            (1, 0) => tile::<1, 0>(nb, w, ahead, a, o),
+            (4, 4) => tile::<4, 4, FIFTH>(nb, w, ahead, a, o),
+            (4, 0) => tile::<4, 0, FIFTH>(nb, w, ahead, a, o),
+            (3, 0) => tile::<3, 0, FIFTH>(nb, w, ahead, a, o),
+            (2, 2) => tile::<2, 2, FIFTH>(nb, w, ahead, a, o),
+            (2, 0) => tile::<2, 0, FIFTH>(nb, w, ahead, a, o),
+            (1, 0) => tile::<1, 0, FIFTH>(nb, w, ahead, a, o),
             _ => {
                 for t in 0..n {
                     let o = &mut o[t * R..(t + 1) * R];
                     if t < g {
-                        tile::<1, 1>(nb, w, ahead, &a[t..], o);
+                        tile::<1, 1, FIFTH>(nb, w, ahead, &a[t..], o);
                     } else {
-                        tile::<1, 0>(nb, w, ahead, &a[t..], o);
+                        tile::<1, 0, FIFTH>(nb, w, ahead, &a[t..], o);
                     }
                 }
             }
@@ -45,7 +54,7 @@ pub(super) unsafe fn tiles(nb: usize, w: &[u8], acts: &[&[u8]], gemm_upto: usize
 /// all super-blocks in turn (the accumulators of both would not fit the 16 registers; the
 /// group stays in L1 or L2 for the second).
 #[inline(always)]
-unsafe fn tile<const N: usize, const G: usize>(
+unsafe fn tile<const N: usize, const G: usize, const FIFTH: bool>(
     nb: usize,
     w: &[u8],
     ahead: usize,
@@ -56,13 +65,14 @@ unsafe fn tile<const N: usize, const G: usize>(
     for &halves in passes {
         let mut acc = [[_mm256_setzero_ps(); N]; 2];
         let mut acc_min = [[_mm256_setzero_ps(); N]; 2];
+        let gbb = block_bytes(FIFTH);
         for i in 0..nb {
-            let wb = w.as_ptr().add(i * GROUP_BLOCK_BYTES);
+            let wb = w.as_ptr().add(i * gbb);
             if halves[0] == 0 {
-                crate::cpu::prefetch_ahead(wb, ahead, GROUP_BLOCK_BYTES);
+                crate::cpu::prefetch_ahead(wb, ahead, gbb);
             }
             for &h in halves {
-                block::<N, G>(i, wb, h, acts, &mut acc[h], &mut acc_min[h]);
+                block::<N, G, FIFTH>(i, wb, h, acts, &mut acc[h], &mut acc_min[h]);
             }
         }
         for &h in halves {
@@ -85,9 +95,11 @@ unsafe fn pairs(v: __m128i) -> __m256i {
 }
 
 /// Super-block `i` of rows `8 h .. 8 h + 8` against `N` activation rows, into `acc` and
-/// `acc_min` (GEMM order for the first `G`, else GEMV, as `avx512::block`).
+/// `acc_min` (GEMM order for the first `G`, else GEMV, as `avx512::block`). Q5_K's levels
+/// (`FIFTH`, up to 31) would overflow the i16 sums of eight steps (8 x 2 x 31 x 128): its
+/// sub-blocks go through the scales' `madd` every four.
 #[inline(always)]
-unsafe fn block<const N: usize, const G: usize>(
+unsafe fn block<const N: usize, const G: usize, const FIFTH: bool>(
     i: usize,
     wb: *const u8,
     h: usize,
@@ -112,11 +124,21 @@ unsafe fn block<const N: usize, const G: usize>(
         let mins = _mm256_set_m128i(_mm_unpackhi_epi16(m0, m1), _mm_unpacklo_epi16(m0, m1));
         let mut lo = [_mm256_setzero_si256(); N];
         let mut hi = [_mm256_setzero_si256(); N];
+        // Q5_K: the first four steps' scaled sums.
+        let mut part = [_mm256_setzero_si256(); N];
         for k in 0..8 {
-            let at = wb.add(QS_OFF + (sb * 8 + k) * R * 4 + 32 * h);
+            let at = wb.add(qs_at(FIFTH, sb, k) + 32 * h);
             let q = _mm256_loadu_si256(at as *const __m256i);
-            let ql = _mm256_and_si256(q, m4);
-            let qh = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            let mut ql = _mm256_and_si256(q, m4);
+            let mut qh = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            if FIFTH {
+                // This half's 32 bits of each mask, one a byte, 16 where set.
+                let bits = wb.add(qh_at(sb, k) + 4 * h);
+                let sixteen = _mm256_set1_epi8(16);
+                let fifth = |p: *const u8| _mm256_and_si256(bytes_from_bits_32(p), sixteen);
+                ql = _mm256_or_si256(ql, fifth(bits));
+                qh = _mm256_or_si256(qh, fifth(bits.add(8)));
+            }
             for c in 0..N {
                 let y = a[c].add(4 + 64 * sb + 4 * k);
                 let yl = _mm256_set1_epi32((y as *const i32).read_unaligned());
@@ -124,10 +146,24 @@ unsafe fn block<const N: usize, const G: usize>(
                 lo[c] = _mm256_add_epi16(lo[c], _mm256_maddubs_epi16(ql, yl));
                 hi[c] = _mm256_add_epi16(hi[c], _mm256_maddubs_epi16(qh, yh));
             }
+            if FIFTH && k == 3 {
+                for c in 0..N {
+                    part[c] = _mm256_add_epi32(
+                        _mm256_madd_epi16(lo[c], sc0),
+                        _mm256_madd_epi16(hi[c], sc1),
+                    );
+                    (lo[c], hi[c]) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                }
+            }
         }
         for c in 0..N {
             let isb =
                 _mm256_add_epi32(_mm256_madd_epi16(lo[c], sc0), _mm256_madd_epi16(hi[c], sc1));
+            let isb = if FIFTH {
+                _mm256_add_epi32(isb, part[c])
+            } else {
+                isb
+            };
             let bs = a[c].add(260 + 8 * sb) as *const i16;
             let b0 = bs.read_unaligned() as i32 + bs.add(1).read_unaligned() as i32;
             let b1 = bs.add(2).read_unaligned() as i32 + bs.add(3).read_unaligned() as i32;
