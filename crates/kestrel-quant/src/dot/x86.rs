@@ -109,6 +109,8 @@ macro_rules! x86_kernels {
                 GgmlType::Q5_1 => q5_1_q8_1::<N>(nb, x, y),
                 GgmlType::Q5_0 => q5_0_q8_0::<N>(nb, x, y),
                 GgmlType::Q8_0 => q8_0_q8_0::<N>(nb, x, y),
+                GgmlType::Q2_K => q2_k_q8_k::<N>(nb, x, y),
+                GgmlType::Q3_K => q3_k_q8_k::<N>(nb, x, y),
                 GgmlType::Q4_K => q4_k_q8_k::<N>(nb, x, y),
                 GgmlType::Q5_K => q5_k_q8_k::<N>(nb, x, y),
                 GgmlType::Q6_K => q6_k_q8_k::<N>(nb, x, y),
@@ -469,6 +471,177 @@ macro_rules! x86_kernels {
             finish(acc, mins)
         }
 
+        /// The i16 scale of 16-element sub-block `s` in lanes 0..8 and of `s + 1` in lanes
+        /// 8..16, from 16 scale bytes (signed with `SIGNED`): `maddubs` lanes 0..8 hold
+        /// elements 0..16 of a 32-element run, lanes 8..16 the next 16.
+        #[inline(always)]
+        unsafe fn scale_pair16<const SIGNED: bool>(scales: __m128i, s: usize) -> __m256i {
+            let s = s as i64;
+            let pick = _mm_set_epi64x((s + 1) * 0x0101010101010101, s * 0x0101010101010101);
+            let b = _mm_shuffle_epi8(scales, pick);
+            if SIGNED {
+                _mm256_cvtepi8_epi16(b)
+            } else {
+                _mm256_cvtepu8_epi16(b)
+            }
+        }
+
+        /// 2-bit field `k` (bits 2k, 2k + 1) of every byte of `bits`.
+        #[inline(always)]
+        unsafe fn crumb(bits: __m256i, k: usize) -> __m256i {
+            let m3 = _mm256_set1_epi8(3);
+            match k {
+                0 => _mm256_and_si256(bits, m3),
+                1 => _mm256_and_si256(_mm256_srli_epi16::<2>(bits), m3),
+                2 => _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m3),
+                _ => _mm256_and_si256(_mm256_srli_epi16::<6>(bits), m3),
+            }
+        }
+
+        /// Q2_K (84 B: 16 bytes of 4-bit scale | 4-bit min, 64 B of 2-bit quants, d, dmin) x
+        /// Q8_K. Per super-block: `sum_j sc_j (q . y)_j` over its 16-element sub-blocks, less
+        /// `dmin / d` times `sum_j m_j bsum_j`. Element `128 n + 32 k + l` is field k of quant
+        /// byte `32 n + l`, in sub-block `8 n + 2 k` (l < 16) or the next.
+        #[target_feature(enable = $feat)]
+        unsafe fn q2_k_q8_k<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            let m4 = _mm_set1_epi8(0x0f);
+            let mut acc = [_mm256_setzero_ps(); N];
+            let mut acc_m = [_mm256_setzero_ps(); N];
+            for i in 0..nb {
+                let xb = x.add(i * 84);
+                let (d, dmin) = (fp16(xb.add(80)), fp16(xb.add(82)));
+                let sm = _mm_loadu_si128(xb as *const __m128i);
+                let scales = _mm_and_si128(sm, m4);
+                let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sm), m4));
+                let mut yd = [0f32; N];
+                let mut sumi = [_mm256_setzero_si256(); N];
+                for c in 0..N {
+                    let yb = y[c].add(i * 292);
+                    yd[c] = (yb as *const f32).read_unaligned();
+                    let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+                    let prod = _mm256_madd_epi16(mins, bsums);
+                    acc_m[c] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(dmin * yd[c]),
+                        _mm256_cvtepi32_ps(prod),
+                        acc_m[c],
+                    );
+                }
+                for n in 0..2 {
+                    let bits = _mm256_loadu_si256(xb.add(16 + 32 * n) as *const __m256i);
+                    for k in 0..4 {
+                        let q = crumb(bits, k);
+                        let sc = scale_pair16::<false>(scales, 8 * n + 2 * k);
+                        for c in 0..N {
+                            let q8 = _mm256_loadu_si256(
+                                y[c].add(i * 292 + 4 + 128 * n + 32 * k) as *const __m256i
+                            );
+                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, q8));
+                            sumi[c] = _mm256_add_epi32(sumi[c], p);
+                        }
+                    }
+                }
+                for c in 0..N {
+                    acc[c] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(d * yd[c]),
+                        _mm256_cvtepi32_ps(sumi[c]),
+                        acc[c],
+                    );
+                }
+            }
+            let mut mins = [0f32; N];
+            for c in 0..N {
+                mins[c] = -hsum8(acc_m[c]);
+            }
+            finish(acc, mins)
+        }
+
+        /// Q3_K (110 B: 32 B of high bits, 64 B of 2-bit quants, 12 B of packed 6-bit scales,
+        /// d) x Q8_K. Level `q2 + 4 h` (0..7, `h` the high bit) stands for `q2 + 4 h - 4`, so
+        /// per super-block: `sum_j s_j (q . y)_j - 4 sum_j s_j bsum_j` with `s_j = scale_j -
+        /// 32`; elements as Q2_K's, the high bit of element `128 n + 32 k + l` at bit `4 n +
+        /// k` of byte l.
+        #[target_feature(enable = $feat)]
+        unsafe fn q3_k_q8_k<const N: usize>(
+            nb: usize,
+            x: *const u8,
+            y: [*const u8; N],
+        ) -> [f32; N] {
+            const KMASK1: u32 = 0x03030303;
+            const KMASK2: u32 = 0x0f0f0f0f;
+            let four = _mm256_set1_epi8(4);
+            let mut acc = [_mm256_setzero_ps(); N];
+            for i in 0..nb {
+                let xb = x.add(i * 110);
+                let d = fp16(xb.add(108));
+                // 12 packed bytes -> 16 six-bit scales, one byte each (llama.cpp's unpacking).
+                let sp = xb.add(96) as *const u32;
+                let a = [
+                    sp.read_unaligned(),
+                    sp.add(1).read_unaligned(),
+                    sp.add(2).read_unaligned(),
+                ];
+                let u = [
+                    (a[0] & KMASK2) | ((a[2] & KMASK1) << 4),
+                    (a[1] & KMASK2) | (((a[2] >> 2) & KMASK1) << 4),
+                    ((a[0] >> 4) & KMASK2) | (((a[2] >> 4) & KMASK1) << 4),
+                    ((a[1] >> 4) & KMASK2) | (((a[2] >> 6) & KMASK1) << 4),
+                ];
+                let scales = _mm_sub_epi8(
+                    _mm_set_epi32(u[3] as i32, u[2] as i32, u[1] as i32, u[0] as i32),
+                    _mm_set1_epi8(32),
+                );
+                let sc16 = _mm256_cvtepi8_epi16(scales);
+                let hbits = _mm256_loadu_si256(xb as *const __m256i);
+                let mut yd = [0f32; N];
+                let mut sumi = [_mm256_setzero_si256(); N];
+                for c in 0..N {
+                    let yb = y[c].add(i * 292);
+                    yd[c] = (yb as *const f32).read_unaligned();
+                    let bsums = _mm256_loadu_si256(yb.add(260) as *const __m256i);
+                    let corr = _mm256_madd_epi16(sc16, bsums);
+                    sumi[c] = _mm256_sub_epi32(sumi[c], _mm256_slli_epi32::<2>(corr));
+                }
+                for n in 0..2 {
+                    let bits = _mm256_loadu_si256(xb.add(32 + 32 * n) as *const __m256i);
+                    for k in 0..4 {
+                        // Bit 4n + k of every byte moved to bit 2 (16-bit shifts by one count
+                        // keep each byte's bits in that byte).
+                        let h = match 4 * n + k {
+                            0 => _mm256_slli_epi16::<2>(hbits),
+                            1 => _mm256_slli_epi16::<1>(hbits),
+                            2 => hbits,
+                            3 => _mm256_srli_epi16::<1>(hbits),
+                            4 => _mm256_srli_epi16::<2>(hbits),
+                            5 => _mm256_srli_epi16::<3>(hbits),
+                            6 => _mm256_srli_epi16::<4>(hbits),
+                            _ => _mm256_srli_epi16::<5>(hbits),
+                        };
+                        let q = _mm256_or_si256(crumb(bits, k), _mm256_and_si256(h, four));
+                        let sc = scale_pair16::<true>(scales, 8 * n + 2 * k);
+                        for c in 0..N {
+                            let q8 = _mm256_loadu_si256(
+                                y[c].add(i * 292 + 4 + 128 * n + 32 * k) as *const __m256i
+                            );
+                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, q8));
+                            sumi[c] = _mm256_add_epi32(sumi[c], p);
+                        }
+                    }
+                }
+                for c in 0..N {
+                    acc[c] = _mm256_fmadd_ps(
+                        _mm256_set1_ps(d * yd[c]),
+                        _mm256_cvtepi32_ps(sumi[c]),
+                        acc[c],
+                    );
+                }
+            }
+            finish(acc, [0.0; N])
+        }
+
         /// Q6_K (210 B: 128 B low nibbles, 64 B high 2-bit pairs, 16 x i8 scales, d) x Q8_K.
         /// q is 0..63 unsigned; the -32 offset folds in once per super-block through bsums:
         /// sum_j sc_j * (q . q8)_j - 32 * sum_j sc_j * bsum_j.
@@ -479,7 +652,6 @@ macro_rules! x86_kernels {
             y: [*const u8; N],
         ) -> [f32; N] {
             let m4 = _mm256_set1_epi8(0x0f);
-            let m2 = _mm256_set1_epi8(0x03);
             let mut acc = [_mm256_setzero_ps(); N];
             for i in 0..nb {
                 let xb = x.add(i * 210);
@@ -506,18 +678,9 @@ macro_rules! x86_kernels {
                             2 => _mm256_and_si256(_mm256_srli_epi16::<4>(bits1), m4),
                             _ => _mm256_and_si256(_mm256_srli_epi16::<4>(bits2), m4),
                         };
-                        let high = match k {
-                            0 => _mm256_and_si256(bh, m2),
-                            1 => _mm256_and_si256(_mm256_srli_epi16::<2>(bh), m2),
-                            2 => _mm256_and_si256(_mm256_srli_epi16::<4>(bh), m2),
-                            _ => _mm256_and_si256(_mm256_srli_epi16::<6>(bh), m2),
-                        };
+                        let high = crumb(bh, k);
                         let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
-                        // i16 scales: lanes 0..8 take scale 2s, lanes 8..16 scale 2s + 1.
-                        let s = (2 * (4 * j + k)) as i64;
-                        let pick =
-                            _mm_set_epi64x((s + 1) * 0x0101010101010101, s * 0x0101010101010101);
-                        let sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+                        let sc = scale_pair16::<true>(scales, 2 * (4 * j + k));
                         for c in 0..N {
                             let q8 = _mm256_loadu_si256(
                                 y[c].add(i * 292 + 4 + 128 * j + 32 * k) as *const __m256i
