@@ -21,6 +21,10 @@ if [[ ! -e $NVRTC/libnvrtc.so.13 ]]; then
     fi
 fi
 LD_LIBRARY_PATH="$PWD/$NVRTC${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --release --workspace "$@"
+# The kernels' tests again with AVX2 as the detected backend (what an AVX2-only CPU runs: the
+# decode and batched-decode dispatch follows the detected backend, so on an AVX-512 machine the
+# first run does not reach it).
+KESTREL_QUANT_BACKEND=avx2 cargo test --release -p kestrel-quant "$@"
 # End-to-end: the server on loopback ports with the real models (needs the release binary).
 cargo build --release -p kestrel-cli
 bash scripts/e2e.sh

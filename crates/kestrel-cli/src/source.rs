@@ -95,8 +95,8 @@ impl ModelSource {
                 .get("general.name")
                 .and_then(Value::as_str)
                 .map(str::to_string),
-            // What stays resident: every tensor, plus the padding of Q4_K / Q6_K matrices
-            // repacked at load for the SIMD kernels (their mapped pages are released).
+            // What stays resident: every tensor, plus the padding of the matrices repacked at
+            // load for the SIMD kernels (their mapped pages are released).
             weight_bytes: h.tensor_bytes()
                 + kestrel_models::weights::repack_extra_bytes(h.tensors.iter().map(matrix_shape)),
             read_bytes_per_token: kestrel_models::plan::read_bytes_per_token(

@@ -86,7 +86,8 @@ pub fn cpu_is_amd() -> bool {
     false
 }
 
-/// Whether the detected backend is AVX2 or wider (the repacked Q4_K and Q6_K kernels run there).
+/// Whether the detected backend is AVX2 or wider (the repacked Q4_K, Q5_K and Q6_K kernels run
+/// there).
 pub fn avx2_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

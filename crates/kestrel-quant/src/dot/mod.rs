@@ -94,15 +94,14 @@ pub fn vec_dot_multi(
 /// Several weight rows against several activation rows, a register-tiled block of a matmul:
 /// `out[r * acts.len() + c] = w_rows[r] . acts[c]` (row-major by weight row).
 ///
-/// For batched prefill this is the faster form: on AVX-512 the Q4_0 / Q4_1 / Q5_0 / Q8_0 rows
-/// go through a 4 x 2 (weight x activation) micro-kernel that decodes each weight block once
-/// per two activation rows and each activation block once per four weight rows, about half
-/// the instructions of [`vec_dot_multi`] per product; Q4_K / Q6_K go through a 4 x 4 tile
+/// For batched prefill this is the faster form: on AVX-512 and AVX2 the Q4_0 / Q4_1 / Q5_0 /
+/// Q8_0 rows are decoded once into a panel for every activation row, then tiles of 4 weight
+/// rows x 4 tokens (AVX-512) or x 2 (AVX2) run over it ([`q32`]); on AVX-512 Q4_K / Q6_K go through a 4 x 4 tile
 /// (`maddubs` + `vpdpwssd` with the sub-block scales, one 16-lane i32 sum per super-block) that
 /// is also their `vec_dot_multi` kernel (as 1 x N). Pass 4 (or a multiple of 4) weight rows
 /// per call for the full tile; any count works. Results are bit-identical to calling
 /// [`vec_dot_multi`] on each weight row, so the caller may mix the two freely. Other types and
-/// backends run [`vec_dot_multi`] per weight row.
+/// backends run [`vec_dot_multi`] per weight row, over L2-sized chunks of the activations.
 pub fn vec_dot_rows(
     w: GgmlType,
     n: usize,
@@ -222,7 +221,8 @@ const ACT_CHUNK_BYTES: usize = 256 * 1024;
 /// through its tiled matmul, whose f32 order [`vec_dot_rows`] then follows; below, its `vec_dot`.
 pub const BATCHED_MIN_TOKENS: usize = 8;
 
-/// Weight rows per prefill panel (two quads; a quad x 4 tokens is 16 accumulators).
+/// Weight rows per prefill panel (two quads; a quad x 4 tokens is AVX-512's 16 accumulators,
+/// x 2 AVX2's 8).
 pub const PANEL_ROWS: usize = 8;
 
 /// The most consecutive rows one [`vec_dot_rows_each`] hand-over carries (the values array).
@@ -351,7 +351,7 @@ pub fn matvec(
     check_row(vec_dot_type(w), n, act.len())?;
     let nb = n / w.block_len() as usize;
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if backend == Backend::Avx512Vnni && avx512::has_pair_tile(w) {
+    if backend == Backend::Avx512Vnni && q32::has_panel(w) {
         thread_local! {
             static PRE: std::cell::RefCell<avx512::PreAct> = std::cell::RefCell::new(avx512::PreAct::new());
         }
@@ -395,7 +395,7 @@ pub const FEW_MAX_TOKENS: usize = 8;
 /// rather than the tiled [`vec_dot_rows`] (prefill).
 pub fn prefers_few(w: GgmlType, t: usize) -> bool {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if Backend::detect() == Backend::Avx512Vnni && avx512::has_pair_tile(w) {
+    if Backend::detect() == Backend::Avx512Vnni && q32::has_panel(w) {
         return t <= FEW_MAX_TOKENS;
     }
     let _ = w;
@@ -404,8 +404,9 @@ pub fn prefers_few(w: GgmlType, t: usize) -> bool {
 
 /// A batched decode step's matmul slice: `out[r * T + c] = w_rows[r] . acts[c]` for the
 /// contiguous rows in `w_rows` and a few activation rows. On AVX-512 the 32-element block
-/// types prepare each activation row once for all weight rows (the other types and backends
-/// run [`vec_dot_multi`] per row); the results equal [`vec_dot_multi`]'s bit for bit.
+/// types prepare each activation row once for all weight rows, on AVX2 they go four rows at a
+/// time ([`q32::row_quads`]); the other types run [`vec_dot_multi`] per row. The results
+/// equal [`vec_dot_multi`]'s bit for bit.
 pub fn matmul_few(
     w: GgmlType,
     n: usize,
@@ -425,10 +426,7 @@ pub fn matmul_few(
         });
     }
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if backend == Backend::Avx512Vnni
-        && avx512::has_pair_tile(w)
-        && (1..=FEW_MAX_TOKENS).contains(&t)
-    {
+    if backend == Backend::Avx512Vnni && q32::has_panel(w) && (1..=FEW_MAX_TOKENS).contains(&t) {
         for a in acts {
             check_row(vec_dot_type(w), n, a.len())?;
         }

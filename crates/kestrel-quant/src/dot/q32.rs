@@ -143,15 +143,16 @@ unsafe fn run<P: PrefillPanel>(
 
 /// The f16 scales leading each of the `nb` blocks of every activation row, as f32, row after
 /// row in `dy`.
-fn act_scales(w: GgmlType, nb: usize, acts: &[&[u8]], dy: &mut Vec<f32>) {
+///
+/// # Safety
+/// F16C is available; every row holds `nb` blocks of `vec_dot_type(w)`.
+unsafe fn act_scales(w: GgmlType, nb: usize, acts: &[&[u8]], dy: &mut Vec<f32>) {
     let by = vec_dot_type(w).block_bytes() as usize;
     dy.clear();
     dy.resize(acts.len() * nb, 0.0);
     for (a, d) in acts.iter().zip(dy.chunks_exact_mut(nb)) {
         for (i, o) in d.iter_mut().enumerate() {
-            // SAFETY: F16C comes with every x86 backend that calls this; the row holds `nb`
-            // blocks of `by` bytes (checked by the callers).
-            *o = unsafe { super::x86::fp16(a.as_ptr().add(i * by)) };
+            *o = super::x86::fp16(a.as_ptr().add(i * by));
         }
     }
 }
@@ -171,6 +172,7 @@ pub(crate) unsafe fn row_quads(
     acts: &[&[u8]],
     out: &mut [f32],
 ) {
+    debug_assert!(has_panel(w));
     SCALES.with_borrow_mut(|Scales { dy, .. }| {
         act_scales(w, nb, acts, dy);
         super::avx2::rows::matmul(w, nb, w_rows.as_ptr(), row_bytes, acts, dy, out);

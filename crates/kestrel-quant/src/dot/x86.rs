@@ -4,7 +4,9 @@
 //! block into registers and dots it against `N` activation rows before moving on, so batched
 //! prefill pays the unpacking (nibble split, 6-bit scale shuffle) once per weight block rather
 //! than once per token. `N = 1` is the decode matvec. The two backends differ only in the
-//! feature set and in the u8 x i8 -> i32 step: `maddubs + madd` on AVX2, `vpdpbusd` with VNNI.
+//! feature set and, for the 32-element types, in the u8 x i8 -> i32 step (`maddubs + madd` on
+//! AVX2, `vpdpbusd` with VNNI); the K-quant kernels (Q2_K to Q6_K) take `maddubs` then a `madd`
+//! by their sub-block scales on both.
 //!
 //! Integer sums are exactly the scalar oracle's. The f32 order of the 32-element block types is
 //! llama.cpp's AVX2 one (8 lanes of i32 sums of four, `acc = fma(dx * dy, lanes, acc)` per

@@ -1,8 +1,9 @@
 //! Weights repacked at load into groups of 16 rows, so one 512-bit vector holds four
 //! consecutive quants of each of 16 rows and every `vpdpbusd` lane is one output row: the
 //! integer dot products need no horizontal sums (on AVX2, Q4_K's: a 256-bit vector holds
-//! eight of the rows, and each row's `maddubs` pair sums are its lanes). Each layout keeps the f32 arithmetic of the
-//! llama.cpp kernel it replaces, so results stay bit-identical:
+//! eight of the rows, and each row's `maddubs` pair sums are its lanes). Each layout keeps the
+//! f32 arithmetic of the llama.cpp kernel it replaces, so results stay bit-identical (Q5_K
+//! excepted: it takes Q4_K's order, llama.cpp having no repacked Q5_K to follow):
 //! - [`q4k`]: Q4_K, as llama.cpp's own repacked `q4_K_8x8` kernels, and Q5_K in the same
 //!   order (with a plane of fifth bits);
 //! - [`q6k`]: Q6_K, as its `ggml_vec_dot_q6_K_q8_K` (fewer than 8 tokens) and its tiled
@@ -51,7 +52,8 @@ pub enum PreparedActs<'a> {
 
 impl Repacked {
     /// Whether `ty` has a repacked layout and kernel on this CPU for a matrix of `rows` rows:
-    /// every layout with AVX-512 VNNI, the K-quants' with AVX2 too (their `avx2` kernels).
+    /// every layout with AVX-512 VNNI, Q4_K's, Q5_K's and Q6_K's with AVX2 too (their `avx2`
+    /// kernels).
     pub fn supports(ty: GgmlType, rows: usize) -> bool {
         let simd = match ty {
             GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => avx512_available(),

@@ -31,7 +31,7 @@ use kestrel_gguf::GgmlType;
 pub(crate) struct Panel {
     /// `[quad][block][row]`
     x: Vec<__m256i>,
-    /// `[quad][block][row]`, Q4_0 and Q5_0: the seed `-128 * (sum of each 4 quants)`.
+    /// `[quad][block][row]`, Q4_0 and Q5_0 only: the seed `-128 * (sum of each 4 quants)`.
     seed: Vec<__m256i>,
     /// `[quad][block]`, lane `2r + c` = row r's scale (each twice, for two tokens).
     dx: Vec<__m256>,
@@ -81,6 +81,12 @@ impl PrefillPanel for Panel {
     }
 }
 
+/// Whether a type's panel holds seeds: Q4_0 and Q5_0, which enter signed against unsigned
+/// activations.
+const fn seeded(t: u8) -> bool {
+    matches!(t, Q4_0 | Q5_0)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill<const T: u8>(panel: &mut Panel, nb: usize, x: &[*const u8]) {
     let (bx, _, _) = layout(T);
@@ -97,17 +103,21 @@ unsafe fn fill<const T: u8>(panel: &mut Panel, nb: usize, x: &[*const u8]) {
             for r in 0..4 {
                 let Some(&row) = x.get(4 * q + r) else {
                     panel.x.push(_mm256_setzero_si256());
-                    panel.seed.push(_mm256_setzero_si256());
+                    if seeded(T) {
+                        panel.seed.push(_mm256_setzero_si256());
+                    }
                     panel.m.push(0.0);
                     continue;
                 };
                 let b = row.add(i * bx);
                 let sq = quants::<T>(b);
                 panel.x.push(sq);
-                let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(flip, sq), ones);
-                panel
-                    .seed
-                    .push(_mm256_sub_epi32(_mm256_setzero_si256(), sum));
+                if seeded(T) {
+                    let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(flip, sq), ones);
+                    panel
+                        .seed
+                        .push(_mm256_sub_epi32(_mm256_setzero_si256(), sum));
+                }
                 dx[2 * r..2 * r + 2].fill(fp16(b));
                 panel.m.push(if T == Q4_1 { fp16(b.add(2)) } else { 0.0 });
             }
@@ -131,7 +141,8 @@ unsafe fn tile<const T: u8>(
     // Q4_1's m . sy, `[token][row]`.
     let mut summ = [[0f32; 4]; 2];
     let xs = panel.x.as_ptr().add(q * nb * 4);
-    let seeds = panel.seed.as_ptr().add(q * nb * 4);
+    // (empty but for Q4_0 and Q5_0, whose arms alone read it)
+    let seeds = panel.seed.as_ptr().wrapping_add(q * nb * 4);
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let dxs = panel.dx.as_ptr().add(q * nb);
     // All blocks' scale products first (lane 2r + c), so the FMAs' broadcast loads never wait
@@ -139,9 +150,8 @@ unsafe fn tile<const T: u8>(
     panel.prod.resize(nb, _mm256_setzero_ps());
     for (i, p) in panel.prod.iter_mut().enumerate() {
         // The two tokens' scales of block i, as one 64-bit lane broadcast.
-        let dy = _mm256_castpd_ps(_mm256_set1_pd(
-            (dyt.add(2 * i) as *const f64).read_unaligned(),
-        ));
+        let pair = (dyt.add(2 * i) as *const i64).read_unaligned();
+        let dy = _mm256_castsi256_ps(_mm256_set1_epi64x(pair));
         *p = _mm256_mul_ps(*dxs.add(i), dy);
     }
     let prods = panel.prod.as_ptr() as *const f32;

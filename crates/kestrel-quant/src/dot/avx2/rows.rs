@@ -133,9 +133,13 @@ unsafe fn row_tile<const T: u8, const M: usize, const N: usize>(
     for i in 0..nb {
         #[cfg(target_arch = "x86_64")]
         if M > 1 {
+            // The lines the next rows' bytes of this step fall on (M * bx: 72 to 136).
             let p = next.wrapping_add(M * i * bx) as *const i8;
-            _mm_prefetch::<_MM_HINT_T0>(p);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+            let mut line = 0;
+            while line < M * bx + 64 {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line));
+                line += 64;
+            }
         }
         let b = |r: usize| x.add(r * stride + i * bx);
         // The rows' f16 scales side by side in one register, widened at once.
@@ -154,6 +158,14 @@ unsafe fn row_tile<const T: u8, const M: usize, const N: usize>(
         let off = _mm256_set1_epi8(offset(T));
         let corr: [__m256i; N] =
             std::array::from_fn(|c| _mm256_madd_epi16(_mm256_maddubs_epi16(off, ys[c]), ones));
+        // Q4_1's activation sums `s` of this block.
+        let sy: [f32; N] = std::array::from_fn(|c| {
+            if T == Q4_1 {
+                fp16(y[c].add(i * by + 2))
+            } else {
+                0.0
+            }
+        });
         for r in 0..M {
             let u = levels::<T>(b(r));
             let au = _mm256_sign_epi8(u, u);
@@ -176,7 +188,7 @@ unsafe fn row_tile<const T: u8, const M: usize, const N: usize>(
             if T == Q4_1 {
                 let m = fp16(b(r).add(2));
                 for c in 0..N {
-                    summ[r][c] = m.mul_add(fp16(y[c].add(i * by + 2)), summ[r][c]);
+                    summ[r][c] = m.mul_add(sy[c], summ[r][c]);
                 }
             }
         }

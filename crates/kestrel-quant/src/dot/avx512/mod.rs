@@ -249,14 +249,6 @@ unsafe fn blocks32<const N: usize, const T: u8>(
 pub(crate) const KTILE_W: usize = 4;
 pub(crate) const KTILE_A: usize = 4;
 
-/// Whether `w` is one of the row-paired 32-element block types.
-pub(crate) fn has_pair_tile(w: GgmlType) -> bool {
-    matches!(
-        w,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
-    )
-}
-
 /// Whether [`tile`] has a kernel for `w`.
 pub(crate) fn has_tile(w: GgmlType) -> bool {
     matches!(

@@ -143,7 +143,6 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
 /// `vpdpbusd` from the seed, a convert and an FMA whose scale `dx * dy` comes broadcast from
 /// memory (sixteen products made by one 16-lane multiply per block), so the FP pipes do three
 /// 256-bit ops per 32 products.
-///
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn panel_tile(
     w: GgmlType,

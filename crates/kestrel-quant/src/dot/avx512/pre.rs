@@ -27,7 +27,7 @@ impl PreAct {
 /// Fills `pre` from the activation row at `y` (`nb` blocks of `vec_dot_type(w)`).
 ///
 /// # Safety
-/// AVX-512 VNNI is available; `w` is a [`has_pair_tile`] type; `y` holds `nb` blocks.
+/// AVX-512 VNNI is available; `w` is a [`has_panel`](crate::dot::q32::has_panel) type; `y` holds `nb` blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn preact_fill(w: GgmlType, nb: usize, y: *const u8, pre: &mut PreAct) {
     let t = match w {
