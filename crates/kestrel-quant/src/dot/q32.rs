@@ -182,7 +182,7 @@ pub(crate) unsafe fn row_quads(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{quantize_row, row_bytes, vec_dot_multi_with};
+    use crate::{row_bytes, vec_dot_multi_with};
 
     /// AVX2's row quads (decode, batched decode) equal its `vec_dot` per row and token, bit
     /// for bit: every type, row counts around the quads, token counts around the pairs.
@@ -192,13 +192,7 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX2");
             return;
         }
-        let mut seed = 0x51ab_1e5u64;
-        let mut rnd = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-        };
+        let mut rng = crate::repack::testing::Rng::new(0x51ab_1e5);
         let n = 320;
         for w in [
             GgmlType::Q4_0,
@@ -210,15 +204,8 @@ mod tests {
                 row_bytes(w, n).unwrap(),
                 row_bytes(vec_dot_type(w), n).unwrap(),
             );
-            let mut x = vec![0u8; rb * 9];
-            for row in x.chunks_exact_mut(rb) {
-                quantize_row(w, &(0..n).map(|_| rnd()).collect::<Vec<_>>(), row).unwrap();
-            }
-            let mut y = vec![0u8; ab * 5];
-            for row in y.chunks_exact_mut(ab) {
-                let v: Vec<f32> = (0..n).map(|_| rnd()).collect();
-                quantize_row(vec_dot_type(w), &v, row).unwrap();
-            }
+            let (x, _) = rng.matrix(w, 9, n);
+            let y = rng.acts(vec_dot_type(w), 5, n);
             for rows in 1..=9 {
                 for t in 1..=5 {
                     let acts: Vec<&[u8]> = y.chunks_exact(ab).take(t).collect();

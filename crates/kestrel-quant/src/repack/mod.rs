@@ -18,7 +18,7 @@ pub mod q32;
 pub mod q4k;
 pub mod q6k;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use q32::{Q32Acts, Q32Repacked};
 pub use q4k::Q4KRepacked;

@@ -395,10 +395,7 @@ mod tests {
     fn the_avx2_kernels_equal_the_scalar_form() {
         #[cfg(target_arch = "x86_64")]
         {
-            if !(is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c"))
-            {
+            if !crate::cpu::Backend::Avx2.is_available() {
                 eprintln!("skipped: no AVX2 / FMA / F16C on this CPU");
                 return;
             }
