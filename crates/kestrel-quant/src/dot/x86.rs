@@ -107,14 +107,14 @@ macro_rules! x86_kernels {
         ) -> Option<[f32; N]> {
             Some(match w {
                 GgmlType::Q4_0 => q4_0_q8_0::<N>(nb, x, y),
-                GgmlType::Q4_1 => q4_1_q8_1::<N>(nb, x, y),
-                GgmlType::Q5_1 => q5_1_q8_1::<N>(nb, x, y),
+                GgmlType::Q4_1 => min_q8_1::<N, false>(nb, x, y),
+                GgmlType::Q5_1 => min_q8_1::<N, true>(nb, x, y),
                 GgmlType::Q5_0 => q5_0_q8_0::<N>(nb, x, y),
                 GgmlType::Q8_0 => q8_0_q8_0::<N>(nb, x, y),
                 GgmlType::Q2_K => q2_k_q8_k::<N>(nb, x, y),
                 GgmlType::Q3_K => q3_k_q8_k::<N>(nb, x, y),
-                GgmlType::Q4_K => q4_k_q8_k::<N>(nb, x, y),
-                GgmlType::Q5_K => q5_k_q8_k::<N>(nb, x, y),
+                GgmlType::Q4_K => k_scale_min::<N, false>(nb, x, y),
+                GgmlType::Q5_K => k_scale_min::<N, true>(nb, x, y),
                 GgmlType::Q6_K => q6_k_q8_k::<N>(nb, x, y),
                 _ => return None,
             })
@@ -270,29 +270,9 @@ macro_rules! x86_kernels {
             })
         }
 
-        /// Q4_1 (20 B: d, m, 16 nibble bytes) x Q8_1 (36 B: d, s = d * sum q, 32 x i8):
-        /// the min folds in as m * s per block.
-        #[target_feature(enable = $feat)]
-        unsafe fn q4_1_q8_1<const N: usize>(
-            nb: usize,
-            x: *const u8,
-            y: [*const u8; N],
-        ) -> [f32; N] {
-            min_q8_1::<N, false>(nb, x, y)
-        }
-
-        /// Q5_1 (24 B: d, m, qh u32, 16 nibble bytes) x Q8_1: Q4_1's steps over the 5-bit
-        /// levels (the nibble with 16 added where the fifth bit is set).
-        #[target_feature(enable = $feat)]
-        unsafe fn q5_1_q8_1<const N: usize>(
-            nb: usize,
-            x: *const u8,
-            y: [*const u8; N],
-        ) -> [f32; N] {
-            min_q8_1::<N, true>(nb, x, y)
-        }
-
-        /// The 32-element types with a min (Q4_1; Q5_1 with `FIFTH`) against Q8_1 rows.
+        /// Q4_1 (20 B: d, m, 16 nibble bytes) x Q8_1 (36 B: d, s = d * sum q, 32 x i8): the
+        /// min folds in as m * s per block. With `FIFTH`, Q5_1 (24 B: d, m, qh u32, 16 nibble
+        /// bytes): the same steps over 5-bit levels (16 added where the fifth bit is set).
         #[inline(always)]
         unsafe fn min_q8_1<const N: usize, const FIFTH: bool>(
             nb: usize,
@@ -342,29 +322,10 @@ macro_rules! x86_kernels {
         }
 
         /// Q4_K (144 B: d, dmin, 12 B scales, 128 B nibbles) x Q8_K (292 B: f32 d, 256 x i8,
-        /// 16 x i16 bsums). Per super-block: sum_j sc_j * (q4 . q8)_j - dmin * sum_j m_j * bsum_j.
-        #[target_feature(enable = $feat)]
-        unsafe fn q4_k_q8_k<const N: usize>(
-            nb: usize,
-            x: *const u8,
-            y: [*const u8; N],
-        ) -> [f32; N] {
-            k_scale_min::<N, false>(nb, x, y)
-        }
-
-        /// Q5_K (176 B: d, dmin, 12 B scales, 32 B fifth bits, 128 B nibbles) x Q8_K: Q4_K's
-        /// sums over 5-bit levels (`q + 16 * bit`; at most 31 x 2 x 128 a `maddubs` pair).
-        #[target_feature(enable = $feat)]
-        unsafe fn q5_k_q8_k<const N: usize>(
-            nb: usize,
-            x: *const u8,
-            y: [*const u8; N],
-        ) -> [f32; N] {
-            k_scale_min::<N, true>(nb, x, y)
-        }
-
-        /// The K-quants with 6-bit scales and mins (Q4_K; Q5_K with `FIFTH`, its fifth bits
-        /// after the scales): one 8-lane i32 sum per super-block and token, scaled by `d * dy`.
+        /// 16 x i16 bsums). Per super-block: sum_j sc_j * (q4 . q8)_j - dmin * sum_j m_j *
+        /// bsum_j, one 8-lane i32 sum per super-block and token scaled by `d * dy`. With
+        /// `FIFTH`, Q5_K (176 B: d, dmin, 12 B scales, 32 B fifth bits, 128 B nibbles): the
+        /// same sums over 5-bit levels (`q + 16 * bit`; at most 31 x 2 x 128 a `maddubs` pair).
         #[inline(always)]
         unsafe fn k_scale_min<const N: usize, const FIFTH: bool>(
             nb: usize,
