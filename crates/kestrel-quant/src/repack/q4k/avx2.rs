@@ -3,8 +3,8 @@ use crate::dot::x86::bytes_from_bits_32;
 use std::arch::x86_64::*;
 
 /// As `avx512::tiles`: the group (Q5_K's with `FIFTH`) against every activation row, the
-/// first `gemm_upto` in the GEMM order, the rest in the GEMV order. Q5_K takes two tokens at
-/// a time (its sums need more registers).
+/// first `gemm_upto` in the GEMM order, the rest in the GEMV order (Q5_K's four-token tiles
+/// spill a little; two-token tiles were 22% slower all the same).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tiles<const FIFTH: bool>(
     nb: usize,
@@ -23,14 +23,13 @@ pub(super) unsafe fn tiles<const FIFTH: bool>(
     };
     let mut c = 0;
     while c < t_len {
-        let n = (t_len - c).min(if FIFTH { 2 } else { 4 });
+        let n = (t_len - c).min(4);
         let g = gemm_upto.saturating_sub(c).min(n);
         let (a, o) = (&acts[c..c + n], &mut out[c * R..(c + n) * R]);
         match (n, g) {
             (4, 4) => tile::<4, 4, FIFTH>(nb, w, ahead, a, o),
             (4, 0) => tile::<4, 0, FIFTH>(nb, w, ahead, a, o),
             (3, 0) => tile::<3, 0, FIFTH>(nb, w, ahead, a, o),
-            (2, 2) => tile::<2, 2, FIFTH>(nb, w, ahead, a, o),
             (2, 0) => tile::<2, 0, FIFTH>(nb, w, ahead, a, o),
             (1, 0) => tile::<1, 0, FIFTH>(nb, w, ahead, a, o),
             _ => {
