@@ -419,19 +419,47 @@ macro_rules! x86_kernels {
                         sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(pl, ph));
                     }
                 }
-                for c in 0..N {
-                    acc[c] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(d * yd[c]),
-                        _mm256_cvtepi32_ps(sumi[c]),
-                        acc[c],
-                    );
-                }
+                scale_sums(&mut acc, d, &yd, &sumi);
             }
             let mut mins = [0f32; N];
             for c in 0..N {
                 mins[c] = hsum4(acc_m[c]);
             }
             finish(acc, mins)
+        }
+
+        /// `sumi[c] += sc * (q . y)` in i16 pairs (`maddubs`, then `madd` by the sub-block
+        /// scales `sc`), the quants of token c at byte `at` of its row.
+        #[inline(always)]
+        unsafe fn scaled_sums<const N: usize>(
+            sumi: &mut [__m256i; N],
+            sc: __m256i,
+            q: __m256i,
+            y: &[*const u8; N],
+            at: usize,
+        ) {
+            for c in 0..N {
+                let q8 = _mm256_loadu_si256(y[c].add(at) as *const __m256i);
+                let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, q8));
+                sumi[c] = _mm256_add_epi32(sumi[c], p);
+            }
+        }
+
+        /// A super-block's i32 sums into the accumulators: `acc[c] += d * yd[c] * sumi[c]`.
+        #[inline(always)]
+        unsafe fn scale_sums<const N: usize>(
+            acc: &mut [__m256; N],
+            d: f32,
+            yd: &[f32; N],
+            sumi: &[__m256i; N],
+        ) {
+            for c in 0..N {
+                acc[c] = _mm256_fmadd_ps(
+                    _mm256_set1_ps(d * yd[c]),
+                    _mm256_cvtepi32_ps(sumi[c]),
+                    acc[c],
+                );
+            }
         }
 
         /// The i16 scale of 16-element sub-block `s` in lanes 0..8 and of `s + 1` in lanes
@@ -498,22 +526,10 @@ macro_rules! x86_kernels {
                     for k in 0..4 {
                         let q = crumb(bits, k);
                         let sc = scale_pair16::<false>(scales, 8 * n + 2 * k);
-                        for c in 0..N {
-                            let q8 = _mm256_loadu_si256(
-                                y[c].add(i * 292 + 4 + 128 * n + 32 * k) as *const __m256i
-                            );
-                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, q8));
-                            sumi[c] = _mm256_add_epi32(sumi[c], p);
-                        }
+                        scaled_sums(&mut sumi, sc, q, &y, i * 292 + 4 + 128 * n + 32 * k);
                     }
                 }
-                for c in 0..N {
-                    acc[c] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(d * yd[c]),
-                        _mm256_cvtepi32_ps(sumi[c]),
-                        acc[c],
-                    );
-                }
+                scale_sums(&mut acc, d, &yd, &sumi);
             }
             let mut mins = [0f32; N];
             for c in 0..N {
@@ -585,22 +601,10 @@ macro_rules! x86_kernels {
                         };
                         let q = _mm256_or_si256(crumb(bits, k), _mm256_and_si256(h, four));
                         let sc = scale_pair16::<true>(scales, 8 * n + 2 * k);
-                        for c in 0..N {
-                            let q8 = _mm256_loadu_si256(
-                                y[c].add(i * 292 + 4 + 128 * n + 32 * k) as *const __m256i
-                            );
-                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, q8));
-                            sumi[c] = _mm256_add_epi32(sumi[c], p);
-                        }
+                        scaled_sums(&mut sumi, sc, q, &y, i * 292 + 4 + 128 * n + 32 * k);
                     }
                 }
-                for c in 0..N {
-                    acc[c] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(d * yd[c]),
-                        _mm256_cvtepi32_ps(sumi[c]),
-                        acc[c],
-                    );
-                }
+                scale_sums(&mut acc, d, &yd, &sumi);
             }
             finish(acc, [0.0; N])
         }
@@ -644,22 +648,10 @@ macro_rules! x86_kernels {
                         let high = crumb(bh, k);
                         let q = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
                         let sc = scale_pair16::<true>(scales, 2 * (4 * j + k));
-                        for c in 0..N {
-                            let q8 = _mm256_loadu_si256(
-                                y[c].add(i * 292 + 4 + 128 * j + 32 * k) as *const __m256i
-                            );
-                            let p = _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, q8));
-                            sumi[c] = _mm256_add_epi32(sumi[c], p);
-                        }
+                        scaled_sums(&mut sumi, sc, q, &y, i * 292 + 4 + 128 * j + 32 * k);
                     }
                 }
-                for c in 0..N {
-                    acc[c] = _mm256_fmadd_ps(
-                        _mm256_set1_ps(d * yd[c]),
-                        _mm256_cvtepi32_ps(sumi[c]),
-                        acc[c],
-                    );
-                }
+                scale_sums(&mut acc, d, &yd, &sumi);
             }
             finish(acc, [0.0; N])
         }
