@@ -25,8 +25,9 @@
 # KESTREL_CUDA_KERNELS=$B/kernels-REV: another revision's kernels, bundle.sh BASE_KERNELS="REV ...");
 # SCEN_AB (same form): the concurrent scenario again with each setting;
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
-# Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M by
-# `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
+# Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M
+# (QUANT: another mixture of `kestrel quantize --type`, e.g. q5_k_m; the peer stage then reads
+# those files) by `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
 # (target/gpu-models, git-ignored, so a later call on the warm machine reuses it); those the
 # stages need are written in the background from the start (PREMAKE=0: when first needed). llama.cpp is
 # built for sm_90 in the background into $PEER (target/gpu-peer) when the bundle has its source
@@ -61,11 +62,12 @@ fi
 WARM=$!
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $B/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site
-write_model() {  # write_model SHAPE: random weights of SHAPE, quantized to Q4_K_M, into $MODELS
-  local M=$MODELS/$1-q4_k_m.gguf F=/tmp/w/$1-f16.gguf
+Q=${QUANT:-q4_k_m}
+write_model() {  # write_model SHAPE: random weights of SHAPE, quantized to $Q, into $MODELS
+  local M=$MODELS/$1-$Q.gguf F=/tmp/w/$1-f16.gguf
   [ -s $M ] && return 0
   case $1 in qwen35*) python3 $B/make_qwen35_model.py $F $1 > /dev/null ;; *) python3 $B/make_dense_model.py $F $1 > /dev/null ;; esac
-  $K quantize $F $M.part --type q4_k_m -t 16 > /tmp/w/quant-$1.log 2>&1 && mv $M.part $M
+  $K quantize $F $M.part --type $Q -t 16 > /tmp/w/quant-$1.log 2>&1 && mv $M.part $M
   rm -f $F
 }
 # The files the stages will read are written in the background from the start (one after
@@ -88,8 +90,8 @@ if [ "${PREMAKE:-1}" != 0 ] && [ -n "$PRE" ]; then
   ( renice -n 10 -p $BASHPID; for sh in $PRE; do write_model $sh; done ) > /dev/null 2>&1 &
   PREPID=$!
 fi
-model() {  # model SHAPE: the Q4_K_M file of SHAPE in $MODELS (written once)
-  local M=$MODELS/$1-q4_k_m.gguf
+model() {  # model SHAPE: the $Q file of SHAPE in $MODELS (written once)
+  local M=$MODELS/$1-$Q.gguf
   # the background writer done (every file: nothing timed runs beside it); a file it did not
   # write (it failed, or none ran) is written here
   while [ -n "$PREPID" ] && kill -0 $PREPID 2>/dev/null; do sleep 2; done
@@ -204,8 +206,8 @@ for s in $STAGES; do
     cat $PEER/status.txt 2>/dev/null | tee $OUT/peer-build.txt
     LB=$PEER/build/bin
     [ -x $LB/llama-bench ] || { echo "no llama.cpp build (bundle without llama-src?)"; tail -20 $PEER/build.log 2>/dev/null; continue; }
-    for M in $MODELS/*-q4_k_m.gguf; do
-      SH=$(basename $M -q4_k_m.gguf)
+    for M in $MODELS/*-$Q.gguf; do
+      SH=$(basename $M -$Q.gguf)
       [ -n "${PEER_SHAPES:-}" ] && ! echo " $PEER_SHAPES " | grep -q " $SH " && continue
       $LB/llama-bench -m $M -ngl 99 -fa 1 -p 512,4096 -n 128 -r ${REPS:-3} 2>&1 | grep "^|" | tee $OUT/peer-$SH.log
       [ -n "${PEER_QUICK:-}" ] && [ "$PEER_QUICK" != depth ] && continue

@@ -34,10 +34,10 @@ pub fn warps_per_row(kind: crate::weights::Kind, cols: usize) -> usize {
 /// Columns of a quantized kind's unit (what a lane takes at a time in `kernels/matvec.cu`): 64
 /// weights for the K-quants, 32 for the others.
 fn unit_cols(kind: crate::weights::Kind) -> usize {
-    use crate::weights::Kind;
-    match kind {
-        Kind::Q4K | Kind::Q6K => 64,
-        _ => 32,
+    if kind.k_quant() {
+        64
+    } else {
+        32
     }
 }
 
@@ -299,6 +299,7 @@ impl MmqShape {
 pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
     use crate::weights::Kind;
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
+    // the staged kernels exist for Q4_K and Q6_K (Q5_K takes the register kernels)
     let k_quant = matches!(kind, Kind::Q4K | Kind::Q6K);
     match mmq_tile(t) {
         8 if k_quant => vec![regs(8), regs(16), staged(16, 2, 2)],
@@ -810,7 +811,7 @@ mod tests {
     /// a picked shape outside the list would be a kernel missing at run time.
     #[test]
     fn picked_mmq_shapes_are_built_ones() {
-        for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
+        for kind in Kind::QUANTIZED {
             for rows in [896, 1024, 1536, 4096, 6144, 12288, 151_936] {
                 for cols in [1024, 4096, 12288] {
                     for t in MMQ_MIN..=MMQ_MAX {

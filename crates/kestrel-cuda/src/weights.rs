@@ -1,9 +1,10 @@
 //! Weights in device memory, in the layout the kernels read (kernels/matvec.cu):
-//! - F32, F16, Q4_K: the GGUF bytes as they are (a Q4_K block is 144 bytes, so every block
-//!   starts 16-byte aligned);
+//! - F32, F16, Q4_K, Q5_K: the GGUF bytes as they are (a Q4_K block is 144 bytes, a Q5_K block
+//!   176, so every block starts 16-byte aligned);
 //! - Q6_K (210 bytes), Q8_0 (34), Q4_0 (18), Q5_0 (22): the f16 scale of each block moves to a
-//!   plane after all blocks, so the payloads are 16- (Q6_K, Q8_0, Q4_0) or 4-byte (Q5_0)
-//!   aligned and read with wide loads. Same bytes in all, no padding.
+//!   plane after all blocks; Q4_1 (20) and Q5_1 (24): the scale and the min, one 4-byte word a
+//!   block. The payloads are then 16- (Q6_K, Q8_0, Q4_0, Q4_1) or 4-byte (Q5_0, Q5_1) aligned
+//!   and read with wide loads. Same bytes in all, no padding.
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
@@ -20,9 +21,24 @@ pub enum Kind {
     Q8_0 = 4,
     Q4K = 5,
     Q6K = 6,
+    Q4_1 = 7,
+    Q5_1 = 8,
+    Q5K = 9,
 }
 
 impl Kind {
+    /// The quantized kinds (int8 activations), as the op harness and tests walk them.
+    pub const QUANTIZED: [Kind; 8] = [
+        Kind::Q4K,
+        Kind::Q5K,
+        Kind::Q6K,
+        Kind::Q8_0,
+        Kind::Q5_0,
+        Kind::Q5_1,
+        Kind::Q4_0,
+        Kind::Q4_1,
+    ];
+
     pub fn of(ty: GgmlType) -> Option<Self> {
         Some(match ty {
             GgmlType::F32 => Self::F32,
@@ -32,6 +48,9 @@ impl Kind {
             GgmlType::Q8_0 => Self::Q8_0,
             GgmlType::Q4_K => Self::Q4K,
             GgmlType::Q6_K => Self::Q6K,
+            GgmlType::Q4_1 => Self::Q4_1,
+            GgmlType::Q5_1 => Self::Q5_1,
+            GgmlType::Q5_K => Self::Q5K,
             _ => return None,
         })
     }
@@ -46,7 +65,31 @@ impl Kind {
             Self::Q8_0 => "q8_0",
             Self::Q4K => "q4_k",
             Self::Q6K => "q6_k",
+            Self::Q4_1 => "q4_1",
+            Self::Q5_1 => "q5_1",
+            Self::Q5K => "q5_k",
         }
+    }
+
+    /// The GGUF type of this kind.
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            Self::F32 => GgmlType::F32,
+            Self::F16 => GgmlType::F16,
+            Self::Q4_0 => GgmlType::Q4_0,
+            Self::Q5_0 => GgmlType::Q5_0,
+            Self::Q8_0 => GgmlType::Q8_0,
+            Self::Q4K => GgmlType::Q4_K,
+            Self::Q6K => GgmlType::Q6_K,
+            Self::Q4_1 => GgmlType::Q4_1,
+            Self::Q5_1 => GgmlType::Q5_1,
+            Self::Q5K => GgmlType::Q5_K,
+        }
+    }
+
+    /// Whether blocks are 256-weight K-quant super-blocks (a mat-vec unit of 64 weights).
+    pub fn k_quant(self) -> bool {
+        matches!(self, Self::Q4K | Self::Q5K | Self::Q6K)
     }
 
     /// Whether the mat-vec reads 8-bit activations (else f32).
@@ -54,14 +97,16 @@ impl Kind {
         !matches!(self, Self::F32 | Self::F16)
     }
 
-    /// (bytes per block in the file, where its f16 scale sits, weights per block) of the types
-    /// whose scale moves to a plane.
+    /// (bytes per block in the file, where its scale word sits, the word's bytes) of the types
+    /// whose scale (Q4_1 / Q5_1: scale and min) moves to a plane.
     fn split(self) -> Option<(usize, usize, usize)> {
         match self {
-            Self::Q4_0 => Some((18, 0, 32)),
-            Self::Q5_0 => Some((22, 0, 32)),
-            Self::Q8_0 => Some((34, 0, 32)),
-            Self::Q6K => Some((210, 208, 256)),
+            Self::Q4_0 => Some((18, 0, 2)),
+            Self::Q5_0 => Some((22, 0, 2)),
+            Self::Q8_0 => Some((34, 0, 2)),
+            Self::Q6K => Some((210, 208, 2)),
+            Self::Q4_1 => Some((20, 0, 4)),
+            Self::Q5_1 => Some((24, 0, 4)),
             _ => None,
         }
     }
@@ -69,16 +114,16 @@ impl Kind {
 
 /// GGUF blocks -> device layout (see the module doc).
 pub fn to_device_layout(kind: Kind, bytes: &[u8]) -> Vec<u8> {
-    let Some((bb, at, _)) = kind.split() else {
+    let Some((bb, at, sb)) = kind.split() else {
         return bytes.to_vec();
     };
     let n = bytes.len() / bb;
     let mut payload = Vec::with_capacity(bytes.len());
-    let mut scales = Vec::with_capacity(2 * n);
+    let mut scales = Vec::with_capacity(sb * n);
     for b in bytes.chunks_exact(bb) {
-        scales.extend_from_slice(&b[at..at + 2]);
+        scales.extend_from_slice(&b[at..at + sb]);
         if at == 0 {
-            payload.extend_from_slice(&b[2..]);
+            payload.extend_from_slice(&b[sb..]);
         } else {
             payload.extend_from_slice(&b[..at]);
         }
@@ -144,7 +189,7 @@ impl DevMatrix {
     fn kind(w: &Weight) -> Result<Kind> {
         Kind::of(w.ty).ok_or_else(|| {
             CudaError::Unsupported(format!(
-                "{} of type {} (the GPU kernels read F32, F16, Q4_0, Q5_0, Q8_0, Q4_K, Q6_K)",
+                "{} of type {} (the GPU kernels read F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)",
                 w.name, w.ty
             ))
         })
@@ -172,6 +217,27 @@ mod tests {
         assert_eq!(&dev[..32], &(0..32u8).collect::<Vec<_>>()[..]);
         assert_eq!(&dev[32..64], &(100..132u8).collect::<Vec<_>>()[..]);
         assert_eq!(&dev[64..], &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn q5_1_scale_and_min_move_as_one_word() {
+        // two blocks: (d, m) bytes (1,2,3,4) and (5,6,7,8), payloads of 20 bytes each
+        let mut file = vec![1u8, 2, 3, 4];
+        file.extend(0..20u8);
+        file.extend([5u8, 6, 7, 8]);
+        file.extend(100..120u8);
+        let dev = to_device_layout(Kind::Q5_1, &file);
+        assert_eq!(dev.len(), file.len());
+        assert_eq!(&dev[..20], &(0..20u8).collect::<Vec<_>>()[..]);
+        assert_eq!(&dev[20..40], &(100..120u8).collect::<Vec<_>>()[..]);
+        assert_eq!(&dev[40..], &[1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn every_kind_names_its_ggml_type() {
+        for k in Kind::QUANTIZED.into_iter().chain([Kind::F32, Kind::F16]) {
+            assert_eq!(Kind::of(k.ggml()), Some(k));
+        }
     }
 
     #[test]

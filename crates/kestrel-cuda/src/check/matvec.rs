@@ -1,7 +1,6 @@
 //! The mat-vec cases: every type, token count, epilogue and warps per row; the fused q/k/v
 //! launch; and the mat-vec speed lines.
 
-use super::ggml;
 use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::Gpu;
 use crate::error::CudaError;
@@ -16,15 +15,7 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
     // the second shape's row count is no multiple of 4: the row groups' last warp is partial
     // the third: an odd number of K-quant blocks a row (9), 509 rows
     for (rows, cols) in [(1536, 4096), (1533, 1024), (509, 2304)] {
-        for kind in [
-            Kind::Q4K,
-            Kind::Q6K,
-            Kind::Q8_0,
-            Kind::Q5_0,
-            Kind::Q4_0,
-            Kind::F16,
-            Kind::F32,
-        ] {
+        for kind in Kind::QUANTIZED.into_iter().chain([Kind::F16, Kind::F32]) {
             let (file, w) = random_matrix(kind, rows, cols, rng)?;
             let (file2, w2) = random_matrix(kind, rows, cols, rng)?;
             let dw = gpu.upload(&to_device_layout(kind, &file))?;
@@ -176,6 +167,16 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
             vec![384, 256, 16, 16],
             8,
         ),
+        (
+            vec![Kind::Q5K, Kind::Q5_1, Kind::Q4_1, Kind::Q5K],
+            vec![384, 256, 16, 16],
+            1,
+        ),
+        (
+            vec![Kind::Q5K, Kind::Q6K, Kind::Q5_1],
+            vec![512, 128, 128],
+            2,
+        ),
     ] {
         let n_mats = kinds.len();
         let mats: Vec<(Vec<u8>, Vec<f32>)> = (0..n_mats)
@@ -293,8 +294,8 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
 /// 200 launches.)
 pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
     let mut res = Vec::new();
-    for kind in [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0] {
-        let kquant = matches!(kind, Kind::Q4K | Kind::Q6K);
+    for kind in Kind::QUANTIZED {
+        let kquant = kind.k_quant();
         let shapes: &[(usize, usize)] = if kquant {
             // the 8B's four decode shapes, then two of a 1024-wide model (16 units per row):
             // the gate/up and the output's rows; then the down projections of the 1.5B and
@@ -322,7 +323,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
             }
             // random bytes (speed does not depend on the values); 8 copies rotate so the
             // 50 MB L2 never holds the weights
-            let rb = kestrel_quant::row_bytes(ggml(kind), cols)
+            let rb = kestrel_quant::row_bytes(kind.ggml(), cols)
                 .map_err(|e| CudaError::Other(e.to_string()))?;
             let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
             let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;

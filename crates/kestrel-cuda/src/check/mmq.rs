@@ -2,15 +2,12 @@
 //! four tile widths and past one tile, both epilogues, every block shape of each tile, a row count that leaves the last
 //! 16-row block partial; and its speed lines.
 
-use super::ggml;
 use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::matmul::{mmq_block_shapes, mmq_kernel, mmq_launch, MmqLaunch, MmqMat, MMQ_GROUP};
 use crate::weights::{to_device_layout, Kind};
 use cudarc::driver::PushKernelArg;
-
-const QUANTIZED: [Kind; 5] = [Kind::Q4K, Kind::Q6K, Kind::Q8_0, Kind::Q5_0, Kind::Q4_0];
 
 /// `t` rows of `x` (`cols` wide) into the mat-mat's 8-bit layout of `t8` tokens on the device:
 /// (quants, scales).
@@ -47,7 +44,7 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
     let token_counts = [5usize, 8, 9, 16, 17, 32, 33, 64, 100];
     let most = 100;
     for (rows, cols) in [(1536usize, 4096usize), (1533, 1024)] {
-        for kind in QUANTIZED {
+        for kind in Kind::QUANTIZED {
             let (file, w) = random_matrix(kind, rows, cols, rng)?;
             let dw = gpu.upload(&to_device_layout(kind, &file))?;
             let x = rng.vec(most * cols, 1.0);
@@ -114,7 +111,7 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
     let rows = [1040usize, 33, 500, 8];
     let x = rng.vec(most * cols, 1.0);
     let dx = gpu.upload_f32(&x)?;
-    for kind in QUANTIZED {
+    for kind in Kind::QUANTIZED {
         let mut mats = Vec::new();
         for &r in &rows[..MMQ_GROUP] {
             let (file, w) = random_matrix(kind, r, cols, rng)?;
@@ -179,7 +176,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
     let mut res = Vec::new();
     for kind in [Kind::Q4K, Kind::Q6K] {
         for (rows, cols) in [(12288usize, 4096usize), (4096, 12288), (4096, 4096)] {
-            let rb = kestrel_quant::row_bytes(ggml(kind), cols)
+            let rb = kestrel_quant::row_bytes(kind.ggml(), cols)
                 .map_err(|e| CudaError::Other(e.to_string()))?;
             let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
             let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;

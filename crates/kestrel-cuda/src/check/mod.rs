@@ -16,7 +16,6 @@ use crate::weights::Kind;
 pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
 pub use deltanet::{check_deltanet, perf_delta_rule};
-use kestrel_gguf::GgmlType;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
 pub use mmq::{check_mmq, check_mmq_group, perf_mmq};
 pub use rows::{check_argmax, check_epilogue, check_gemm_embed, check_norm};
@@ -151,18 +150,6 @@ pub(super) fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
     }
 }
 
-pub(super) fn ggml(kind: Kind) -> GgmlType {
-    match kind {
-        Kind::F32 => GgmlType::F32,
-        Kind::F16 => GgmlType::F16,
-        Kind::Q4_0 => GgmlType::Q4_0,
-        Kind::Q5_0 => GgmlType::Q5_0,
-        Kind::Q8_0 => GgmlType::Q8_0,
-        Kind::Q4K => GgmlType::Q4_K,
-        Kind::Q6K => GgmlType::Q6_K,
-    }
-}
-
 /// A random matrix quantized to `kind`: (file bytes, the f32 values they decode to).
 pub fn random_matrix(
     kind: Kind,
@@ -170,7 +157,7 @@ pub fn random_matrix(
     cols: usize,
     rng: &mut Rng,
 ) -> Result<(Vec<u8>, Vec<f32>)> {
-    let ty = ggml(kind);
+    let ty = kind.ggml();
     let rb = kestrel_quant::row_bytes(ty, cols).map_err(|e| CudaError::Other(e.to_string()))?;
     let mut bytes = vec![0u8; rows * rb];
     let mut deq = vec![0f32; rows * cols];

@@ -232,15 +232,7 @@ pub fn check_epilogue(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -
 /// Embedding rows and the f16 dequantization + cuBLAS GEMM of the prefill path.
 pub fn check_gemm_embed(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     let (rows, cols, t) = (1024usize, 1536usize, 77usize);
-    for kind in [
-        Kind::Q4K,
-        Kind::Q6K,
-        Kind::Q8_0,
-        Kind::Q5_0,
-        Kind::Q4_0,
-        Kind::F16,
-        Kind::F32,
-    ] {
+    for kind in Kind::QUANTIZED.into_iter().chain([Kind::F16, Kind::F32]) {
         let (file, w) = random_matrix(kind, rows, cols, rng)?;
         let dw = gpu.upload(&to_device_layout(kind, &file))?;
         let ids: Vec<u32> = (0..t).map(|_| (rng.next() % rows as u64) as u32).collect();

@@ -17,6 +17,9 @@ typedef unsigned long long u64;
 #define T_Q8_0 4
 #define T_Q4_K 5
 #define T_Q6_K 6
+#define T_Q4_1 7
+#define T_Q5_1 8
+#define T_Q5_K 9
 
 // Programmatic dependent launch (decode graphs on sm_90+, device.rs turns their edges into
 // programmatic ones): a kernel may be started while the one before it drains. Every kernel

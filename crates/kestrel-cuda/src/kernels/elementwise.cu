@@ -142,16 +142,32 @@ __device__ float deq(int ty, const u8* W, int rows, int cols, u64 r, int c) {
     switch (ty) {
     case T_F32: return ((const float*)W)[r * cols + c];
     case T_F16: return h2f(((const u16*)W)[r * cols + c]);
-    case T_Q5_0: {
+    case T_Q5_0: case T_Q5_1: {
         u64 nb = (u64)rows * (cols / 32), blk = r * (cols / 32) + c / 32;
         int j = c % 32;
         const u8* a = W + blk * 20;
-        float d = h2f(((const u16*)(W + nb * 20))[blk]);
         u32 qh = (u32)a[0] | ((u32)a[1] << 8) | ((u32)a[2] << 16) | ((u32)a[3] << 24);
         u32 byte = a[4 + (j & 15)];
         u32 lo = j < 16 ? (byte & 0xFu) : (byte >> 4);
-        u32 hi = (qh >> j) & 1u;
-        return d * (float)((int)(lo | (hi << 4)) - 16);
+        int q = (int)(lo | (((qh >> j) & 1u) << 4));
+        if (ty == T_Q5_0) return h2f(((const u16*)(W + nb * 20))[blk]) * (float)(q - 16);
+        u32 dm = ((const u32*)(W + nb * 20))[blk];
+        return h2f((u16)(dm & 0xFFFF)) * (float)q + h2f((u16)(dm >> 16));
+    }
+    case T_Q4_1: {
+        u64 nb = (u64)rows * (cols / 32), blk = r * (cols / 32) + c / 32;
+        int j = c % 32;
+        const u8* a = W + blk * 16;
+        u32 dm = ((const u32*)(W + nb * 16))[blk];
+        return h2f((u16)(dm & 0xFFFF)) * (float)((j < 16 ? a[j] : a[j - 16] >> 4) & 0xF) + h2f((u16)(dm >> 16));
+    }
+    case T_Q5_K: {
+        const u8* b = W + (r * (cols / 256) + c / 256) * 176;
+        int e = c % 256, j = e / 32, l = e % 32, ch = j / 2;
+        int s, m;
+        get_scale_min_k4(j, b + 4, s, m);
+        int q = ((b[48 + 32 * ch + l] >> (4 * (j & 1))) & 0xF) | (((b[16 + l] >> j) & 1) << 4);
+        return h2f(*(const u16*)b) * (float)s * (float)q - h2f(*(const u16*)(b + 2)) * (float)m;
     }
     case T_Q4_0: case T_Q8_0: {
         int A = ty == T_Q4_0 ? 16 : 32;
@@ -227,11 +243,19 @@ __device__ __forceinline__ void deq8(int ty, const u8* W, int rows, int cols, u6
         }
         return;
     }
-    case T_Q5_0: {
+    case T_Q5_0: case T_Q5_1: {
         u64 nb = (u64)rows * (cols / 32), blk = r * (cols / 32) + c / 32;
         int j = c % 32;
         const u8* a = W + blk * 20;
-        float d = h2f(((const u16*)(W + nb * 20))[blk]);
+        float d, o;  // value = d q + o
+        if (ty == T_Q5_0) {
+            d = h2f(((const u16*)(W + nb * 20))[blk]);
+            o = -16.f * d;
+        } else {
+            u32 dm = ((const u32*)(W + nb * 20))[blk];
+            d = h2f((u16)(dm & 0xFFFF));
+            o = h2f((u16)(dm >> 16));
+        }
         u32 qh = *(const u32*)a;
         const u32* qs = (const u32*)(a + 4 + (j & 15));
         u32 q[2] = {qs[0], qs[1]};
@@ -240,20 +264,38 @@ __device__ __forceinline__ void deq8(int ty, const u8* W, int rows, int cols, u6
         for (int i = 0; i < 8; i++) {
             u32 lo = (q[i >> 2] >> (8 * (i & 3) + sh)) & 0xFu;
             u32 hi = (qh >> (j + i)) & 1u;
-            v[i] = d * (float)((int)(lo | (hi << 4)) - 16);
+            v[i] = d * (float)(int)(lo | (hi << 4)) + o;
         }
         return;
     }
-    case T_Q4_K: {
-        const u8* b = W + (r * (cols / 256) + c / 256) * 144;
+    case T_Q4_1: {
+        u64 nb = (u64)rows * (cols / 32), blk = r * (cols / 32) + c / 32;
+        int j = c % 32;
+        u32 dm = ((const u32*)(W + nb * 16))[blk];
+        float d = h2f((u16)(dm & 0xFFFF)), o = h2f((u16)(dm >> 16));
+        uint2 q = *(const uint2*)(W + blk * 16 + (j & 15));
+        int sh = j < 16 ? 0 : 4;
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = d * (float)(((i < 4 ? q.x : q.y) >> (8 * (i & 3) + sh)) & 0xF) + o;
+        return;
+    }
+    case T_Q4_K: case T_Q5_K: {
+        bool five = ty == T_Q5_K;
+        const u8* b = W + (r * (cols / 256) + c / 256) * (five ? 176 : 144);
         int e = c % 256, j = e / 32, l = e % 32;
         int s, m;
         get_scale_min_k4(j, b + 4, s, m);
         float a = h2f(*(const u16*)b) * (float)s, o = h2f(*(const u16*)(b + 2)) * (float)m;
-        uint2 q = *(const uint2*)(b + 16 + 32 * (j / 2) + l);
+        uint2 q = *(const uint2*)(b + (five ? 48 : 16) + 32 * (j / 2) + l);
+        // Q5_K: the fifth bits, bit j of qh bytes l .. l + 7
+        uint2 h = five ? *(const uint2*)(b + 16 + l) : make_uint2(0, 0);
         int sh = 4 * (j & 1);
 #pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = a * (float)(((i < 4 ? q.x : q.y) >> (8 * (i & 3) + sh)) & 0xF) - o;
+        for (int i = 0; i < 8; i++) {
+            u32 lo = ((i < 4 ? q.x : q.y) >> (8 * (i & 3) + sh)) & 0xF;
+            u32 hi = (((i < 4 ? h.x : h.y) >> (8 * (i & 3) + j)) & 1) << 4;
+            v[i] = a * (float)(lo | hi) - o;
+        }
         return;
     }
     case T_Q6_K: {

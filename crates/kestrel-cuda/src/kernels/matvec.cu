@@ -3,9 +3,10 @@
 // The hot kernels of decode. One warp per weight row; each lane takes "units" of the row
 // (32 or 64 weights), loads their blocks straight from device memory once and dots them with
 // every token's activations (int8, one scale per 32, quantized by the norm/quantize kernels):
-// NT tokens cost one pass over the weights. Device layout (weights.rs): Q4_K blocks as in GGUF
-// (144 bytes, 16-byte aligned); Q6_K / Q8_0 / Q4_0 / Q5_0 with their f16 scale moved to a
-// plane after all blocks, so every payload is 4- or 16-byte aligned.
+// NT tokens cost one pass over the weights. Device layout (weights.rs): Q4_K / Q5_K blocks as
+// in GGUF (144 / 176 bytes, 16-byte aligned); Q6_K / Q8_0 / Q4_0 / Q5_0 with their f16 scale
+// moved to a plane after all blocks, Q4_1 / Q5_1 their (scale, min) word, so every payload is
+// 4- or 16-byte aligned.
 //
 // EPI: 0 store, 1 add into out (the residual), 2 silu(W.x) * (W2.x) (the MLP's gate and up).
 
@@ -16,6 +17,13 @@ template <> struct Blk<T_Q5_0> { enum { QK = 32, A = 20, UNIT = 32 }; };
 template <> struct Blk<T_Q8_0> { enum { QK = 32, A = 32, UNIT = 32 }; };
 template <> struct Blk<T_Q4_K> { enum { QK = 256, A = 144, UNIT = 64 }; };
 template <> struct Blk<T_Q6_K> { enum { QK = 256, A = 208, UNIT = 64 }; };
+template <> struct Blk<T_Q4_1> { enum { QK = 32, A = 16, UNIT = 32 }; };
+template <> struct Blk<T_Q5_1> { enum { QK = 32, A = 20, UNIT = 32 }; };
+template <> struct Blk<T_Q5_K> { enum { QK = 256, A = 176, UNIT = 64 }; };
+
+// The 32-weight block types, and those of them with a min (a (scale, min) word in the plane).
+template <int TY> struct Small { enum { V = TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0 || TY == T_Q4_1 || TY == T_Q5_1 }; };
+template <int TY> struct WithMin { enum { V = TY == T_Q4_1 || TY == T_Q5_1 }; };
 
 __device__ __forceinline__ int spread4(u32 b) {
     return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
@@ -58,6 +66,12 @@ __device__ __forceinline__ void scale_min_k4_pair(int c, u32 s0, u32 s1, u32 s2,
     m[1] = (int)((mw >> 8) & 0xFF);
 }
 
+// Q5_K's fifth bits of four weights (one a byte of qh) for sub-block j: bit j of each byte, moved
+// to bit 4.
+__device__ __forceinline__ u32 fifth4(u32 qh, int j) {
+    return ((qh >> j) & 0x01010101u) << 4;
+}
+
 // Signed byte i (< 8) of v.
 __device__ __forceinline__ float sbyte(uint2 v, int i) {
     return (float)(i8)(((i < 4 ? v.x : v.y) >> (8 * (i & 3))) & 0xFF);
@@ -72,12 +86,12 @@ struct Piece {
 };
 
 // Pieces in a unit: two for the K-quants' 64 weights, one for the 32-weight blocks.
-template <int TY> struct UnitPieces { enum { N = (TY == T_Q4_K || TY == T_Q6_K) ? 2 : 1 }; };
+template <int TY> struct UnitPieces { enum { N = (TY == T_Q4_K || TY == T_Q5_K || TY == T_Q6_K) ? 2 : 1 }; };
 
 // Index among the row's 32-weight pieces of piece h of unit u (the activations it meets).
 template <int TY>
 __device__ __forceinline__ int piece_index(int u, int h) {
-    if (TY == T_Q4_K) return 2 * u + h;  // block u / 4, sub-block 2 (u % 4) + h
+    if (TY == T_Q4_K || TY == T_Q5_K) return 2 * u + h;  // block u / 4, sub-block 2 (u % 4) + h
     if (TY == T_Q6_K) return (u >> 2) * 8 + 4 * ((u >> 1) & 1) + (u & 1) + 2 * h;
     return u;
 }
@@ -91,22 +105,32 @@ template <int TY> struct RawU;
 template <> struct RawU<T_Q4_0> { int4 v; u16 d; };
 template <> struct RawU<T_Q5_0> { u32 qh, qs[4]; u16 d; };
 template <> struct RawU<T_Q8_0> { int4 v0, v1; u16 d; };
+template <> struct RawU<T_Q4_1> { int4 v; u32 dm; };
+template <> struct RawU<T_Q5_1> { u32 qh, qs[4]; u32 dm; };
 template <> struct RawU<T_Q4_K> { uint4 hd, v0, v1; };
+template <> struct RawU<T_Q5_K> { uint4 hd, h0, h1, v0, v1; };
 template <> struct RawU<T_Q6_K> { int4 l0, l1, h0, h1; uint2 sv; u16 d; };
+
+// A 32-weight block's scale (Q4_1 / Q5_1: scale and min) from the plane after the payloads.
+template <int TY, typename R>
+__device__ __forceinline__ void small_scale(R& r, const u8* __restrict__ W, u64 nblk, u64 blk) {
+    if constexpr (WithMin<TY>::V) r.dm = ((const u32*)(W + nblk * Blk<TY>::A))[blk];
+    else r.d = ((const u16*)(W + nblk * Blk<TY>::A))[blk];
+}
 
 template <int TY>
 __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u) {
     RawU<TY> r;
-    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
+    if constexpr (Small<TY>::V) {
         u64 blk = (u64)row * bpr + u;
         const u8* a = W + blk * Blk<TY>::A;
-        r.d = ((const u16*)(W + nblk * Blk<TY>::A))[blk];
+        small_scale<TY>(r, W, nblk, blk);
         if constexpr (TY == T_Q8_0) {
             r.v0 = ((const int4*)a)[0];
             r.v1 = ((const int4*)a)[1];
-        } else if constexpr (TY == T_Q4_0) {
+        } else if constexpr (TY == T_Q4_0 || TY == T_Q4_1) {
             r.v = *(const int4*)a;
-        } else {  // Q5_0: qh (4 bytes) then qs (16 bytes), 4-byte aligned
+        } else {  // Q5_0 / Q5_1: qh (4 bytes) then qs (16 bytes), 4-byte aligned
             const u32* p = (const u32*)a;
             r.qh = p[0];
 #pragma unroll
@@ -119,6 +143,16 @@ __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk,
         r.hd = bp[0];
         r.v0 = bp[1 + 2 * c];
         r.v1 = bp[2 + 2 * c];
+    } else if constexpr (TY == T_Q5_K) {
+        // as Q4_K, with the block's 32 qh bytes (16-47: bit j of byte l is weight l of
+        // sub-block j) before its quants (48-175)
+        int b = u >> 2, c = u & 3;
+        const uint4* bp = (const uint4*)(W + ((u64)row * bpr + b) * 176);
+        r.hd = bp[0];
+        r.h0 = bp[1];
+        r.h1 = bp[2];
+        r.v0 = bp[3 + 2 * c];
+        r.v1 = bp[4 + 2 * c];
     } else {
         // Q6_K unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
         int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
@@ -139,10 +173,31 @@ __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk,
 // Unit u's pieces from its loaded words.
 template <int TY>
 __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) {
-    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
-        float d = h2f(r.d);
+    if constexpr (Small<TY>::V) {
+        float d, mn = 0.f;
+        if constexpr (WithMin<TY>::V) {
+            d = h2f((u16)(r.dm & 0xFFFF));
+            mn = h2f((u16)(r.dm >> 16));
+        } else {
+            d = h2f(r.d);
+        }
         w[0].a0 = w[0].a1 = d;
-        if constexpr (TY == T_Q8_0) {
+        if constexpr (TY == T_Q4_1) {
+            int vs[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                w[0].q[i] = vs[i] & 0x0F0F0F0F;
+                w[0].q[4 + i] = (vs[i] >> 4) & 0x0F0F0F0F;
+            }
+            w[0].b = mn;
+        } else if constexpr (TY == T_Q5_1) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                w[0].q[i] = (int)(r.qs[i] & 0x0F0F0F0Fu) | spread4(r.qh >> (4 * i));
+                w[0].q[4 + i] = (int)((r.qs[i] >> 4) & 0x0F0F0F0Fu) | spread4(r.qh >> (16 + 4 * i));
+            }
+            w[0].b = mn;
+        } else if constexpr (TY == T_Q8_0) {
             w[0].q[0] = r.v0.x; w[0].q[1] = r.v0.y; w[0].q[2] = r.v0.z; w[0].q[3] = r.v0.w;
             w[0].q[4] = r.v1.x; w[0].q[5] = r.v1.y; w[0].q[6] = r.v1.z; w[0].q[7] = r.v1.w;
             w[0].b = 0.f;
@@ -175,6 +230,21 @@ __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) 
 #pragma unroll
             for (int i = 0; i < 8; i++) w[h].q[i] = (int)(vs[i] & (h == 0 ? 0x0F0F0F0Fu : 0xF0F0F0F0u));
             w[h].a0 = w[h].a1 = (h == 0 ? d : d * 0.0625f) * (float)s[h];
+            w[h].b = -dmin * (float)m[h];
+        }
+    } else if constexpr (TY == T_Q5_K) {
+        // levels 0..31: the nibble and the fifth bit (bit 2c + h of each qh byte) at bit 4
+        int c = u & 3;
+        float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
+        u32 vs[8] = {r.v0.x, r.v0.y, r.v0.z, r.v0.w, r.v1.x, r.v1.y, r.v1.z, r.v1.w};
+        u32 hs[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
+        int s[2], m[2];
+        scale_min_k4_pair(c, r.hd.y, r.hd.z, r.hd.w, s, m);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[h].q[i] = (int)(((vs[i] >> (4 * h)) & 0x0F0F0F0Fu) | fifth4(hs[i], 2 * c + h));
+            w[h].a0 = w[h].a1 = d * (float)s[h];
             w[h].b = -dmin * (float)m[h];
         }
     } else {
@@ -411,6 +481,9 @@ MVH(q5_0, T_Q5_0)
 MVH(q8_0, T_Q8_0)
 MVH(q4_k, T_Q4_K)
 MVH(q6_k, T_Q6_K)
+MVH(q4_1, T_Q4_1)
+MVH(q5_1, T_Q5_1)
+MVH(q5_k, T_Q5_K)
 
 #define MVR1(NAME, TY, EPI, R)                                                                   \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
@@ -430,6 +503,9 @@ MVR(q5_0, T_Q5_0)
 MVR(q8_0, T_Q8_0)
 MVR(q4_k, T_Q4_K)
 MVR(q6_k, T_Q6_K)
+MVR(q4_1, T_Q4_1)
+MVR(q5_1, T_Q5_1)
+MVR(q5_k, T_Q5_K)
 
 // Reads n16 16-byte words (four loads in flight a thread) and keeps nothing: gpu-check --perf's
 // floor for a one-kernel read of as many bytes as a mat-vec's weights.
@@ -536,6 +612,9 @@ MV_ALL(MVQ, q5_0, T_Q5_0)
 MV_ALL(MVQ, q8_0, T_Q8_0)
 MV_ALL(MVQ, q4_k, T_Q4_K)
 MV_ALL(MVQ, q6_k, T_Q6_K)
+MV_ALL(MVQ, q4_1, T_Q4_1)
+MV_ALL(MVQ, q5_1, T_Q5_1)
+MV_ALL(MVQ, q5_k, T_Q5_K)
 MV_ALL(MVF, f32, T_F32)
 MV_ALL(MVF, f16, T_F16)
 
@@ -584,6 +663,9 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
     case T_Q8_0: mvx_row<T_Q8_0, NT>(W, rows, cols, row, xq, xd, xf, out); break;
     case T_Q4_K: mvx_row<T_Q4_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
     case T_Q6_K: mvx_row<T_Q6_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q4_1: mvx_row<T_Q4_1, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q5_1: mvx_row<T_Q5_1, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q5_K: mvx_row<T_Q5_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
     }
 }
 
@@ -609,6 +691,9 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     case T_Q8_0: rows_acc<T_Q8_0, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q4_K: rows_acc<T_Q4_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q6_K: rows_acc<T_Q6_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_1: rows_acc<T_Q4_1, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_1: rows_acc<T_Q5_1, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_K: rows_acc<T_Q5_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
     default:  // f32 / f16 (the host takes R = 1 for those)
         for (int r = 0; r < R && row + r < rows; r++) {
             if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, out);
@@ -637,6 +722,9 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     case T_Q8_0: rows_acc<T_Q8_0, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q4_K: rows_acc<T_Q4_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q6_K: rows_acc<T_Q6_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_1: rows_acc<T_Q4_1, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_1: rows_acc<T_Q5_1, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_K: rows_acc<T_Q5_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
     default: break;  // f32 / f16: the host never picks this kernel for them
     }
 }

@@ -78,20 +78,23 @@ template <int TY> struct Raw;
 template <> struct Raw<T_Q4_0> { int v; u16 d; };
 template <> struct Raw<T_Q5_0> { u32 qh, qs; u16 d; };
 template <> struct Raw<T_Q8_0> { int2 v; u16 d; };
+template <> struct Raw<T_Q4_1> { int v; u32 dm; };
+template <> struct Raw<T_Q5_1> { u32 qh, qs; u32 dm; };
 template <> struct Raw<T_Q4_K> { uint4 hd; int2 v; };
+template <> struct Raw<T_Q5_K> { uint4 hd; int2 v, h; };
 template <> struct Raw<T_Q6_K> { int l0, l1, h0, h1; uint2 sv; u16 d; };
 
 template <int TY>
 __device__ __forceinline__ Raw<TY> unit_load(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u,
                                              int tid) {
     Raw<TY> r;
-    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
+    if constexpr (Small<TY>::V) {
         u64 blk = (u64)row * bpr + u;
         const u8* a = W + blk * Blk<TY>::A;
-        r.d = ((const u16*)(W + nblk * Blk<TY>::A))[blk];
+        small_scale<TY>(r, W, nblk, blk);
         if constexpr (TY == T_Q8_0) r.v = ((const int2*)a)[tid];
-        else if constexpr (TY == T_Q4_0) r.v = ((const int*)a)[tid];
-        else {  // Q5_0: qh (4 bytes) then qs (16 bytes)
+        else if constexpr (TY == T_Q4_0 || TY == T_Q4_1) r.v = ((const int*)a)[tid];
+        else {  // Q5_0 / Q5_1: qh (4 bytes) then qs (16 bytes)
             r.qh = ((const u32*)a)[0];
             r.qs = ((const u32*)a)[1 + tid];
         }
@@ -102,6 +105,13 @@ __device__ __forceinline__ Raw<TY> unit_load(const u8* __restrict__ W, u64 nblk,
         const u8* blk = W + ((u64)row * bpr + b) * 144;
         r.hd = *(const uint4*)blk;
         r.v = ((const int2*)(blk + 16 + 32 * c))[tid];
+    } else if constexpr (TY == T_Q5_K) {
+        // as Q4_K, and the qh bytes of this lane's 8 weights (16-47 of the 176-byte block)
+        int b = u >> 2, c = u & 3;
+        const u8* blk = W + ((u64)row * bpr + b) * 176;
+        r.hd = *(const uint4*)blk;
+        r.h = ((const int2*)(blk + 16))[tid];
+        r.v = ((const int2*)(blk + 48 + 32 * c))[tid];
     } else {
         // Q6_K unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
         int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
@@ -149,11 +159,25 @@ __device__ __forceinline__ void scale_min_k4_word(int c, int h, u32 s0, u32 s1, 
 // spilled 16 bytes, and 8 sequences' aggregate decode was 13% slower on the 8B (2026-12-05).
 template <int TY, bool STAGED = false>
 __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, PieceW* p) {
-    if constexpr (TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q8_0) {
-        float d = h2f(r.d);
+    if constexpr (Small<TY>::V) {
+        float d, mn = 0.f;
+        if constexpr (WithMin<TY>::V) {
+            d = h2f((u16)(r.dm & 0xFFFF));
+            mn = h2f((u16)(r.dm >> 16));
+        } else {
+            d = h2f(r.d);
+        }
         p[0].a0 = p[0].a1 = d;
         p[0].P = u;
-        if constexpr (TY == T_Q8_0) {
+        if constexpr (TY == T_Q4_1) {
+            p[0].lo = r.v & 0x0F0F0F0F;
+            p[0].hi = (r.v >> 4) & 0x0F0F0F0F;
+            p[0].b = mn;
+        } else if constexpr (TY == T_Q5_1) {
+            p[0].lo = (int)(r.qs & 0x0F0F0F0Fu) | spread4(r.qh >> (4 * tid));
+            p[0].hi = (int)((r.qs >> 4) & 0x0F0F0F0Fu) | spread4(r.qh >> (16 + 4 * tid));
+            p[0].b = mn;
+        } else if constexpr (TY == T_Q8_0) {
             p[0].lo = r.v.x;
             p[0].hi = r.v.y;
             p[0].b = 0.f;
@@ -167,7 +191,7 @@ __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, Pie
             p[0].hi = (int)((r.qs >> 4) & 0x0F0F0F0Fu) | spread4(r.qh >> (16 + 4 * tid));
             p[0].b = -16.f * d;
         }
-    } else if constexpr (TY == T_Q4_K) {
+    } else if constexpr (TY == T_Q4_K || TY == T_Q5_K) {
         int b = u >> 2, c = u & 3;
         float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
 #pragma unroll
@@ -177,6 +201,10 @@ __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, Pie
             else scale_min_k4(2 * c + h, r.hd.y, r.hd.z, r.hd.w, s, m);
             p[h].lo = (r.v.x >> (4 * h)) & 0x0F0F0F0F;
             p[h].hi = (r.v.y >> (4 * h)) & 0x0F0F0F0F;
+            if constexpr (TY == T_Q5_K) {  // levels 0..31: the fifth bit at bit 4
+                p[h].lo |= (int)fifth4((u32)r.h.x, 2 * c + h);
+                p[h].hi |= (int)fifth4((u32)r.h.y, 2 * c + h);
+            }
             p[h].a0 = p[h].a1 = d * (float)s;
             p[h].b = -dmin * (float)m;
             p[h].P = b * 8 + 2 * c + h;
@@ -206,7 +234,7 @@ __device__ __forceinline__ void piece_mma(float (*acc)[4], const PieceW (*pa)[PI
                                           int k, const i8* xp, float4 dd, int tid) {
     float2 d0 = make_float2(dd.x, dd.y), d1 = make_float2(dd.z, dd.w);
     int b0, b1;
-    if (Halves<TY>::V || TY == T_Q4_0 || TY == T_Q5_0) {
+    if (Halves<TY>::V || TY == T_Q4_0 || TY == T_Q5_0 || TY == T_Q4_1 || TY == T_Q5_1) {
         b0 = ((const int*)xp)[tid];
         b1 = ((const int*)xp)[4 + tid];
     } else {
@@ -552,6 +580,9 @@ MMQ(q5_0, T_Q5_0)
 MMQ(q8_0, T_Q8_0)
 MMQ(q4_k, T_Q4_K)
 MMQ(q6_k, T_Q6_K)
+MMQ(q4_1, T_Q4_1)
+MMQ(q5_1, T_Q5_1)
+MMQ(q5_k, T_Q5_K)
 // 16 warps at 8 tokens: twice the warps on a matrix of few rows (4,096 rows are 256 blocks)
 MMQ_NJ(q4_k, T_Q4_K, 1, 16)
 MMQ_NJ(q6_k, T_Q6_K, 1, 16)
