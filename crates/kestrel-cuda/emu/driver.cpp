@@ -576,7 +576,13 @@ struct Program {
 
 // How the kernels are built: -march=native (the module runs where it was compiled; F16C
 // converts the halves), no strict aliasing and wrapping signed arithmetic, as a GPU reads them.
-static const char CXXFLAGS[] = "-std=c++17 -O2 -march=native -fPIC -shared -w -fno-strict-aliasing -fwrapv";
+// -fno-gnu-unique: each module keeps its own `inline` objects (the worker pool above all). As
+// unique symbols they bound to the first module loaded, so a second module's launches started
+// workers in the pool of the first; the second module unloaded (its code unmapped under the
+// sleeping workers), the first one's pool woke them at exit into unmapped code: SIGSEGV after
+// any `gpu-check --ops none -m MODEL`.
+static const char CXXFLAGS[] =
+    "-std=c++17 -O2 -march=native -fPIC -shared -w -fno-strict-aliasing -fwrapv -fno-gnu-unique";
 
 static std::string include_dir() {
     const char* v = getenv("KESTREL_CUDA_EMU_INCLUDE");
