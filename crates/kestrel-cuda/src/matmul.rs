@@ -297,10 +297,8 @@ impl MmqShape {
 /// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; for the K-quants the staged kernels at 16-64
 /// tokens instead of the register kernel's 8 warps at 64.
 pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
-    use crate::weights::Kind;
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
-    // the staged kernels exist for Q4_K and Q6_K (Q5_K takes the register kernels)
-    let k_quant = matches!(kind, Kind::Q4K | Kind::Q6K);
+    let k_quant = kind.k_quant();
     match mmq_tile(t) {
         8 if k_quant => vec![regs(8), regs(16), staged(16, 2, 2)],
         8 => vec![regs(8)],
@@ -331,16 +329,18 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     use crate::weights::Kind;
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
-    let long = matches!(kind, Kind::Q4K | Kind::Q6K) && cols / unit_cols(kind) >= 64;
+    let long = kind.k_quant() && cols / unit_cols(kind) >= 64;
     let few = rows <= 4096;
+    // Q5_K (not measured on its own) takes Q4_K's picks: the same units with 16 more bytes
+    let q4k = matches!(kind, Kind::Q4K | Kind::Q5K);
     match mmq_tile(t) {
-        8 if long && few && kind == Kind::Q4K => regs(16),
+        8 if long && few && q4k => regs(16),
         8 if few && kind == Kind::Q6K && cols / unit_cols(kind) >= 128 => staged(16, 2, 2),
         8 => regs(8),
         32 if long && few && kind == Kind::Q6K => staged(8, 2, 3),
         16 | 32 if long && few => staged(16, 2, 2),
         32 if long => staged(4, 2, 4),
-        64 if long && (few || kind == Kind::Q4K) => staged(16, 1, 2),
+        64 if long && (few || q4k) => staged(16, 1, 2),
         64 if long => staged(4, 2, 3),
         64 => regs(4),
         _ if cols / unit_cols(kind) >= 128 || few => regs(8),

@@ -384,13 +384,14 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
 // while it multiplies one), the weights' bytes of its 16 MR rows and the unit's two pieces of
 // activations for the block's 8 NJ tokens together. mmq keeps one unit in flight in registers
 // and loads the activations when it multiplies: a warp then waits a memory round trip a unit.
-// A stage: the rows' records (Q4_K: the 16-byte header and the unit's 32 quant bytes; Q6_K:
-// 32 ql, 32 qh, 8 scale and the 4-byte word holding d), then per piece its tokens' 32 int8
-// (TW x 32) and after both pieces their (d, d * sum).
+// A stage: the rows' records (Q4_K: the 16-byte header and the unit's 32 quant bytes; Q5_K:
+// the header, the block's 32 qh bytes and the unit's 32 quant bytes; Q6_K: 32 ql, 32 qh, 8
+// scale and the 4-byte word holding d), then per piece its tokens' 32 int8 (TW x 32) and after
+// both pieces their (d, d * sum).
 template <int TY, int NJ, int MR>
 struct Stage {
     enum {
-        RB = TY == T_Q4_K ? 48 : 80,
+        RB = TY == T_Q4_K ? 48 : 80,  // Q5_K and Q6_K: 80
         TW = 8 * NJ,
         WB = MR * 16 * RB,
         XQ = 2 * TW * 32,
@@ -401,7 +402,7 @@ struct Stage {
 // Piece k (0, 1) of unit u of a K-quant row, as unit_words numbers it.
 template <int TY>
 __device__ __forceinline__ int unit_piece(int u, int k) {
-    if (TY == T_Q4_K) return (u >> 2) * 8 + 2 * (u & 3) + k;
+    if (TY == T_Q4_K || TY == T_Q5_K) return (u >> 2) * 8 + 2 * (u & 3) + k;
     return (u >> 2) * 8 + 4 * ((u >> 1) & 1) + (u & 1) + 2 * k;
 }
 
@@ -417,6 +418,14 @@ __device__ __forceinline__ void stage_weights(u8* st, const u8* __restrict__ W, 
             int rec = i / 3, part = i - 3 * rec;
             const u8* blk = W + ((u64)min(r0 + rec, rows - 1) * bpr + b) * 144;
             cp_async16(st + rec * 48 + 16 * part, part == 0 ? blk : blk + 16 * part + 32 * c);
+        }
+    } else if constexpr (TY == T_Q5_K) {
+        int c = u & 3;
+#pragma unroll
+        for (int i = lane; i < MR * 80; i += 32) {  // 16 MR rows x 5 pieces of 16 bytes
+            int rec = i / 5, part = i - 5 * rec;
+            const u8* blk = W + ((u64)min(r0 + rec, rows - 1) * bpr + b) * 176;
+            cp_async16(st + rec * 80 + 16 * part, part < 3 ? blk + 16 * part : blk + 16 * part + 32 * c);
         }
     } else {
         int n = (u >> 1) & 1, pp = u & 1;
@@ -460,6 +469,10 @@ __device__ __forceinline__ Raw<TY> unit_record(const u8* rec, int tid, int dhi) 
     if constexpr (TY == T_Q4_K) {
         r.hd = *(const uint4*)rec;
         r.v = ((const int2*)(rec + 16))[tid];
+    } else if constexpr (TY == T_Q5_K) {
+        r.hd = *(const uint4*)rec;
+        r.h = ((const int2*)(rec + 16))[tid];
+        r.v = ((const int2*)(rec + 48))[tid];
     } else {
         const int* w = (const int*)rec;
         r.l0 = w[tid];
@@ -586,6 +599,7 @@ MMQ(q5_k, T_Q5_K)
 // 16 warps at 8 tokens: twice the warps on a matrix of few rows (4,096 rows are 256 blocks)
 MMQ_NJ(q4_k, T_Q4_K, 1, 16)
 MMQ_NJ(q6_k, T_Q6_K, 1, 16)
+MMQ_NJ(q5_k, T_Q5_K, 1, 16)
 
 // mmqs_<type>_<NJ>_<epi>_w<WK>_r<MR>_s<S>: the staged mat-mat (dynamic shared memory:
 // max(WK S Stage::BYTES, the reduction's WK NJ MR 512 bytes), as matmul::mmq_launch sizes it).
@@ -602,3 +616,4 @@ MMQ_NJ(q6_k, T_Q6_K, 1, 16)
     MMQS(NAME, TY, 4, 8, 2, 3) MMQS(NAME, TY, 4, 4, 2, 4) MMQS(NAME, TY, 8, 16, 1, 2) MMQS(NAME, TY, 8, 4, 2, 3)
 MMQS_ALL(q4_k, T_Q4_K)
 MMQS_ALL(q6_k, T_Q6_K)
+MMQS_ALL(q5_k, T_Q5_K)
