@@ -162,7 +162,7 @@ pub fn vec_dot_rows_each_with(
 ) -> Result<(), QuantError> {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if backend != Backend::Generic
-        && (q32::has_panel(w) || avx512::has_tile(w) && backend == Backend::Avx512Vnni)
+        && (q32::has_panel(backend, w) || avx512::has_tile(w) && backend == Backend::Avx512Vnni)
         && backend.is_available()
     {
         for r in w_rows {
@@ -351,7 +351,7 @@ pub fn matvec(
     check_row(vec_dot_type(w), n, act.len())?;
     let nb = n / w.block_len() as usize;
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if backend == Backend::Avx512Vnni && q32::has_panel(w) {
+    if backend == Backend::Avx512Vnni && q32::has_panel(backend, w) {
         thread_local! {
             static PRE: std::cell::RefCell<avx512::PreAct> = std::cell::RefCell::new(avx512::PreAct::new());
         }
@@ -373,7 +373,7 @@ pub fn matvec(
     let acts = [act];
     let ahead = crate::cpu::weight_prefetch_ahead();
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if backend == Backend::Avx2 && q32::has_panel(w) {
+    if backend == Backend::Avx2 && q32::has_panel(backend, w) {
         // SAFETY: AVX2 is available (detected); the rows and the activation were length-checked.
         unsafe { q32::row_quads(w, nb, w_rows, row_bytes, &acts, out) };
         return Ok(());
@@ -395,7 +395,7 @@ pub const FEW_MAX_TOKENS: usize = 8;
 /// rather than the tiled [`vec_dot_rows`] (prefill).
 pub fn prefers_few(w: GgmlType, t: usize) -> bool {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if Backend::detect() == Backend::Avx512Vnni && q32::has_panel(w) {
+    if Backend::detect() == Backend::Avx512Vnni && q32::has_panel(Backend::Avx512Vnni, w) {
         return t <= FEW_MAX_TOKENS;
     }
     let _ = w;
@@ -426,7 +426,10 @@ pub fn matmul_few(
         });
     }
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if backend == Backend::Avx512Vnni && q32::has_panel(w) && (1..=FEW_MAX_TOKENS).contains(&t) {
+    if backend == Backend::Avx512Vnni
+        && q32::has_panel(backend, w)
+        && (1..=FEW_MAX_TOKENS).contains(&t)
+    {
         for a in acts {
             check_row(vec_dot_type(w), n, a.len())?;
         }
@@ -459,7 +462,7 @@ pub fn matmul_few(
         return Ok(());
     }
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if backend == Backend::Avx2 && q32::has_panel(w) {
+    if backend == Backend::Avx2 && q32::has_panel(backend, w) {
         for a in acts {
             check_row(vec_dot_type(w), n, a.len())?;
         }

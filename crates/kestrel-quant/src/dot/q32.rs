@@ -1,4 +1,5 @@
-//! The 32-element block types (Q4_0, Q4_1, Q5_0, Q8_0) on x86, outside the repacked layouts:
+//! The 32-element block types (Q4_0, Q4_1, Q5_0, Q8_0; Q5_1 on AVX2) on x86, outside the
+//! repacked layouts:
 //! - prefill: up to [`PANEL_ROWS`] weight rows at a time decoded once into a backend's
 //!   [`PrefillPanel`], then every activation row against it in tiles of four rows x
 //!   [`PrefillPanel::TOKENS`] tokens; the activations' block scales converted to f32 once per
@@ -42,12 +43,17 @@ pub(crate) trait PrefillPanel {
     ) -> [f32; 16];
 }
 
-/// Whether `w` is one of the types with a prefill panel.
-pub(crate) fn has_panel(w: GgmlType) -> bool {
-    matches!(
-        w,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0
-    )
+/// Whether `backend` has a prefill panel (and, AVX2, row quads; AVX-512, prepared-activation
+/// decode) for `w`: Q4_0, Q4_1, Q5_0 and Q8_0 on both, Q5_1 on AVX2 (AVX-512 runs its row
+/// kernel).
+pub(crate) fn has_panel(backend: Backend, w: GgmlType) -> bool {
+    match w {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+            matches!(backend, Backend::Avx2 | Backend::Avx512Vnni)
+        }
+        GgmlType::Q5_1 => backend == Backend::Avx2,
+        _ => false,
+    }
 }
 
 /// The activations' block scales: per token `[block]`, then transposed per group of tokens.
@@ -77,7 +83,7 @@ pub(crate) unsafe fn panel_rows(
     acts: &[&[u8]],
     put: &mut impl FnMut(usize, usize, &[f32; RUN], usize),
 ) -> bool {
-    if !has_panel(w) {
+    if !has_panel(backend, w) {
         return false;
     }
     match backend {
@@ -172,7 +178,7 @@ pub(crate) unsafe fn row_quads(
     acts: &[&[u8]],
     out: &mut [f32],
 ) {
-    debug_assert!(has_panel(w));
+    debug_assert!(has_panel(Backend::Avx2, w));
     SCALES.with_borrow_mut(|Scales { dy, .. }| {
         act_scales(w, nb, acts, dy);
         super::avx2::rows::matmul(w, nb, w_rows.as_ptr(), row_bytes, acts, dy, out);
@@ -198,6 +204,7 @@ mod tests {
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q5_0,
+            GgmlType::Q5_1,
             GgmlType::Q8_0,
         ] {
             let (rb, ab) = (

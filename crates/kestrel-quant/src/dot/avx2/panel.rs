@@ -4,7 +4,7 @@
 //!
 //! Per row, token and block the integer lanes are the exact sums of four products that
 //! [`dot`](super::dot) makes, and the f32 steps its (`acc = fma(dx * dy, lanes, acc)` in block
-//! order, `hsum8`, then Q4_1's `fma(m, s, summs)`), so the results equal it bit for bit. What
+//! order, `hsum8`, then the mins' `fma(m, s, summs)`), so the results equal it bit for bit. What
 //! moves out of the inner loop: the weights' unpacking (once per panel, not once per four
 //! tokens), the scales' f16 conversion (once per call for the activations, once per panel for
 //! the weights) and their products (one 8-lane multiply per block and tile).
@@ -13,19 +13,19 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::super::x86::*;
-use super::{layout, quants, Q4_0, Q4_1, Q5_0, Q8_0};
+use super::{layout, quants, with_min, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use crate::dot::q32::PrefillPanel;
 use kestrel_gguf::GgmlType;
 
 /// Weight rows decoded for a whole batch of activation rows, in quads of four rows; rows past
 /// the end of a quad are zero. Per row and block the quants as 32 signed bytes (`q - 8`,
-/// `q - 16`, `q`; Q4_1's `q` as is), entering the `maddubs` as:
+/// `q - 16`, `q`; Q4_1's and Q5_1's `q` as is), entering the `maddubs` as:
 /// - Q4_0, Q5_0: the signed operand against the activations made unsigned (`y + 128`, once per
 ///   token and block), with a seed `-128 * (sum of each 4 quants)` that takes the `+ 128` off
 ///   (one add a product vector where the sign trick takes a `vpsignb`: 10% faster here);
 /// - Q8_0: llama.cpp's sign trick, `|q|` against `sign(y, q)` (`(y + 128) * q` pairs could
 ///   saturate an i16);
-/// - Q4_1: the unsigned operand against the activations as they are.
+/// - Q4_1, Q5_1: the unsigned operand against the activations as they are.
 ///
 /// A quad of a 4,864-column Q5_0 row is 39 KB, of a 896-column one 7 KB.
 pub(crate) struct Panel {
@@ -35,7 +35,7 @@ pub(crate) struct Panel {
     seed: Vec<__m256i>,
     /// `[quad][block]`, lane `2r + c` = row r's scale (each twice, for two tokens).
     dx: Vec<__m256>,
-    /// `[quad][block][row]`: Q4_1's mins.
+    /// `[quad][block][row]`: Q4_1's and Q5_1's mins.
     m: Vec<f32>,
     /// A tile's scale products, `[block]`, lane `2r + c` (scratch of [`Panel::tile`]).
     prod: Vec<__m256>,
@@ -59,6 +59,7 @@ impl PrefillPanel for Panel {
             GgmlType::Q4_0 => fill::<Q4_0>(self, nb, x),
             GgmlType::Q5_0 => fill::<Q5_0>(self, nb, x),
             GgmlType::Q8_0 => fill::<Q8_0>(self, nb, x),
+            GgmlType::Q5_1 => fill::<Q5_1>(self, nb, x),
             _ => fill::<Q4_1>(self, nb, x),
         }
     }
@@ -76,6 +77,7 @@ impl PrefillPanel for Panel {
             GgmlType::Q4_0 => tile::<Q4_0>(self, nb, q, y, dyt),
             GgmlType::Q5_0 => tile::<Q5_0>(self, nb, q, y, dyt),
             GgmlType::Q8_0 => tile::<Q8_0>(self, nb, q, y, dyt),
+            GgmlType::Q5_1 => tile::<Q5_1>(self, nb, q, y, dyt),
             _ => tile::<Q4_1>(self, nb, q, y, dyt),
         }
     }
@@ -119,7 +121,7 @@ unsafe fn fill<const T: u8>(panel: &mut Panel, nb: usize, x: &[*const u8]) {
                         .push(_mm256_sub_epi32(_mm256_setzero_si256(), sum));
                 }
                 dx[2 * r..2 * r + 2].fill(fp16(b));
-                panel.m.push(if T == Q4_1 { fp16(b.add(2)) } else { 0.0 });
+                panel.m.push(if with_min(T) { fp16(b.add(2)) } else { 0.0 });
             }
             panel.dx.push(_mm256_loadu_ps(dx.as_ptr()));
         }
@@ -138,7 +140,7 @@ unsafe fn tile<const T: u8>(
     let (_, by, qoff) = layout(T);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-    // Q4_1's m . sy, `[token][row]`.
+    // Q4_1's and Q5_1's m . sy, `[token][row]`.
     let mut summ = [[0f32; 4]; 2];
     let xs = panel.x.as_ptr().add(q * nb * 4);
     // (empty but for Q4_0 and Q5_0, whose arms alone read it)
@@ -163,7 +165,7 @@ unsafe fn tile<const T: u8>(
             let x = *xs.add(4 * i + r);
             let ax = _mm256_sign_epi8(x, x);
             let lanes = |c: usize| match T {
-                Q4_1 => _mm256_madd_epi16(_mm256_maddubs_epi16(x, ys[c]), ones),
+                Q4_1 | Q5_1 => _mm256_madd_epi16(_mm256_maddubs_epi16(x, ys[c]), ones),
                 Q8_0 => {
                     _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(ys[c], x)), ones)
                 }
@@ -177,7 +179,7 @@ unsafe fn tile<const T: u8>(
                 acc[r][c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes(c)), acc[r][c]);
             }
         }
-        if T == Q4_1 {
+        if with_min(T) {
             for (c, sc) in summ.iter_mut().enumerate() {
                 let sy = fp16(y[c].add(i * by + 2));
                 for (r, s) in sc.iter_mut().enumerate() {

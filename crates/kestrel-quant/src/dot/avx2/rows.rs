@@ -2,27 +2,27 @@
 //! time, straight from the file's layout, against one or two activation rows whose block
 //! scales were converted once per call. Four rows keep four (eight) accumulators in flight
 //! where one row's dot chains each block's FMA on the previous one's, convert their four
-//! scales in one `vcvtph2ps`, and load each activation block once. Q4_0's, Q4_1's and Q5_0's
-//! levels enter unsigned, as stored (no sign trick: two `vpsignb` fewer a block), and Q4_0's
+//! scales in one `vcvtph2ps`, and load each activation block once. Q4_0's, Q4_1's, Q5_0's and
+//! Q5_1's levels enter unsigned, as stored (no sign trick: two `vpsignb` fewer a block), and Q4_0's
 //! and Q5_0's offset comes off the i32 lanes (`off * sum of 4 activations`, once per token and
 //! block); Q8_0 takes the sign trick.
 //!
 //! Per row and token the steps are [`dot`](super::dot)'s (llama.cpp's AVX2 ones): the same
-//! integer lanes, `acc = fma(dx * dy, lanes, acc)` in block order, `hsum8`, then Q4_1's
-//! `fma(m, s, summs)`; so the results equal it bit for bit.
+//! integer lanes, `acc = fma(dx * dy, lanes, acc)` in block order, `hsum8`, then the mins'
+//! (Q4_1, Q5_1) `fma(m, s, summs)`; so the results equal it bit for bit.
 
 // Per-row and per-token register arrays are indexed by constant loop counters (unrolled).
 #![allow(clippy::needless_range_loop)]
 
 use super::super::x86::*;
-use super::{layout, levels, offset, Q4_0, Q4_1, Q5_0, Q8_0};
+use super::{layout, levels, offset, with_min, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use kestrel_gguf::GgmlType;
 
 /// `out[r * t + c] = row r . acts[c]` for `rows` rows of `row_bytes` at `x` and the `t =
 /// acts.len()` activation rows, whose block scales are `dy[c * nb..][..nb]` as f32.
 ///
 /// # Safety
-/// AVX2, FMA and F16C are available; `w` is Q4_0, Q4_1, Q5_0 or Q8_0; the rows hold `nb`
+/// AVX2, FMA and F16C are available; `w` is Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0; the rows hold `nb`
 /// blocks of `w` and the activations `nb` blocks of its `vec_dot_type`; `out` has
 /// `rows * t` and `dy` `t * nb`.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -39,6 +39,7 @@ pub(crate) unsafe fn matmul(
         GgmlType::Q4_0 => matmul_t::<Q4_0>(nb, x, row_bytes, acts, dy, out),
         GgmlType::Q5_0 => matmul_t::<Q5_0>(nb, x, row_bytes, acts, dy, out),
         GgmlType::Q8_0 => matmul_t::<Q8_0>(nb, x, row_bytes, acts, dy, out),
+        GgmlType::Q5_1 => matmul_t::<Q5_1>(nb, x, row_bytes, acts, dy, out),
         _ => matmul_t::<Q4_1>(nb, x, row_bytes, acts, dy, out),
     }
 }
@@ -128,7 +129,7 @@ unsafe fn row_tile<const T: u8, const M: usize, const N: usize>(
     let (bx, by, qoff) = layout(T);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); N]; M];
-    // Q4_1's m . sy.
+    // Q4_1's and Q5_1's m . sy.
     let mut summ = [[0f32; N]; M];
     for i in 0..nb {
         #[cfg(target_arch = "x86_64")]
@@ -158,9 +159,9 @@ unsafe fn row_tile<const T: u8, const M: usize, const N: usize>(
         let off = _mm256_set1_epi8(offset(T));
         let corr: [__m256i; N] =
             std::array::from_fn(|c| _mm256_madd_epi16(_mm256_maddubs_epi16(off, ys[c]), ones));
-        // Q4_1's activation sums `s` of this block.
+        // Q4_1's and Q5_1's activation sums `s` of this block.
         let sy: [f32; N] = std::array::from_fn(|c| {
-            if T == Q4_1 {
+            if with_min(T) {
                 fp16(y[c].add(i * by + 2))
             } else {
                 0.0
@@ -176,7 +177,7 @@ unsafe fn row_tile<const T: u8, const M: usize, const N: usize>(
                         _mm256_maddubs_epi16(au, _mm256_sign_epi8(ys[c], u)),
                         ones,
                     ),
-                    Q4_1 => _mm256_madd_epi16(_mm256_maddubs_epi16(u, ys[c]), ones),
+                    Q4_1 | Q5_1 => _mm256_madd_epi16(_mm256_maddubs_epi16(u, ys[c]), ones),
                     _ => _mm256_sub_epi32(
                         _mm256_madd_epi16(_mm256_maddubs_epi16(u, ys[c]), ones),
                         corr[c],
@@ -185,7 +186,7 @@ unsafe fn row_tile<const T: u8, const M: usize, const N: usize>(
                 let lanes = _mm256_cvtepi32_ps(lanes);
                 acc[r][c] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[c][r]), lanes, acc[r][c]);
             }
-            if T == Q4_1 {
+            if with_min(T) {
                 let m = fp16(b(r).add(2));
                 for c in 0..N {
                     summ[r][c] = m.mul_add(sy[c], summ[r][c]);
