@@ -1,5 +1,5 @@
-//! The 32-element block types (Q4_0, Q4_1, Q5_0, Q8_0; Q5_1 on AVX2) on x86, outside the
-//! repacked layouts:
+//! The 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) on x86, outside the repacked
+//! layouts:
 //! - prefill: up to [`PANEL_ROWS`] weight rows at a time decoded once into a backend's
 //!   [`PrefillPanel`], then every activation row against it in tiles of four rows x
 //!   [`PrefillPanel::TOKENS`] tokens; the activations' block scales converted to f32 once per
@@ -44,16 +44,13 @@ pub(crate) trait PrefillPanel {
 }
 
 /// Whether `backend` has a prefill panel (and, AVX2, row quads; AVX-512, prepared-activation
-/// decode) for `w`: Q4_0, Q4_1, Q5_0 and Q8_0 on both, Q5_1 on AVX2 (AVX-512 runs its row
-/// kernel).
+/// decode) for `w`: the 32-element types on AVX2 and AVX-512.
 pub(crate) fn has_panel(backend: Backend, w: GgmlType) -> bool {
-    match w {
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
-            matches!(backend, Backend::Avx2 | Backend::Avx512Vnni)
-        }
-        GgmlType::Q5_1 => backend == Backend::Avx2,
-        _ => false,
-    }
+    matches!(backend, Backend::Avx2 | Backend::Avx512Vnni)
+        && matches!(
+            w,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        )
 }
 
 /// The activations' block scales: per token `[block]`, then transposed per group of tokens.

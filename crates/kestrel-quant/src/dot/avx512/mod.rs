@@ -1,10 +1,10 @@
 //! AVX-512 VNNI kernels. The K-quant kernels are the shared AVX2 ones (from [`x86_kernels!`])
 //! with `vpdpbusd` on 256-bit vectors via AVX512VL and 32 vector registers, which keep the
 //! accumulators of 8-row groups in registers. The 32-element block types (Q4_0, Q4_1, Q5_0,
-//! Q8_0) have their own 512-bit kernels below: two blocks per zmm, the 5th bits and the signs
+//! Q5_1, Q8_0) have their own 512-bit kernels below: two blocks per zmm, the 5th bits and the signs
 //! as k-masks, each block's scale pair broadcast into its half of a zmm. Their f32 sums follow
 //! llama.cpp's x86 kernels exactly (one 8-lane accumulator, blocks in order, its horizontal
-//! sum, Q4_1's mins fused-multiply-added in order), so a dot is llama.cpp's bit for bit.
+//! sum, the mins fused-multiply-added in order), so a dot is llama.cpp's bit for bit.
 //!
 //! Every row of a multi-row call goes through exactly the operations a single-row call does,
 //! so `vec_dot_multi` results do not depend on the batch size (bit for bit).
@@ -36,6 +36,7 @@ pub(crate) unsafe fn dot512<const N: usize>(
         GgmlType::Q5_0 => blocks32::<N, 1>(nb, x, y),
         GgmlType::Q8_0 => blocks32::<N, 2>(nb, x, y),
         GgmlType::Q4_1 => blocks32::<N, 3>(nb, x, y),
+        GgmlType::Q5_1 => blocks32::<N, 4>(nb, x, y),
         GgmlType::Q4_K => ktile_q4k::<1, N>(nb, [x], y)[0],
         GgmlType::Q6_K => ktile_q6k::<1, N>(nb, [x], y, false)[0],
         _ => return dot::<N>(w, nb, x, y),
@@ -46,6 +47,27 @@ const Q4_0: u8 = 0;
 const Q5_0: u8 = 1;
 const Q8_0: u8 = 2;
 const Q4_1: u8 = 3;
+const Q5_1: u8 = 4;
+
+/// Whether a type's blocks carry a min (Q4_1, Q5_1: against Q8_1, whose sums take it).
+const fn with_min(t: u8) -> bool {
+    matches!(t, Q4_1 | Q5_1)
+}
+
+/// Two Q5_1 blocks' levels (the nibbles, 16 added where the fifth bit is set), the block at
+/// `xa` in the low half, the one at `xb` in the high half (null: zeros).
+#[inline(always)]
+unsafe fn q5_1_pair(xa: *const u8, xb: *const u8) -> __m512i {
+    let nib = nibbles2(xa.add(8), if xb.is_null() { xb } else { xb.add(8) });
+    let h0 = (xa.add(4) as *const u32).read_unaligned() as u64;
+    let h1 = if xb.is_null() {
+        0
+    } else {
+        (xb.add(4) as *const u32).read_unaligned() as u64
+    };
+    let set = _cvtu64_mask64(h0 | (h1 << 32));
+    _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
+}
 
 /// Lanes 0..8 from the f16 at `p0`, lanes 8..16 from the f16 at `p1` (or 0.0 when null).
 #[inline]
@@ -90,7 +112,8 @@ unsafe fn nibbles2(p0: *const u8, p1: *const u8) -> __m512i {
     _mm512_and_si512(_mm512_srlv_epi16(t, shifts), _mm512_set1_epi8(0x0f))
 }
 
-/// Two blocks of `T` as the unsigned `vpdpbusd` operand (q + 8, q + 16, q + 128; Q4_1 as is):
+/// Two blocks of `T` as the unsigned `vpdpbusd` operand (q + 8, q + 16, q + 128; Q4_1 and Q5_1
+/// as is):
 /// the block at `xa` in the low half, the one at `xb` in the high half (null: zeros). Every
 /// offset-seeded kernel below decodes weights through this.
 #[inline(always)]
@@ -113,6 +136,7 @@ unsafe fn unsigned_pair<const T: u8>(xa: *const u8, xb: *const u8) -> __m512i {
             load2x32(xa.add(2), off(xb, 2)),
             _mm512_set1_epi8(0x80u8 as i8),
         ),
+        Q5_1 => q5_1_pair(xa, xb),
         _ => nibbles2(xa.add(4), off(xb, 4)),
     }
 }
@@ -123,6 +147,7 @@ const fn block_bytes(t: u8) -> (usize, usize) {
         Q4_0 => (18, 34),
         Q5_0 => (22, 34),
         Q8_0 => (34, 34),
+        Q5_1 => (24, 36),
         _ => (20, 36),
     }
 }
@@ -138,16 +163,11 @@ unsafe fn step<const N: usize, const T: u8>(
     yoff: usize,
     second: bool,
 ) {
-    let bx: usize = match T {
-        Q4_0 => 18,
-        Q5_0 => 22,
-        Q8_0 => 34,
-        _ => 20,
-    };
-    let by: usize = if T == Q4_1 { 36 } else { 34 };
+    let (bx, by) = block_bytes(T);
     let x1 = if second { xb.add(bx) } else { std::ptr::null() };
     let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
-    // Weight side, shared by all rows: 64 signed (or, Q4_1, unsigned) quants and the scales.
+    // Weight side, shared by all rows: 64 signed (or, Q4_1 and Q5_1, unsigned) quants and the
+    // scales.
     let qx = match T {
         Q4_0 => _mm512_sub_epi8(nibbles2(xb.add(2), off(x1, 2)), _mm512_set1_epi8(8)),
         Q5_0 => {
@@ -167,10 +187,11 @@ unsafe fn step<const N: usize, const T: u8>(
             )
         }
         Q8_0 => load2x32(xb.add(2), off(x1, 2)),
+        Q5_1 => q5_1_pair(xb, x1),
         _ => nibbles2(xb.add(4), off(x1, 4)),
     };
     let dx = halves2(xb, x1);
-    if T == Q4_1 {
+    if with_min(T) {
         let m0 = fp16(xb.add(2));
         let m1 = if second { fp16(x1.add(2)) } else { 0.0 };
         for c in 0..N {
@@ -214,7 +235,7 @@ unsafe fn fma_halves(d: __m512, f: __m512, acc: __m256, second: bool) -> __m256 
     _mm256_fmadd_ps(hi(d), hi(f), a)
 }
 
-/// The 32-element block types (`T`: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1 against Q8_1), one
+/// The 32-element block types (`T`: Q4_0, Q5_0, Q8_0 against Q8_0; Q4_1, Q5_1 against Q8_1), one
 /// weight row against `N` activation rows, two blocks per zmm (decode's form: one row streams
 /// sequentially; measured 20% faster than the row-paired kernel there), the same f32 order.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -223,13 +244,7 @@ unsafe fn blocks32<const N: usize, const T: u8>(
     x: *const u8,
     y: [*const u8; N],
 ) -> [f32; N] {
-    let bx: usize = match T {
-        Q4_0 => 18,
-        Q5_0 => 22,
-        Q8_0 => 34,
-        _ => 20,
-    };
-    let by: usize = if T == Q4_1 { 36 } else { 34 };
+    let (bx, by) = block_bytes(T);
     let mut acc = [_mm256_setzero_ps(); N];
     let mut summ = [0f32; N];
     let mut i = 0;
@@ -251,15 +266,7 @@ pub(crate) const KTILE_A: usize = 4;
 
 /// Whether [`tile`] has a kernel for `w`.
 pub(crate) fn has_tile(w: GgmlType) -> bool {
-    matches!(
-        w,
-        GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q8_0
-            | GgmlType::Q4_K
-            | GgmlType::Q6_K
-    )
+    matches!(w, GgmlType::Q4_K | GgmlType::Q6_K)
 }
 
 /// `MR` weight rows x `NR` activation rows of a K-quant (Q4_K, Q6_K): the micro-kernel behind

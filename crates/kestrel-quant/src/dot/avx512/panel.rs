@@ -62,6 +62,7 @@ unsafe fn panel_fill(w: GgmlType, nb: usize, x: &[*const u8], panel: &mut Panel)
         GgmlType::Q4_0 => panel_fill_t::<Q4_0>(nb, x, panel),
         GgmlType::Q5_0 => panel_fill_t::<Q5_0>(nb, x, panel),
         GgmlType::Q8_0 => panel_fill_t::<Q8_0>(nb, x, panel),
+        GgmlType::Q5_1 => panel_fill_t::<Q5_1>(nb, x, panel),
         _ => panel_fill_t::<Q4_1>(nb, x, panel),
     }
 }
@@ -121,7 +122,7 @@ unsafe fn panel_fill_t<const T: u8>(nb: usize, x: &[*const u8], panel: &mut Pane
                 let (da, db) = (fp16(xa), if xb.is_null() { 0.0 } else { fp16(xb) });
                 dx[8 * pair..8 * pair + 4].fill(da);
                 dx[8 * pair + 4..8 * pair + 8].fill(db);
-                if T == Q4_1 {
+                if with_min(T) {
                     panel.m.push(fp16(xa.add(2)));
                     panel
                         .m
@@ -156,6 +157,7 @@ unsafe fn panel_tile(
         GgmlType::Q4_0 => panel_tile_t::<Q4_0>(nb, panel, q, y, dyt),
         GgmlType::Q5_0 => panel_tile_t::<Q5_0>(nb, panel, q, y, dyt),
         GgmlType::Q8_0 => panel_tile_t::<Q8_0>(nb, panel, q, y, dyt),
+        GgmlType::Q5_1 => panel_tile_t::<Q5_1>(nb, panel, q, y, dyt),
         _ => panel_tile_t::<Q4_1>(nb, panel, q, y, dyt),
     }
 }
@@ -207,7 +209,7 @@ unsafe fn panel_tile_t<const T: u8>(
     dyt: *const f32,
 ) -> [f32; 16] {
     let (_, by) = block_bytes(T);
-    let qoff = if T == Q4_1 { 4 } else { 2 };
+    let qoff = if with_min(T) { 4 } else { 2 };
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let mut acc = [[_mm256_setzero_ps(); 4]; 4];
     // Q4_1's m . sy per token and row, `[token][row]` (lane 4c + r, as the reduction's).
@@ -240,7 +242,7 @@ unsafe fn panel_tile_t<const T: u8>(
         quad_step::<1>(&mut acc, &seed, &x, a(1), prod);
         quad_step::<2>(&mut acc, &seed, &x, a(2), prod);
         quad_step::<3>(&mut acc, &seed, &x, a(3), prod);
-        if T == Q4_1 {
+        if with_min(T) {
             for (c, sc) in summ.iter_mut().enumerate() {
                 let sy = fp16(y[c].add(i * by + 2));
                 for (r, s) in sc.iter_mut().enumerate() {

@@ -34,6 +34,7 @@ pub(crate) unsafe fn preact_fill(w: GgmlType, nb: usize, y: *const u8, pre: &mut
         GgmlType::Q4_0 => Q4_0,
         GgmlType::Q5_0 => Q5_0,
         GgmlType::Q8_0 => Q8_0,
+        GgmlType::Q5_1 => Q5_1,
         _ => Q4_1,
     };
     let (_, by) = block_bytes(t);
@@ -47,7 +48,7 @@ pub(crate) unsafe fn preact_fill(w: GgmlType, nb: usize, y: *const u8, pre: &mut
         let y0 = y.add(i * by);
         let y1 = if two { y0.add(by) } else { std::ptr::null() };
         let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
-        let q = if t == Q4_1 {
+        let q = if with_min(t) {
             load2x32(y0.add(4), off(y1, 4))
         } else {
             load2x32(y0.add(2), off(y1, 2))
@@ -63,7 +64,7 @@ pub(crate) unsafe fn preact_fill(w: GgmlType, nb: usize, y: *const u8, pre: &mut
         pre.seed
             .push(_mm512_sub_epi32(_mm512_setzero_si512(), corr));
         pre.dy.push(halves2(y0, y1));
-        if t == Q4_1 {
+        if with_min(t) {
             pre.sy
                 .push([fp16(y0.add(2)), if two { fp16(y1.add(2)) } else { 0.0 }]);
         }
@@ -90,6 +91,7 @@ pub(crate) unsafe fn matvec_pre(
         GgmlType::Q4_0 => matvec_pre_t::<Q4_0>(nb, x, row_bytes, pre, out),
         GgmlType::Q5_0 => matvec_pre_t::<Q5_0>(nb, x, row_bytes, pre, out),
         GgmlType::Q8_0 => matvec_pre_t::<Q8_0>(nb, x, row_bytes, pre, out),
+        GgmlType::Q5_1 => matvec_pre_t::<Q5_1>(nb, x, row_bytes, pre, out),
         _ => matvec_pre_t::<Q4_1>(nb, x, row_bytes, pre, out),
     }
 }
@@ -118,7 +120,7 @@ unsafe fn matvec_pre_t<const T: u8>(
             let xb = if two { xa.add(bx) } else { std::ptr::null() };
             let u = unsigned_pair::<T>(xa, xb);
             let dx = halves2(xa, xb);
-            if T == Q4_1 {
+            if with_min(T) {
                 let sy = *pre.sy.get_unchecked(j);
                 summ = fp16(xa.add(2)).mul_add(sy[0], summ);
                 if two {
@@ -154,6 +156,7 @@ pub(crate) unsafe fn multi_pre<const N: usize>(
         GgmlType::Q4_0 => multi_pre_t::<N, Q4_0>(nb, x, row_bytes, rows, pre, out),
         GgmlType::Q5_0 => multi_pre_t::<N, Q5_0>(nb, x, row_bytes, rows, pre, out),
         GgmlType::Q8_0 => multi_pre_t::<N, Q8_0>(nb, x, row_bytes, rows, pre, out),
+        GgmlType::Q5_1 => multi_pre_t::<N, Q5_1>(nb, x, row_bytes, rows, pre, out),
         _ => multi_pre_t::<N, Q4_1>(nb, x, row_bytes, rows, pre, out),
     }
 }
@@ -181,14 +184,14 @@ unsafe fn multi_pre_t<const N: usize, const T: u8>(
             let xb = if two { xa.add(bx) } else { std::ptr::null() };
             let u = unsigned_pair::<T>(xa, xb);
             let dx = halves2(xa, xb);
-            let m = if T == Q4_1 {
+            let m = if with_min(T) {
                 [fp16(xa.add(2)), if two { fp16(xb.add(2)) } else { 0.0 }]
             } else {
                 [0.0; 2]
             };
             for c in 0..N {
                 let p = pre.get_unchecked(c);
-                if T == Q4_1 {
+                if with_min(T) {
                     let sy = *p.sy.get_unchecked(j);
                     summ[c] = m[0].mul_add(sy[0], summ[c]);
                     if two {
