@@ -56,10 +56,12 @@ pub fn kernels_summary() -> String {
     let base = match cpu::Backend::detect() {
         cpu::Backend::Generic => "portable (scalar)".to_string(),
         cpu::Backend::Avx2 => {
-            format!("AVX2 (Q4_K, Q5_K, Q6_K repacked; Q8_0, Q5_0, Q4_x row-tiled; {prefetch})")
+            format!("AVX2 (Q4_K, Q5_K, Q6_K repacked; Q8_0, Q5_x, Q4_x row-tiled; {prefetch})")
         }
         cpu::Backend::Avx512Vnni => {
-            format!("AVX-512 VNNI (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 repacked; {prefetch})")
+            format!(
+                "AVX-512 VNNI (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0 repacked; Q4_1, Q5_1 row-tiled; {prefetch})"
+            )
         }
     };
     match crate::amx::state() {
