@@ -118,6 +118,18 @@ __device__ __forceinline__ void small_scale(R& r, const u8* __restrict__ W, u64 
     else r.d = ((const u16*)(W + nblk * Blk<TY>::A))[blk];
 }
 
+// The loaded scale as f32, and the min (0 for the types without one).
+template <int TY, typename R>
+__device__ __forceinline__ float small_d(const R& r, float& mn) {
+    if constexpr (WithMin<TY>::V) {
+        mn = h2f((u16)(r.dm >> 16));
+        return h2f((u16)(r.dm & 0xFFFF));
+    } else {
+        mn = 0.f;
+        return h2f(r.d);
+    }
+}
+
 template <int TY>
 __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk, int row, int bpr, int u) {
     RawU<TY> r;
@@ -174,13 +186,7 @@ __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk,
 template <int TY>
 __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) {
     if constexpr (Small<TY>::V) {
-        float d, mn = 0.f;
-        if constexpr (WithMin<TY>::V) {
-            d = h2f((u16)(r.dm & 0xFFFF));
-            mn = h2f((u16)(r.dm >> 16));
-        } else {
-            d = h2f(r.d);
-        }
+        float mn, d = small_d<TY>(r, mn);
         w[0].a0 = w[0].a1 = d;
         if constexpr (TY == T_Q4_1) {
             int vs[4] = {r.v.x, r.v.y, r.v.z, r.v.w};
@@ -217,7 +223,7 @@ __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) 
             }
             w[0].b = -16.f * d;
         }
-    } else if constexpr (TY == T_Q4_K) {
+    } else if constexpr (TY == T_Q4_K || TY == T_Q5_K) {
         int c = u & 3;
         float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
         u32 vs[8] = {r.v0.x, r.v0.y, r.v0.z, r.v0.w, r.v1.x, r.v1.y, r.v1.z, r.v1.w};
@@ -225,26 +231,21 @@ __device__ __forceinline__ void unit_unpack(const RawU<TY>& r, int u, Piece* w) 
         scale_min_k4_pair(c, r.hd.y, r.hd.z, r.hd.w, s, m);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            // the high nibbles stay in place, 16 times their value as unsigned bytes (piece_dot
-            // takes Q4_K's bytes unsigned), and the scale takes the 1/16: no shift a word
+            if constexpr (TY == T_Q4_K) {
+                // the high nibbles stay in place, 16 times their value as unsigned bytes
+                // (piece_dot takes Q4_K's bytes unsigned), and the scale takes the 1/16: no
+                // shift a word
 #pragma unroll
-            for (int i = 0; i < 8; i++) w[h].q[i] = (int)(vs[i] & (h == 0 ? 0x0F0F0F0Fu : 0xF0F0F0F0u));
-            w[h].a0 = w[h].a1 = (h == 0 ? d : d * 0.0625f) * (float)s[h];
-            w[h].b = -dmin * (float)m[h];
-        }
-    } else if constexpr (TY == T_Q5_K) {
-        // levels 0..31: the nibble and the fifth bit (bit 2c + h of each qh byte) at bit 4
-        int c = u & 3;
-        float d = h2f((u16)(r.hd.x & 0xFFFF)), dmin = h2f((u16)(r.hd.x >> 16));
-        u32 vs[8] = {r.v0.x, r.v0.y, r.v0.z, r.v0.w, r.v1.x, r.v1.y, r.v1.z, r.v1.w};
-        u32 hs[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
-        int s[2], m[2];
-        scale_min_k4_pair(c, r.hd.y, r.hd.z, r.hd.w, s, m);
+                for (int i = 0; i < 8; i++) w[h].q[i] = (int)(vs[i] & (h == 0 ? 0x0F0F0F0Fu : 0xF0F0F0F0u));
+                w[h].a0 = w[h].a1 = (h == 0 ? d : d * 0.0625f) * (float)s[h];
+            } else {
+                // levels 0..31: the nibble and the fifth bit (bit 2c + h of each qh byte) at bit 4
+                u32 hs[8] = {r.h0.x, r.h0.y, r.h0.z, r.h0.w, r.h1.x, r.h1.y, r.h1.z, r.h1.w};
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int i = 0; i < 8; i++) w[h].q[i] = (int)(((vs[i] >> (4 * h)) & 0x0F0F0F0Fu) | fifth4(hs[i], 2 * c + h));
-            w[h].a0 = w[h].a1 = d * (float)s[h];
+                for (int i = 0; i < 8; i++)
+                    w[h].q[i] = (int)(((vs[i] >> (4 * h)) & 0x0F0F0F0Fu) | fifth4(hs[i], 2 * c + h));
+                w[h].a0 = w[h].a1 = d * (float)s[h];
+            }
             w[h].b = -dmin * (float)m[h];
         }
     } else {

@@ -160,13 +160,7 @@ __device__ __forceinline__ void scale_min_k4_word(int c, int h, u32 s0, u32 s1, 
 template <int TY, bool STAGED = false>
 __device__ __forceinline__ void unit_words(const Raw<TY>& r, int u, int tid, PieceW* p) {
     if constexpr (Small<TY>::V) {
-        float d, mn = 0.f;
-        if constexpr (WithMin<TY>::V) {
-            d = h2f((u16)(r.dm & 0xFFFF));
-            mn = h2f((u16)(r.dm >> 16));
-        } else {
-            d = h2f(r.d);
-        }
+        float mn, d = small_d<TY>(r, mn);
         p[0].a0 = p[0].a1 = d;
         p[0].P = u;
         if constexpr (TY == T_Q4_1) {

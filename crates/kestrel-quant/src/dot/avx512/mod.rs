@@ -54,16 +54,17 @@ const fn with_min(t: u8) -> bool {
     matches!(t, Q4_1 | Q5_1)
 }
 
-/// Two Q5_1 blocks' levels (the nibbles, 16 added where the fifth bit is set), the block at
-/// `xa` in the low half, the one at `xb` in the high half (null: zeros).
+/// Two 5-bit blocks' levels (Q5_0's `q + 16`, Q5_1's `q`: the nibbles at `qs`, 16 added where
+/// the fifth bit, of the u32 at `qh`, is set), the block at `xa` in the low half, the one at
+/// `xb` in the high half (null: zeros).
 #[inline(always)]
-unsafe fn q5_1_pair(xa: *const u8, xb: *const u8) -> __m512i {
-    let nib = nibbles2(xa.add(8), if xb.is_null() { xb } else { xb.add(8) });
-    let h0 = (xa.add(4) as *const u32).read_unaligned() as u64;
+unsafe fn fifth_pair(xa: *const u8, xb: *const u8, qh: usize, qs: usize) -> __m512i {
+    let nib = nibbles2(xa.add(qs), if xb.is_null() { xb } else { xb.add(qs) });
+    let h0 = (xa.add(qh) as *const u32).read_unaligned() as u64;
     let h1 = if xb.is_null() {
         0
     } else {
-        (xb.add(4) as *const u32).read_unaligned() as u64
+        (xb.add(qh) as *const u32).read_unaligned() as u64
     };
     let set = _cvtu64_mask64(h0 | (h1 << 32));
     _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
@@ -121,22 +122,12 @@ unsafe fn unsigned_pair<const T: u8>(xa: *const u8, xb: *const u8) -> __m512i {
     let off = |p: *const u8, k: usize| if p.is_null() { p } else { p.add(k) };
     match T {
         Q4_0 => nibbles2(xa.add(2), off(xb, 2)),
-        Q5_0 => {
-            let nib = nibbles2(xa.add(6), off(xb, 6));
-            let h0 = (xa.add(2) as *const u32).read_unaligned() as u64;
-            let h1 = if xb.is_null() {
-                0
-            } else {
-                (xb.add(2) as *const u32).read_unaligned() as u64
-            };
-            let set = _cvtu64_mask64(h0 | (h1 << 32));
-            _mm512_mask_mov_epi8(nib, set, _mm512_or_si512(nib, _mm512_set1_epi8(0x10)))
-        }
+        Q5_0 => fifth_pair(xa, xb, 2, 6),
         Q8_0 => _mm512_xor_si512(
             load2x32(xa.add(2), off(xb, 2)),
             _mm512_set1_epi8(0x80u8 as i8),
         ),
-        Q5_1 => q5_1_pair(xa, xb),
+        Q5_1 => fifth_pair(xa, xb, 4, 8),
         _ => nibbles2(xa.add(4), off(xb, 4)),
     }
 }
@@ -187,7 +178,7 @@ unsafe fn step<const N: usize, const T: u8>(
             )
         }
         Q8_0 => load2x32(xb.add(2), off(x1, 2)),
-        Q5_1 => q5_1_pair(xb, x1),
+        Q5_1 => fifth_pair(xb, x1, 4, 8),
         _ => nibbles2(xb.add(4), off(x1, 4)),
     };
     let dx = halves2(xb, x1);
