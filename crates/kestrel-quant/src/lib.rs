@@ -59,9 +59,7 @@ pub fn kernels_summary() -> String {
             format!("AVX2 (Q4_K, Q5_K, Q6_K repacked; Q8_0, Q5_x, Q4_x row-tiled; {prefetch})")
         }
         cpu::Backend::Avx512Vnni => {
-            format!(
-                "AVX-512 VNNI (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0 repacked; Q4_1, Q5_1 row-tiled; {prefetch})"
-            )
+            format!("AVX-512 VNNI (Q4_K, Q5_K, Q6_K, Q8_0, Q5_x, Q4_x repacked; {prefetch})")
         }
     };
     match crate::amx::state() {

@@ -47,7 +47,8 @@ pub enum PreparedActs<'a> {
     /// Q8_K rows, and where AMX runs, the same rows as A tiles (shared by the K-quant
     /// matrices of a fused job: [`Repacked::prepare_after`]).
     Q8K(&'a [&'a [u8]], Option<Arc<AmxPanel>>),
-    Q8_0(Q32Acts<'a>),
+    /// Q8_0 rows (Q8_1 for Q5_1 / Q4_1), prepared for the 32-element groups.
+    Q32(Q32Acts<'a>),
 }
 
 impl Repacked {
@@ -56,7 +57,9 @@ impl Repacked {
     /// kernels).
     pub fn supports(ty: GgmlType, rows: usize) -> bool {
         let simd = match ty {
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => avx512_available(),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q5_1 | GgmlType::Q4_1 => {
+                avx512_available()
+            }
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => crate::cpu::avx2_available(),
             _ => false,
         };
@@ -81,9 +84,11 @@ impl Repacked {
                 ty, bytes, rows, cols, done,
             )?)),
             GgmlType::Q6_K => Ok(Self::Q6K(Q6KRepacked::new_with(bytes, rows, cols, done)?)),
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => Ok(Self::Q32(
-                Q32Repacked::new_with(ty, bytes, rows, cols, done)?,
-            )),
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q5_1 | GgmlType::Q4_1 => {
+                Ok(Self::Q32(Q32Repacked::new_with(
+                    ty, bytes, rows, cols, done,
+                )?))
+            }
             _ => Err(QuantError::Unsupported { ty, op: "repack" }),
         }
     }
@@ -96,7 +101,7 @@ impl Repacked {
             GgmlType::Q4_K => nb * q4k::GROUP_BLOCK_BYTES,
             GgmlType::Q5_K => nb * q4k::Q5K_GROUP_BLOCK_BYTES,
             GgmlType::Q6_K => nb * q6k::GROUP_BLOCK_BYTES,
-            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 => {
+            GgmlType::Q8_0 | GgmlType::Q5_0 | GgmlType::Q4_0 | GgmlType::Q5_1 | GgmlType::Q4_1 => {
                 cols / 32 * q32::group_block_bytes(ty)
             }
             _ => return 0,
@@ -144,11 +149,12 @@ impl Repacked {
         }
     }
 
-    /// The activation type the kernels take (Q8_K for the K-quants, Q8_0 for the others).
+    /// The activation type the kernels take (Q8_K for the K-quants, Q8_0 for the others but
+    /// Q5_1 / Q4_1, which take Q8_1).
     pub fn act_type(&self) -> GgmlType {
         match self {
             Self::Q4K(_) | Self::Q6K(_) => GgmlType::Q8_K,
-            Self::Q32(_) => GgmlType::Q8_0,
+            Self::Q32(p) => crate::vec_dot_type(p.ty()),
         }
     }
 
@@ -158,7 +164,7 @@ impl Repacked {
         match self {
             Self::Q4K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows).map(Arc::new))),
             Self::Q6K(p) => Ok(PreparedActs::Q8K(rows, p.amx_panel(rows).map(Arc::new))),
-            Self::Q32(p) => Ok(PreparedActs::Q8_0(p.prepare(rows)?)),
+            Self::Q32(p) => Ok(PreparedActs::Q32(p.prepare(rows)?)),
         }
     }
 
@@ -196,7 +202,7 @@ impl Repacked {
                 p.dot_group(g, a, panel.as_deref(), a.len() - a.len() % 4, out)
             }
             (Self::Q6K(p), PreparedActs::Q8K(a, panel)) => p.dot_group(g, a, panel.as_deref(), out),
-            (Self::Q32(p), PreparedActs::Q8_0(a)) => p.dot_group(g, a, out),
+            (Self::Q32(p), PreparedActs::Q32(a)) => p.dot_group(g, a, out),
             _ => Err(QuantError::Len {
                 what: "activations prepared for another repacked type",
                 expected: 0,
