@@ -576,13 +576,18 @@ struct Program {
 
 // How the kernels are built: -march=native (the module runs where it was compiled; F16C
 // converts the halves), no strict aliasing and wrapping signed arithmetic, as a GPU reads them.
-// -fno-gnu-unique: each module keeps its own `inline` objects (the worker pool above all). As
-// unique symbols they bound to the first module loaded, so a second module's launches started
-// workers in the pool of the first; the second module unloaded (its code unmapped under the
-// sleeping workers), the first one's pool woke them at exit into unmapped code: SIGSEGV after
-// any `gpu-check --ops none -m MODEL`.
-static const char CXXFLAGS[] =
-    "-std=c++17 -O2 -march=native -fPIC -shared -w -fno-strict-aliasing -fwrapv -fno-gnu-unique";
+static const char CXXFLAGS[] = "-std=c++17 -O2 -march=native -fPIC -shared -w -fno-strict-aliasing -fwrapv";
+
+// g++'s -fno-gnu-unique where the compiler takes it (clang makes no unique symbols and refuses
+// the flag): each module keeps its own `inline` objects (the worker pool above all). As unique
+// symbols they bound to the first module loaded, so a second module's launches started workers
+// in the pool of the first; the second module unloaded (its code unmapped under the sleeping
+// workers), the first one's pool woke them at exit into unmapped code: SIGSEGV after any
+// `gpu-check --ops none -m MODEL`.
+static std::string no_unique_flag(const std::string& cxx) {
+    std::string probe = cxx + " -fno-gnu-unique -x c++ -E /dev/null > /dev/null 2>&1";
+    return system(probe.c_str()) == 0 ? " -fno-gnu-unique" : "";
+}
 
 static std::string include_dir() {
     const char* v = getenv("KESTREL_CUDA_EMU_INCLUDE");
@@ -594,7 +599,8 @@ int nvrtcVersion(int* major, int* minor) {
     // "cubin" never meets a GPU's; minor from cuda_emu.h's text, so a changed emulation
     // compiles the kernels afresh.
     uint32_t h = 2166136261u;
-    for (unsigned char c : read_file(include_dir() + "/cuda_emu.h") + CXXFLAGS) h = (h ^ c) * 16777619u;
+    // (" no-unique": modules built before no_unique_flag are not served again)
+    for (unsigned char c : read_file(include_dir() + "/cuda_emu.h") + CXXFLAGS + " no-unique") h = (h ^ c) * 16777619u;
     *major = 0;
     *minor = (int)(h % 1000000);
     return 0;
@@ -641,7 +647,7 @@ int nvrtcCompileProgram(void* pp, int, const char* const*) {
     }
     std::ofstream(d + "/module.cpp") << tu;
     if (rc == 0) {
-        std::string cmd = std::string(cxx) + " " + CXXFLAGS + " -I " + shell_quote(inc) +
+        std::string cmd = std::string(cxx) + " " + CXXFLAGS + no_unique_flag(cxx) + " -I " + shell_quote(inc) +
                           " -I " + shell_quote(d) + " " + shell_quote(d + "/module.cpp") + " -o " +
                           shell_quote(d + "/module.so") + " 2>> " + shell_quote(d + "/log");
         rc = system(cmd.c_str());

@@ -451,6 +451,15 @@ impl CudaModel {
             .all(|&(w, _)| self.matrix(w).is_ok_and(|m| short_rows(m.kind, m.cols)));
         let even = |k: i32| mats.iter().all(|m| m.1 % k == 0);
         // (kernel, rows per warp)
+        // the kernels with every type's branch where a matrix needs one (kernels/matvec.cu's mvx)
+        let all = if pend
+            .iter()
+            .any(|&(w, _)| self.matrix(w).is_ok_and(|m| m.kind.fused_all_only()))
+        {
+            "_all"
+        } else {
+            ""
+        };
         let (name, r) = if nt == 1 && all_int8 && short && even(2) {
             // short rows: each half-warp takes rows; a matrix's rows pair up (or quadruple)
             let h = if even(4) {
@@ -458,14 +467,14 @@ impl CudaModel {
             } else {
                 1
             };
-            (format!("mvx_1_h{h}"), 2 * h)
+            (format!("mvx_1_h{h}{all}"), 2 * h)
         } else if nt == 1 && all_int8 && even(2) {
             match rows_per_warp(total_rows, true) {
-                1 => (format!("mvx_{nt}"), 1),
-                r => (format!("mvx_1_r{r}"), r),
+                1 => (format!("mvx_{nt}{all}"), 1),
+                r => (format!("mvx_1_r{r}{all}"), r),
             }
         } else {
-            (format!("mvx_{nt}"), 1)
+            (format!("mvx_{nt}{all}"), 1)
         };
         let f = self.gpu.func(&name)?;
         let none = (0u64, 0i32, 0i32, 0u64);

@@ -87,6 +87,12 @@ impl Kind {
         }
     }
 
+    /// Whether the fused mat-vec must take its `_all` kernels for this kind (kernels/matvec.cu's
+    /// mvx: the others leave its branch out, so Q4_K_M files keep their registers).
+    pub fn fused_all_only(self) -> bool {
+        matches!(self, Self::Q4_1 | Self::Q5_1 | Self::Q5K)
+    }
+
     /// Whether blocks are 256-weight K-quant super-blocks (a mat-vec unit of 64 weights).
     pub fn k_quant(self) -> bool {
         matches!(self, Self::Q4K | Self::Q5K | Self::Q6K)

@@ -74,7 +74,7 @@ pub fn repack_extra_bytes<'a>(
 }
 
 impl Weight {
-    /// Repacks a Q4_K / Q5_K / Q6_K / Q8_0 / Q5_0 / Q4_0 matrix for the AVX-512 kernels (the
+    /// Repacks a Q4_K / Q5_K / Q6_K / Q8_0 / Q5_x / Q4_x matrix for the AVX-512 kernels (the
     /// K-quants for the AVX2 ones too) when [`repacks`] says so and releases its mapped pages as it goes; rows are read back from the repacked
     /// copy ([`Weight::row_f32`]), so nothing faults them in again.
     pub fn repack(&mut self) -> Result<bool, ModelError> {

@@ -345,6 +345,7 @@ fn matvec_equals_row_by_row() {
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
@@ -368,5 +369,44 @@ fn matvec_equals_row_by_row() {
             assert_eq!(got[r].to_bits(), one[0].to_bits(), "{ty:?} row {r}");
         }
         assert!(matvec(ty, n, &w[1..], &act, &mut got).is_err());
+    }
+}
+
+/// `matmul_few` (batched decode: prepared activations on AVX-512, row quads on AVX2) equals
+/// `vec_dot_multi` per row and token, bit for bit, for the 32-element types, 1..=8 tokens.
+#[test]
+fn matmul_few_equals_row_by_row() {
+    use kestrel_quant::{matmul_few, row_bytes, vec_dot_multi, vec_dot_type, GgmlType};
+    let mut rng = Rng(0xfe77);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+    ] {
+        let (n, rows) = (320, 9);
+        let rb = row_bytes(ty, n).unwrap();
+        let w: Vec<u8> = (0..rows)
+            .flat_map(|_| random_row(&mut rng, ty, n))
+            .collect();
+        let acts: Vec<Vec<u8>> = (0..8).map(|_| act_row(&mut rng, ty, n)).collect();
+        assert_eq!(acts[0].len(), row_bytes(vec_dot_type(ty), n).unwrap());
+        for t in 1..=8 {
+            let a: Vec<&[u8]> = acts[..t].iter().map(|v| v.as_slice()).collect();
+            let mut got = vec![0f32; rows * t];
+            matmul_few(ty, n, &w, &a, &mut got).unwrap();
+            for r in 0..rows {
+                let mut want = vec![0f32; t];
+                vec_dot_multi(ty, n, &w[r * rb..(r + 1) * rb], &a, &mut want).unwrap();
+                for c in 0..t {
+                    assert_eq!(
+                        got[r * t + c].to_bits(),
+                        want[c].to_bits(),
+                        "{ty:?} t {t} row {r} token {c}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -191,13 +191,22 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         let qf = gpu.func("quantize_q")?;
         let n = cols as i32;
         let quantized = kinds.iter().all(|k| k.int8_activations());
-        let mut kernels = vec![(format!("mvx_{}", nt.next_power_of_two()), 1usize)];
-        if nt == 1 && quantized {
-            for r in [2usize, 4] {
-                if rows.iter().all(|n| n % r == 0) {
-                    kernels.push((format!("mvx_1_r{r}"), r));
-                    // half-warp rows: 2 (h1) or 4 (h2) rows per warp
-                    kernels.push((format!("mvx_1_h{}", r / 2), r));
+        // every kernel with all types' branches; those without them where no kind needs one
+        let suffixes: &[&str] = if kinds.iter().any(|k| k.fused_all_only()) {
+            &["_all"]
+        } else {
+            &["", "_all"]
+        };
+        let mut kernels = Vec::new();
+        for suf in suffixes {
+            kernels.push((format!("mvx_{}{suf}", nt.next_power_of_two()), 1usize));
+            if nt == 1 && quantized {
+                for r in [2usize, 4] {
+                    if rows.iter().all(|n| n % r == 0) {
+                        kernels.push((format!("mvx_1_r{r}{suf}"), r));
+                        // half-warp rows: 2 (h1) or 4 (h2) rows per warp
+                        kernels.push((format!("mvx_1_h{}{suf}", r / 2), r));
+                    }
                 }
             }
         }

@@ -642,7 +642,11 @@ __device__ __forceinline__ void mvx_row(const u8* W, int rows, int cols, int row
     mv_finish<NT, 0, 1>(acc[0], acc2, true, row, out, rows);
 }
 
-template <int NT>
+// ALL: every weight type; else those of Q4_K_M / Q8_0 / Q4_0 files (Q4_K, Q6_K, Q8_0, Q5_0,
+// Q4_0, F32, F16). The kernels' registers are the most any type's branch takes: Q5_K's larger
+// units took the row-group kernels from 128 to 138 (sm_90), so files without Q4_1 / Q5_1 / Q5_K
+// keep kernels without their branches (`_all` is the host's pick where a matrix has one).
+template <int NT, bool ALL>
 __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                     float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                     int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
@@ -664,15 +668,16 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
     case T_Q8_0: mvx_row<T_Q8_0, NT>(W, rows, cols, row, xq, xd, xf, out); break;
     case T_Q4_K: mvx_row<T_Q4_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
     case T_Q6_K: mvx_row<T_Q6_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
-    case T_Q4_1: mvx_row<T_Q4_1, NT>(W, rows, cols, row, xq, xd, xf, out); break;
-    case T_Q5_1: mvx_row<T_Q5_1, NT>(W, rows, cols, row, xq, xd, xf, out); break;
-    case T_Q5_K: mvx_row<T_Q5_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q4_1: if constexpr (ALL) mvx_row<T_Q4_1, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q5_1: if constexpr (ALL) mvx_row<T_Q5_1, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q5_K: if constexpr (ALL) mvx_row<T_Q5_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
     }
 }
 
 // One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
-// lie in one matrix when every matrix's row count is a multiple of R (the host checks).
-template <int R>
+// lie in one matrix when every matrix's row count is a multiple of R (the host checks). ALL as
+// in mvx.
+template <int R, bool ALL>
 __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                       int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
@@ -692,9 +697,9 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     case T_Q8_0: rows_acc<T_Q8_0, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q4_K: rows_acc<T_Q4_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q6_K: rows_acc<T_Q6_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q4_1: rows_acc<T_Q4_1, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_1: rows_acc<T_Q5_1, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_K: rows_acc<T_Q5_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_1: if constexpr (ALL) rows_acc<T_Q4_1, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_1: if constexpr (ALL) rows_acc<T_Q5_1, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_K: if constexpr (ALL) rows_acc<T_Q5_K, 0, R, false>(W, W, rows, cols, row, xq, xd, out); break;
     default:  // f32 / f16 (the host takes R = 1 for those)
         for (int r = 0; r < R && row + r < rows; r++) {
             if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, out);
@@ -704,7 +709,7 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
 }
 // As mvx_r, half-warp rows (short rows): warp g takes rows 2gR .. 2gR + 2R - 1 of the
 // concatenation, inside one matrix when every matrix's row count is a multiple of 2R.
-template <int R>
+template <int R, bool ALL>
 __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                       float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                       int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd) {
@@ -723,35 +728,38 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
     case T_Q8_0: rows_acc<T_Q8_0, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q4_K: rows_acc<T_Q4_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
     case T_Q6_K: rows_acc<T_Q6_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q4_1: rows_acc<T_Q4_1, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_1: rows_acc<T_Q5_1, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
-    case T_Q5_K: rows_acc<T_Q5_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_1: if constexpr (ALL) rows_acc<T_Q4_1, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_1: if constexpr (ALL) rows_acc<T_Q5_1, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_K: if constexpr (ALL) rows_acc<T_Q5_K, 0, R, true>(W, W, rows, cols, row, xq, xd, out); break;
     default: break;  // f32 / f16: the host never picks this kernel for them
     }
 }
-#define MVXH(R)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R(                                \
+// mvx_1_h<R>, mvx_1_r<R>, mvx_<NT>: the kernels without the Q4_1 / Q5_1 / Q5_K branches; each
+// with `_all` after its name: every type (see mvx).
+#define MVXH(R, ALL, SUF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R##SUF(                           \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
         int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
-        mvx_h<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd);  \
+        mvx_h<R, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd); \
     }
-MVXH(1) MVXH(2)
+MVXH(1, false, ) MVXH(2, false, ) MVXH(1, true, _all) MVXH(2, true, _all)
 
-#define MVXR(R)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R(                                \
+#define MVXR(R, ALL, SUF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R##SUF(                           \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
         int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
-        mvx_r<R>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
+        mvx_r<R, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
-MVXR(2) MVXR(4)
+MVXR(2, false, ) MVXR(4, false, ) MVXR(2, true, _all) MVXR(4, true, _all)
 
-#define MVX(NT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) mvx_##NT(                                  \
+#define MVX(NT, ALL, SUF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) mvx_##NT##SUF(                             \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
         int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
-        mvx<NT>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
+        mvx<NT, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
-MVX(1) MVX(2) MVX(4) MVX(8)
+MVX(1, false, ) MVX(2, false, ) MVX(4, false, ) MVX(8, false, )
+MVX(1, true, _all) MVX(2, true, _all) MVX(4, true, _all) MVX(8, true, _all)

@@ -10,7 +10,8 @@
 //!
 //! Integer sums are exactly the scalar oracle's. The f32 order of the 32-element block types is
 //! llama.cpp's AVX2 one (8 lanes of i32 sums of four, `acc = fma(dx * dy, lanes, acc)` per
-//! block, `hsum8`, then Q4_1's `summs = fma(m, s, summs)`), so those dots equal its bit for bit;
+//! block, `hsum8`, then Q4_1's and Q5_1's `summs = fma(m, s, summs)`), so those dots equal its
+//! bit for bit (Q5_1: as llama.cpp's Q4_1);
 //! the K-quant kernels keep their own order.
 
 #[cfg(target_arch = "x86")]

@@ -6,10 +6,10 @@ use crate::dot::q32::PrefillPanel;
 
 /// Weight rows of a 32-element block type decoded once for a whole batch of activation rows,
 /// in quads of four rows: per row and block the signed quants (32 bytes: `q - 8`, `q - 16`,
-/// `q`; Q4_1's `q` as is) and the `vpdpbusd` seed `-128 * (sum of each 4 quants)` that undoes
+/// `q`; Q4_1's and Q5_1's `q` as is) and the `vpdpbusd` seed `-128 * (sum of each 4 quants)` that undoes
 /// the activations' `+ 128` (they enter as the unsigned operand); per quad and block the four
 /// rows' scales, each repeated four times (lane `4r + c`, ready to multiply by four tokens'
-/// scales); per row and block (Q4_1) the min. Integer sums are exact, so this equals the
+/// scales); per row and block (Q4_1, Q5_1) the min. Integer sums are exact, so this equals the
 /// unsigned-weight form of [`matvec_pre`] bit for bit, and the per-token offset work moves to
 /// the weights, which a panel decodes once for all tokens. Rows past the end of a quad are
 /// zero.
@@ -212,7 +212,8 @@ unsafe fn panel_tile_t<const T: u8>(
     let qoff = if with_min(T) { 4 } else { 2 };
     let flip = _mm256_set1_epi8(0x80u8 as i8);
     let mut acc = [[_mm256_setzero_ps(); 4]; 4];
-    // Q4_1's m . sy per token and row, `[token][row]` (lane 4c + r, as the reduction's).
+    // Q4_1's and Q5_1's m . sy per token and row, `[token][row]` (lane 4c + r, as the
+    // reduction's).
     let mut summ = [[0f32; 4]; 4];
     let xs = panel.x.as_ptr().add(q * nb * 4);
     let seeds = panel.seed.as_ptr().add(q * nb * 4);
