@@ -32,6 +32,15 @@ const DOT_TYPES: [GgmlType; 13] = [
     GgmlType::Q6_K,
 ];
 
+/// The 32-element block types (the panels', row quads' and prepared-activation kernels').
+const BLOCK32: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
+
 fn deq(ty: GgmlType, n: usize, b: &[u8]) -> Vec<f32> {
     let mut out = vec![0f32; n];
     dequantize_row(ty, b, &mut out).unwrap();
@@ -341,15 +350,7 @@ fn matvec_equals_row_by_row() {
             .wrapping_add(1442695040888963407);
         ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
     };
-    for ty in [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-    ] {
+    for ty in BLOCK32.into_iter().chain([GgmlType::Q4_K, GgmlType::Q6_K]) {
         let (n, rows) = (512, 7);
         let rb = row_bytes(ty, n).unwrap();
         let mut w = vec![0u8; rb * rows];
@@ -376,15 +377,9 @@ fn matvec_equals_row_by_row() {
 /// `vec_dot_multi` per row and token, bit for bit, for the 32-element types, 1..=8 tokens.
 #[test]
 fn matmul_few_equals_row_by_row() {
-    use kestrel_quant::{matmul_few, row_bytes, vec_dot_multi, vec_dot_type, GgmlType};
+    use kestrel_quant::{matmul_few, row_bytes, vec_dot_multi, vec_dot_type};
     let mut rng = Rng(0xfe77);
-    for ty in [
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-    ] {
+    for ty in BLOCK32 {
         let (n, rows) = (320, 9);
         let rb = row_bytes(ty, n).unwrap();
         let w: Vec<u8> = (0..rows)
