@@ -59,10 +59,10 @@ const fn scale_bytes(min: bool) -> usize {
     }
 }
 
-/// The activation blocks `ty` takes (Q8_0: 34 bytes, quants at 2; Q8_1: 36, the block's
-/// `d * sum` at 2, quants at 4): (bytes, where the quants start).
-const fn act_layout(ty: GgmlType) -> (usize, usize) {
-    if has_min(ty) {
+/// The activation blocks of a type without a min (Q8_0: 34 bytes, quants at 2) or with one
+/// (`min`; Q8_1: 36, the block's `d * sum` at 2, quants at 4): (bytes, where the quants start).
+const fn act_layout(min: bool) -> (usize, usize) {
+    if min {
         (36, 4)
     } else {
         (34, 2)
@@ -287,7 +287,7 @@ impl Q32Repacked {
     pub fn prepare<'a>(&self, rows: &'a [&'a [u8]]) -> Result<Q32Acts<'a>, QuantError> {
         let nb = self.cols / QK;
         let off = level_offset(self.ty);
-        let (ab, qoff) = act_layout(self.ty);
+        let (ab, qoff) = act_layout(has_min(self.ty));
         let min = has_min(self.ty);
         let mut dy = Vec::with_capacity(rows.len() * nb);
         let mut sy = Vec::with_capacity(if min { rows.len() * nb } else { 0 });
@@ -434,7 +434,7 @@ impl Q32Repacked {
         let nb = self.cols / QK;
         let y = acts.rows[t];
         let min = has_min(self.ty);
-        let (ab, qoff) = act_layout(self.ty);
+        let (ab, qoff) = act_layout(has_min(self.ty));
         let f16_at = |p: usize| f16_to_f32(u16::from_le_bytes([w[p], w[p + 1]]));
         for (r, o) in out.iter_mut().enumerate() {
             let mut acc = [0f32; 8];
@@ -525,7 +525,7 @@ mod avx512 {
     ) {
         let mut acc = [[_mm512_setzero_ps(); 8]; N];
         let mut summ = [_mm512_setzero_ps(); N];
-        let (ab, qoff) = if MIN { (36, 4) } else { (34, 2) };
+        let (ab, qoff) = act_layout(MIN);
         let y: [*const u8; N] = std::array::from_fn(|c| acts.rows[t0 + c].as_ptr());
         let dy: [*const f32; N] = std::array::from_fn(|c| acts.dy.as_ptr().add((t0 + c) * nb));
         // (dangling but never read without MIN: `sy` is empty then)
