@@ -331,7 +331,7 @@ pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize)
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
     let long = kind.k_quant() && cols / unit_cols(kind) >= 64;
     let few = rows <= 4096;
-    // Q5_K (not measured on its own) takes Q4_K's picks: the same units with 16 more bytes
+    // Q5_K (not measured on its own) takes Q4_K's picks: the same units and their qh bytes
     let q4k = matches!(kind, Kind::Q4K | Kind::Q5K);
     match mmq_tile(t) {
         8 if long && few && q4k => regs(16),
