@@ -64,7 +64,7 @@ impl HybridOps for CudaModel {
         }
         self.wrote(x);
         if q != 0 {
-            self.step.q8_of = Some(x);
+            self.q8_main(x);
         }
         Ok(())
     }
@@ -237,7 +237,7 @@ impl HybridOps for CudaModel {
         }
         self.wrote(x);
         if q != 0 {
-            self.step.q8_of = Some(x);
+            self.q8_main(x);
         }
         Ok(())
     }

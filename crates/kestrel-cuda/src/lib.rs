@@ -21,6 +21,7 @@ pub mod check;
 pub mod compile;
 pub mod device;
 pub mod error;
+pub mod fold;
 mod graph;
 mod hybrid_ops;
 mod matmul;

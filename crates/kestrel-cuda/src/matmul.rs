@@ -379,6 +379,8 @@ impl CudaModel {
         let Some(x) = self.step.mm_x.take() else {
             return Ok(());
         };
+        let readers: Vec<W> = pend.iter().map(|&(w, _)| w).collect();
+        self.resolve_fold(Some(x), &readers)?;
         let t = self.rows(x);
         let mmq = |m: &Self, w: W| m.matrix(w).is_ok_and(|m| takes_mmq(m.kind, t));
         if t > MATVEC_MAX || pend.iter().any(|&(w, _)| mmq(self, w)) {
@@ -480,7 +482,8 @@ impl CudaModel {
         let none = (0u64, 0i32, 0i32, 0u64);
         let m = |i: usize| mats.get(i).copied().unwrap_or(none);
         let (a, b, c, d) = (m(0), m(1), m(2), m(3));
-        let (q, qd, ci) = (self.scratch.xq.ptr, self.scratch.xd.ptr, cols as i32);
+        let ((q, qd, xs), ci) = (self.q8_ptrs(), cols as i32);
+        let xp = if all_int8 { xp } else { self.f32_input(x)? };
         let total = (a.1 + b.1 + c.1 + d.1) as usize;
         // SAFETY: as in flush_epilogue.
         unsafe {
@@ -507,6 +510,7 @@ impl CudaModel {
                 .arg(&q)
                 .arg(&qd)
                 .arg(&xp)
+                .arg(&xs)
                 .launch(cfg((total.div_ceil(4 * r) as u32, 1, 1), 128))?;
         }
         for (_, out) in pend {
@@ -520,7 +524,8 @@ impl CudaModel {
         if self.step.q8_of == Some(x) {
             return Ok(());
         }
-        let (ptr, n) = self.buf(x);
+        let (_, n) = self.buf(x);
+        let ptr = self.f32_input(x)?;
         let f = self.gpu.func("quantize_q")?;
         let (q, qd, ni) = (self.scratch.xq.ptr, self.scratch.xd.ptr, n as i32);
         // SAFETY: as in flush.
@@ -534,7 +539,7 @@ impl CudaModel {
                 .arg(&ni)
                 .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
         }
-        self.step.q8_of = Some(x);
+        self.q8_main(x);
         Ok(())
     }
 
@@ -543,7 +548,8 @@ impl CudaModel {
         if self.step.f16_of == Some(x) {
             return Ok(());
         }
-        let (ptr, n) = self.buf(x);
+        let (_, n) = self.buf(x);
+        let ptr = self.f32_input(x)?;
         let total = (self.rows(x) * n) as u64;
         let f = self.gpu.func("to_f16")?;
         let out = self.scratch.act16.ptr;
@@ -563,7 +569,20 @@ impl CudaModel {
 
     /// `out (+)= w · x`, or with `up`: `out = silu(w · x) * (up · x)`.
     pub(crate) fn mm(&mut self, w: W, up: Option<W>, x: Buf, out: Buf, add: bool) -> Result<()> {
-        self.flush()?;
+        self.flush_mm()?;
+        let readers: Vec<W> = [Some(w), up].into_iter().flatten().collect();
+        let t1 = self.rows(x) == 1;
+        self.resolve_fold(Some(x).filter(|_| t1), &readers)?;
+        self.flush_epilogue()?;
+        if add && up.is_none() && self.fold_producer(w, x) {
+            self.step.fold = Some(crate::fold::Fold {
+                w,
+                x,
+                out,
+                norm: None,
+            });
+            return Ok(());
+        }
         let rows = self.rows(x);
         let (_, xn) = self.buf(x);
         let (op, on) = self.buf(out);
@@ -620,7 +639,6 @@ impl CudaModel {
         add: bool,
     ) -> Result<()> {
         let rows = self.rows(x);
-        let (xp, _) = self.buf(x);
         let (kind, wrows, wcols, wp) = {
             let m = self.matrix(w)?;
             (m.kind, m.rows, m.cols, m.buf.ptr)
@@ -635,14 +653,17 @@ impl CudaModel {
             Some(u) => self.matrix(u)?.buf.ptr,
             None => 0,
         };
-        if kind.int8_activations() {
+        let xp = if kind.int8_activations() {
             self.quantize(x)?;
-        }
+            0
+        } else {
+            self.f32_input(x)?
+        };
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
         let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
         let f = self.gpu.func(&name)?;
-        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
+        let (q, qd, xs) = self.q8_ptrs();
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
         unsafe {
@@ -659,6 +680,7 @@ impl CudaModel {
                 .arg(&xp)
                 .arg(&op)
                 .arg(&old)
+                .arg(&xs)
                 .launch(cfg((grid, 1, 1), 128))?;
         }
         Ok(())
@@ -699,7 +721,8 @@ impl CudaModel {
         if self.step.q8t_of == Some(x) {
             return Ok(());
         }
-        let (ptr, n) = self.buf(x);
+        let (_, n) = self.buf(x);
+        let ptr = self.f32_input(x)?;
         let f = self.gpu.func("quantize_q_t")?;
         let (q, qd) = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
         let (ni, ti, t8i) = (n as i32, self.rows(x) as i32, t8 as i32);

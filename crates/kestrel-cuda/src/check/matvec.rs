@@ -106,6 +106,7 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                                 .arg(&dx.ptr)
                                 .arg(&dout.ptr)
                                 .arg(&r)
+                                .arg(&0u64) // no folded norm
                                 .launch(cfg((*grid, 1, 1), 128))?;
                         }
                         let got = gpu.read_f32(dout.ptr, nt * rows)?;
@@ -255,6 +256,7 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                     .arg(&dq.ptr)
                     .arg(&dd.ptr)
                     .arg(&dx.ptr)
+                    .arg(&0u64) // no folded norm
                     .launch(cfg((total.div_ceil(4 * rpw) as u32, 1, 1), 128))?;
             }
             for i in 0..n_mats {
@@ -421,6 +423,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                             .arg(&dx.ptr)
                             .arg(&dout.ptr)
                             .arg(&r)
+                            .arg(&0u64) // no folded norm
                             .launch(cfg((*grid, 1, 1), 128))?;
                     }
                     Ok(())

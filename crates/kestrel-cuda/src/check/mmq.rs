@@ -324,6 +324,7 @@ fn matvec8_us(
                 .arg(&dx.ptr)
                 .arg(&dout.ptr)
                 .arg(&r)
+                .arg(&0u64) // no folded norm
                 .launch(cfg((grid, 1, 1), 128))?;
         }
         Ok(())

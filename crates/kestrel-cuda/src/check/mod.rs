@@ -8,6 +8,7 @@ use crate::device::Gpu;
 
 mod attention;
 mod deltanet;
+mod fold;
 mod matvec;
 mod mmq;
 mod rows;
@@ -16,6 +17,7 @@ use crate::weights::Kind;
 pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
 pub use deltanet::{check_deltanet, perf_delta_rule};
+pub use fold::check_fold;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
 pub use mmq::{check_mmq, check_mmq_group, perf_mmq};
 pub use rows::{check_argmax, check_epilogue, check_gemm_embed, check_norm};
@@ -182,6 +184,7 @@ type Check = fn(&mut Gpu, &mut Rng, &mut Vec<CaseResult>) -> Result<()>;
 const GROUPS: &[(&str, Check)] = &[
     ("matvec", check_matvec),
     ("mvx", check_mvx),
+    ("fold", check_fold),
     ("mmq", check_mmq),
     ("mmq_group", check_mmq_group),
     ("norm", check_norm),
