@@ -579,14 +579,18 @@ pub fn check(
         let near_tie = same < gen && margins[same] < 2.0 * max_abs;
         gm.use_graphs = false;
         let eager = gpu_greedy(&mut gm, &table, &prompt, gen)?;
-        // decode with every foldable RMSNorm folded (fold.rs) against none, on the CPU's tokens
-        let (default_fold, before) = (gm.fold_min_rows, gm.folded_norms);
-        gm.fold_min_rows = Some(32);
+        // decode with every foldable norm and quantization folded (fold.rs) against none, on
+        // the CPU's tokens
+        let (default_fold, before) = (gm.fold, gm.folds);
+        gm.fold = Some(kestrel_cuda::fold::FoldMode {
+            min_rows: 32,
+            swiglu: true,
+        });
         let folded = decode_logits(&mut gm, &table, &prompt, &cpu_toks)?;
-        let folds = gm.folded_norms - before;
-        gm.fold_min_rows = None;
+        let folds = gm.folds - before;
+        gm.fold = None;
         let plain = decode_logits(&mut gm, &table, &prompt, &cpu_toks)?;
-        gm.fold_min_rows = default_fold;
+        gm.fold = default_fold;
         gm.use_graphs = true;
         let (fold_err, _) = spread_err(&folded, &plain);
         // int8 blocks of x * w and of x * w / rms may round one value apart (the tiny models:
@@ -598,7 +602,7 @@ pub fn check(
         let ok = close && (same == gen || near_tie) && eager == gpu_toks && fold_ok;
         failed += !ok as usize;
         println!(
-            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {} ({} programmatic edges in the last graph); {gen} decode steps with {folds} norms folded vs none: worst |err| / spread {fold_err:.2e} (tol 2e-2)",
+            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {} ({} programmatic edges in the last graph); {gen} decode steps with {folds} kernels folded vs none: worst |err| / spread {fold_err:.2e} (tol 2e-2)",
             if ok { "ok  " } else { "FAIL" },
             if same < gen { format!(" (first difference at {same}: CPU top-2 margin {:.3}{})", margins[same], if near_tie { ", a near-tie" } else { "" }) } else { String::new() },
             eager == gpu_toks,

@@ -166,7 +166,7 @@ fn q5_k_m_files_run_on_the_emulated_device_with_and_without_folded_norms() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // each model folded norms (the count is in the line: "with N norms folded")
+    // each model folded kernels (the count is in the line: "with N kernels folded")
     for l in checked {
         let folds: usize = l
             .split(" with ")

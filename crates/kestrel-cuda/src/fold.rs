@@ -1,16 +1,18 @@
-//! RMSNorms folded into the one-token mat-vec before them. In a decode step the residual
+//! Kernels folded into the one-token mat-vec before them. In a decode step the residual
 //! projections (attention's or a DeltaNet layer's output, the MLP's down) are followed by an
-//! RMSNorm whose output only quantized mat-vecs read. Such a projection runs as `mvb_*`
-//! (`kernels/matvec.cu`): each block owns 32 rows, adds them to the residual, and writes them as
-//! the next mat-vec's int8 block of `x * w` (the norm's weights) with the block's sum of squares;
-//! the consumers apply the norm's 1 / rms to their sums (`rstd` there). A decode layer then runs
-//! two kernels fewer, each a chain of round trips (wait, load the row, reduce, store).
+//! RMSNorm whose output only quantized mat-vecs read, and the SwiGLU by the quantization of its
+//! output for the down projection. Such a mat-vec runs as `mvb_*` (`kernels/matvec.cu`): each
+//! block owns 32 rows and writes them as the next mat-vec's int8 block as well: the residual's
+//! of `x * w` (the norm's weights) with the block's sum of squares, the consumers applying the
+//! norm's 1 / rms to their sums (`rstd` there); the SwiGLU's as they are. A decode layer then
+//! runs three kernels fewer, each a chain of round trips (wait, load the row, reduce, store).
 //!
 //! The producer's launch waits for the next op to know whether the fold applies: an RMSNorm of
-//! its output attaches to it, mat-vecs of the norm's output over quantized weights launch it
-//! folded, and anything else launches it and the norm as they were. `KESTREL_CUDA_FOLD=0` turns
-//! folding off (A/B figures), `=all` folds matrices of any multiple of 32 rows (the tiny
-//! models' checks), the default those of at least [`FOLD_MIN_ROWS`].
+//! a residual producer's output attaches to it; quantized mat-vecs of the norm's output (of the
+//! SwiGLU's) launch it folded; anything else launches it (and the norm) as they were.
+//! `KESTREL_CUDA_FOLD=0` turns folding off and `=norm` folds the norms alone (A/B figures),
+//! `=all` folds matrices of any multiple of 32 rows (the tiny models' checks), the default
+//! both kinds over matrices of at least [`FOLD_MIN_ROWS`].
 
 use crate::error::{CudaError, Result};
 use crate::model::CudaModel;
@@ -22,24 +24,45 @@ use kestrel_models::backend::{Buf, W};
 /// H200's 132 (fewer blocks leave SMs without a share of the weights).
 pub const FOLD_MIN_ROWS: usize = 4096;
 
-/// A one-token residual mat-vec (`x_out += w · x`) whose launch waits for the next op, and the
-/// RMSNorm of its output that followed it: (weights, output buffer).
+/// A one-token mat-vec whose launch waits for the next op: a residual one (`out += w · x`)
+/// and the RMSNorm of its output that followed it (weights, output buffer), or the SwiGLU
+/// (`out = silu(w · x) * (up · x)`).
 #[derive(Clone, Copy, Debug)]
 pub struct Fold {
     pub w: W,
+    pub up: Option<W>,
     pub x: Buf,
     pub out: Buf,
     pub norm: Option<(W, Buf)>,
 }
 
-/// The folding switch from the environment: `None` off, `Some(min_rows)` on (a model's
-/// `fold_min_rows` starts from it).
-pub fn fold_min_rows() -> Option<usize> {
-    static MODE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+impl Fold {
+    /// The buffer whose 8-bit copy the folded launch writes, once it has one.
+    pub fn target(&self) -> Option<Buf> {
+        match (self.up, self.norm) {
+            (Some(_), _) => Some(self.out),
+            (None, norm) => norm.map(|(_, h)| h),
+        }
+    }
+}
+
+/// What folds: matrices of at least `min_rows` rows (a multiple of 32), and whether the
+/// SwiGLU's quantization folds as well as the norms.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FoldMode {
+    pub min_rows: usize,
+    pub swiglu: bool,
+}
+
+/// The folding switch from the environment (a model's `fold` starts from it): None off.
+pub fn fold_mode() -> Option<FoldMode> {
+    static MODE: std::sync::OnceLock<Option<FoldMode>> = std::sync::OnceLock::new();
+    let mode = |min_rows, swiglu| Some(FoldMode { min_rows, swiglu });
     *MODE.get_or_init(|| match std::env::var("KESTREL_CUDA_FOLD").as_deref() {
         Ok("0") => None,
-        Ok("all") => Some(32),
-        _ => Some(FOLD_MIN_ROWS),
+        Ok("norm") => mode(FOLD_MIN_ROWS, false),
+        Ok("all") => mode(32, true),
+        _ => mode(FOLD_MIN_ROWS, true),
     })
 }
 
@@ -80,14 +103,20 @@ impl CudaModel {
         Ok(self.buf(x).0)
     }
 
-    /// Whether `out += w · x` may wait as a fold's producer (see the module's comment).
-    pub(crate) fn fold_producer(&self, w: W, x: Buf) -> bool {
-        let Some(min_rows) = self.fold_min_rows else {
+    /// Whether `out += w · x` (`add`), or the SwiGLU of `w` and `up`, may wait as a fold's
+    /// producer (see the module's comment).
+    pub(crate) fn fold_producer(&self, w: W, up: Option<W>, x: Buf, add: bool) -> bool {
+        let Some(mode) = self.fold else {
             return false;
         };
-        self.rows(x) == 1
+        let kind = |w: W| self.matrix(w).map(|m| m.kind).ok();
+        let role = match up {
+            None => add,
+            Some(u) => !add && mode.swiglu && kind(u) == kind(w),
+        };
+        role && self.rows(x) == 1
             && self.matrix(w).is_ok_and(|m| {
-                m.kind.int8_activations() && m.rows >= min_rows && m.rows.is_multiple_of(32)
+                m.kind.int8_activations() && m.rows >= mode.min_rows && m.rows.is_multiple_of(32)
             })
     }
 
@@ -95,7 +124,7 @@ impl CudaModel {
     /// not apply (the caller runs the norm).
     pub(crate) fn fold_norm(&mut self, x: Buf, w: W, out: Buf) -> bool {
         match &mut self.step.fold {
-            Some(f) if f.out == x && f.norm.is_none() && x != out => {
+            Some(f) if f.up.is_none() && f.out == x && f.norm.is_none() && x != out => {
                 f.norm = Some((w, out));
                 true
             }
@@ -103,66 +132,70 @@ impl CudaModel {
         }
     }
 
-    /// Launches the waiting producer, if any: folded when `readers` are mat-vecs of its norm's
-    /// output `x` over quantized weights (one token), else as it was and then its norm.
+    /// Launches the waiting producer, if any: folded when `readers` are mat-vecs of its
+    /// target `x` (the norm's output, the SwiGLU's) over quantized weights, else as it was
+    /// (and then its norm).
     pub(crate) fn resolve_fold(&mut self, x: Option<Buf>, readers: &[W]) -> Result<()> {
         let Some(f) = self.step.fold.take() else {
             return Ok(());
         };
-        let folded = match f.norm {
-            Some((_, h)) => {
-                x == Some(h)
-                    && !readers.is_empty()
-                    && readers
-                        .iter()
-                        .all(|&w| self.matrix(w).is_ok_and(|m| m.kind.int8_activations()))
-            }
-            None => false,
-        };
-        match f.norm {
-            Some((g, h)) if folded => self.launch_folded(f.w, f.x, f.out, g, h)?,
-            norm => {
-                let (op, _) = self.buf(f.out);
-                self.mm_into(f.w, None, f.x, op, true)?;
-                self.wrote(f.out);
-                if let Some((g, h)) = norm {
-                    self.norm_kernel(f.out, g, h)?;
-                }
-            }
+        let folded = f.target().is_some_and(|t| x == Some(t))
+            && !readers.is_empty()
+            && readers
+                .iter()
+                .all(|&w| self.matrix(w).is_ok_and(|m| m.kind.int8_activations()));
+        if folded {
+            return self.launch_folded(f);
+        }
+        let (op, _) = self.buf(f.out);
+        self.mm_into(f.w, f.up, f.x, op, f.up.is_none())?;
+        self.wrote(f.out);
+        if let Some((g, h)) = f.norm {
+            self.norm_kernel(f.out, g, h)?;
         }
         Ok(())
     }
 
-    /// `out += w · x` as `mvb_*_1`, writing the int8 block of `rms_norm(out) * g` without its
-    /// 1 / rms (and the sums of squares) into the 8-bit copy that `x`'s is not, as `h`'s.
-    fn launch_folded(&mut self, w: W, x: Buf, out: Buf, g: W, h: Buf) -> Result<()> {
-        self.quantize(x)?;
-        let (op, _) = self.buf(out);
+    /// The producer as `mvb_*`, its int8 blocks into the 8-bit copy that its input's is not:
+    /// the residual's (epilogue 1) of `rms_norm(out) * g` without the 1 / rms, with the sums of
+    /// squares, as the norm output's; the SwiGLU's (2) of its output.
+    fn launch_folded(&mut self, f: Fold) -> Result<()> {
+        let (kind, rows, cols, wp) = {
+            let m = self.matrix(f.w)?;
+            (m.kind, m.rows, m.cols, m.buf.ptr)
+        };
+        let target = f.target().unwrap_or(f.out);
+        if self.buf(target).1 != rows {
+            return Err(CudaError::Other(format!(
+                "{target:?} of {} columns folded into a mat-vec of {rows} rows",
+                self.buf(target).1
+            )));
+        }
+        self.quantize(f.x)?;
+        let (op, _) = self.buf(f.out);
         let (q, qd, xs) = self.q8_ptrs();
         let slot = 1 - self.step.q8_slot;
         let (oq, oqd, oss) = self.q8_slot_ptrs(slot);
-        let (kind, rows, cols, wp) = {
-            let m = self.matrix(w)?;
-            (m.kind, m.rows, m.cols, m.buf.ptr)
+        let (epi, up, gp, oss) = match (f.up, f.norm) {
+            (Some(u), _) => (2, self.matrix(u)?.buf.ptr, 0, 0),
+            (None, Some((g, _))) => (1, 0, self.vector(g)?, oss),
+            (None, None) => {
+                return Err(CudaError::Other(
+                    "a residual mat-vec folded without its norm".into(),
+                ))
+            }
         };
-        if self.buf(h).1 != rows {
-            return Err(CudaError::Other(format!(
-                "a norm of {} columns folded into a mat-vec of {rows} rows",
-                self.buf(h).1
-            )));
-        }
-        let gp = self.vector(g)?;
-        let f = self.gpu.func(&format!("mvb_{}_1", kind.name()))?;
-        let (r, c, eps, none) = (rows as i32, cols as i32, self.config.rms_eps, 0u64);
-        // SAFETY: W holds rows x cols of its type in the device layout (rows a multiple of 32,
-        // fold_producer), the copies hold one token of cols (inputs) and rows (outputs), out
-        // and g rows floats.
+        let func = self.gpu.func(&format!("mvb_{}_{epi}", kind.name()))?;
+        let (r, c, eps) = (rows as i32, cols as i32, self.config.rms_eps);
+        // SAFETY: W (and up) hold rows x cols of their type in the device layout (rows a
+        // multiple of 32, fold_producer), the copies hold one token of cols (inputs) and rows
+        // (outputs), out and g rows floats; g and oss are null for the SwiGLU.
         unsafe {
             self.gpu
                 .stream
-                .launch_builder(&f)
+                .launch_builder(&func)
                 .arg(&wp)
-                .arg(&none)
+                .arg(&up)
                 .arg(&r)
                 .arg(&c)
                 .arg(&q)
@@ -176,13 +209,16 @@ impl CudaModel {
                 .arg(&oss)
                 .launch(cfg(((rows / 32) as u32, 1, 1), 512))?;
         }
-        self.wrote(out);
-        self.wrote(h);
-        self.step.q8_of = Some(h);
+        self.wrote(f.out);
+        self.wrote(target);
+        self.step.q8_of = Some(target);
         self.step.q8_slot = slot;
-        self.step.q8_rstd = true;
-        self.step.f32_stale = Some(h);
-        self.folded_norms += 1;
+        self.step.q8_rstd = epi == 1;
+        if epi == 1 {
+            // the norm's f32 rows are never written: only the readers checked above read them
+            self.step.f32_stale = Some(target);
+        }
+        self.folds += 1;
         Ok(())
     }
 }

@@ -574,9 +574,10 @@ impl CudaModel {
         let t1 = self.rows(x) == 1;
         self.resolve_fold(Some(x).filter(|_| t1), &readers)?;
         self.flush_epilogue()?;
-        if add && up.is_none() && self.fold_producer(w, x) {
+        if self.fold_producer(w, up, x, add) {
             self.step.fold = Some(crate::fold::Fold {
                 w,
+                up,
                 x,
                 out,
                 norm: None,

@@ -303,12 +303,11 @@ pub struct CudaModel {
     pub use_graphs: bool,
     /// Programmatic edges in the last captured graph (0: plain edges; see [`crate::graph`]).
     pub programmatic_edges: usize,
-    /// RMSNorms folded into the mat-vec before them (`fold.rs`), counted as steps record
-    /// them (eagerly, or once when a step's graph is captured).
-    pub folded_norms: usize,
-    /// Rows a residual mat-vec needs for the RMSNorm after it to fold into it; None: no
-    /// folding (`fold.rs`; from `KESTREL_CUDA_FOLD`, changed by `gpu-check` to compare).
-    pub fold_min_rows: Option<usize>,
+    /// Kernels folded into the mat-vec before them (`fold.rs`), counted as steps record them
+    /// (eagerly, or once when a step's graph is captured).
+    pub folds: usize,
+    /// What folds (`fold.rs`; from `KESTREL_CUDA_FOLD`, changed by `gpu-check` to compare).
+    pub fold: Option<crate::fold::FoldMode>,
     /// Every matrix is of a type the int8 kernels read (batched decode steps can be graphs).
     int8_only: bool,
     /// The decode attention kernels of the model's heads: on the CUDA cores, and on the tensor
@@ -432,8 +431,8 @@ impl CudaModel {
             graphs: Graphs(HashMap::new()),
             use_graphs: true,
             programmatic_edges: 0,
-            folded_norms: 0,
-            fold_min_rows: crate::fold::fold_min_rows(),
+            folds: 0,
+            fold: crate::fold::fold_mode(),
             int8_only,
             attn,
             attn_mma,

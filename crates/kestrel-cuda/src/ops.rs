@@ -592,14 +592,9 @@ impl Ops for CudaModel {
             return self.mm(w, None, x, out, false);
         }
         let int8 = m.kind.int8_activations();
-        // a waiting fold (fold.rs) launches folded only for quantized mat-vecs of its norm's
-        // output: before any other reader it launches as it was (its norm writes the f32 rows)
-        let fold_reader = int8
-            && t == 1
-            && self
-                .step
-                .fold
-                .is_some_and(|f| f.norm.is_some_and(|(_, h)| h == x));
+        // a waiting fold (fold.rs) launches folded only for quantized mat-vecs of its target:
+        // before any other reader it launches as it was (its norm writes the f32 rows)
+        let fold_reader = int8 && t == 1 && self.step.fold.is_some_and(|f| f.target() == Some(x));
         if !fold_reader {
             self.resolve_fold(None, &[])?;
         }
