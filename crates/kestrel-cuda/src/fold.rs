@@ -185,7 +185,8 @@ impl CudaModel {
                 ))
             }
         };
-        let func = self.gpu.func(&format!("mvb_{}_{epi}", kind.name()))?;
+        let fs = if xs != 0 { "_f" } else { "" };
+        let func = self.gpu.func(&format!("mvb_{}_{epi}{fs}", kind.name()))?;
         let (r, c, eps) = (rows as i32, cols as i32, self.config.rms_eps);
         // SAFETY: W (and up) hold rows x cols of their type in the device layout (rows a
         // multiple of 32, fold_producer), the copies hold one token of cols (inputs) and rows

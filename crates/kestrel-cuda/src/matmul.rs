@@ -132,6 +132,18 @@ pub fn matvec_kernel(
     )
 }
 
+/// A one-token mat-vec kernel's name, with `_f` where it reads a folded RMSNorm's sums of
+/// squares (`xs` not null; `fold.rs`).
+fn folded_name(name: String, xs: u64, nt: usize) -> Result<String> {
+    match (xs, nt) {
+        (0, _) => Ok(name),
+        (_, 1) => Ok(name + "_f"),
+        _ => Err(CudaError::Other(format!(
+            "{name}: a folded norm's copy read by a mat-vec of {nt} tokens"
+        ))),
+    }
+}
+
 /// Matrices one mat-mat launch takes at most (`kernels/mmq.cu`'s `MMQ_MATS_ARGS`, `mmq_pick`): the projections
 /// that share an input (q / gate / k / v, a DeltaNet layer's four) in one grid, so the small ones
 /// (k and v of 1,024 rows, alpha and beta of 32) do not each leave most SMs idle.
@@ -478,11 +490,11 @@ impl CudaModel {
         } else {
             (format!("mvx_{nt}{all}"), 1)
         };
-        let f = self.gpu.func(&name)?;
+        let ((q, qd, xs), ci) = (self.q8_ptrs(), cols as i32);
+        let f = self.gpu.func(&folded_name(name, xs, nt)?)?;
         let none = (0u64, 0i32, 0i32, 0u64);
         let m = |i: usize| mats.get(i).copied().unwrap_or(none);
         let (a, b, c, d) = (m(0), m(1), m(2), m(3));
-        let ((q, qd, xs), ci) = (self.q8_ptrs(), cols as i32);
         let xp = if all_int8 { xp } else { self.f32_input(x)? };
         let total = (a.1 + b.1 + c.1 + d.1) as usize;
         // SAFETY: as in flush_epilogue.
@@ -662,9 +674,9 @@ impl CudaModel {
         };
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
-        let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
-        let f = self.gpu.func(&name)?;
         let (q, qd, xs) = self.q8_ptrs();
+        let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
+        let f = self.gpu.func(&folded_name(name, xs, nt)?)?;
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
         unsafe {

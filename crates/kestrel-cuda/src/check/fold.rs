@@ -39,14 +39,16 @@ fn consumers(
     q: (u64, u64, u64),
 ) -> Result<Vec<(String, bool, Vec<f32>)>> {
     let k = kind.name();
+    // the `_f` kernels where the copy comes with sums of squares
+    let fs = if q.2 != 0 { "_f" } else { "" };
     let mut res = Vec::new();
     let (r, c, none) = (rows as i32, cols as i32, 0u64);
     for (name, grid, swiglu) in [
-        (format!("mv_{k}_1_0_r1"), rows.div_ceil(4), false),
-        (format!("mv_{k}_1_0_r2"), rows.div_ceil(8), false),
-        (format!("mv_{k}_1_0_h1"), rows.div_ceil(8), false),
-        (format!("mv_{k}_1_2_1"), rows.div_ceil(4), true),
-        (format!("mv_{k}_1_2_r2"), rows.div_ceil(8), true),
+        (format!("mv_{k}_1_0_r1{fs}"), rows.div_ceil(4), false),
+        (format!("mv_{k}_1_0_r2{fs}"), rows.div_ceil(8), false),
+        (format!("mv_{k}_1_0_h1{fs}"), rows.div_ceil(8), false),
+        (format!("mv_{k}_1_2_1{fs}"), rows.div_ceil(4), true),
+        (format!("mv_{k}_1_2_r2{fs}"), rows.div_ceil(8), true),
     ] {
         let out = gpu.upload_f32(&vec![f32::NAN; rows])?;
         let f = gpu.func(&name)?;
@@ -70,9 +72,10 @@ fn consumers(
         }
         res.push((name, swiglu, gpu.read_f32(out.ptr, rows)?));
     }
-    for (name, rpw) in [("mvx_1", 1), ("mvx_1_r2", 2), ("mvx_1_h1", 2)] {
+    for (base, rpw) in [("mvx_1", 1), ("mvx_1_r2", 2), ("mvx_1_h1", 2)] {
+        let name = format!("{base}{fs}");
         let out = gpu.upload_f32(&vec![f32::NAN; rows])?;
-        let f = gpu.func(name)?;
+        let f = gpu.func(&name)?;
         let (ty, zero, nul) = (kind as i32, 0i32, 0u64);
         // SAFETY: as above; the absent matrices have no rows.
         unsafe {
@@ -84,7 +87,7 @@ fn consumers(
             b.arg(&c).arg(&q.0).arg(&q.1).arg(&none).arg(&q.2);
             b.launch(cfg((rows.div_ceil(4 * rpw) as u32, 1, 1), 128))?;
         }
-        res.push((name.to_string(), false, gpu.read_f32(out.ptr, rows)?));
+        res.push((name, false, gpu.read_f32(out.ptr, rows)?));
     }
     Ok(res)
 }

@@ -509,19 +509,24 @@ __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, i
     }
 }
 
+// The one-token kernels come twice: as named, and with `_f` after the name, reading a folded
+// RMSNorm's sums of squares at xs (fold.rs). The first pass a null xs down, so their code is
+// what it was before folding: the second's rstd code took the row-group kernels from 128 to
+// 80 registers and ~10% more instructions (sass.py).
 // mv_<type>_1_<epi>_h<R>: 2R rows per warp, R per half-warp.
-#define MVH1(NAME, TY, EPI, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
+#define MVH1(NAME, TY, EPI, R, F, FS)                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R##FS(            \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old, const float* xs) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
         prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
         GRID_DEP();                                                                              \
-        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, row0, xq, xd, xs, out);                        \
+        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, row0, xq, xd, F ? xs : nullptr, out);      \
     }
-#define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
-    MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
+#define MVH_F(NAME, TY, F, FS) MVH1(NAME, TY, 0, 1, F, FS) MVH1(NAME, TY, 1, 1, F, FS) \
+    MVH1(NAME, TY, 2, 1, F, FS) MVH1(NAME, TY, 0, 2, F, FS) MVH1(NAME, TY, 1, 2, F, FS) MVH1(NAME, TY, 2, 2, F, FS)
+#define MVH(NAME, TY) MVH_F(NAME, TY, 0, ) MVH_F(NAME, TY, 1, _f)
 MVH(q4_0, T_Q4_0)
 MVH(q5_0, T_Q5_0)
 MVH(q8_0, T_Q8_0)
@@ -531,19 +536,21 @@ MVH(q4_1, T_Q4_1)
 MVH(q5_1, T_Q5_1)
 MVH(q5_k, T_Q5_K)
 
-#define MVR1(NAME, TY, EPI, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
+#define MVR1(NAME, TY, EPI, R, F, FS)                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R##FS(            \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old, const float* xs) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
         prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
         GRID_DEP();                                                                              \
-        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, row0, xq, xd, xs, out);                       \
+        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, row0, xq, xd, F ? xs : nullptr, out);     \
     }
-#define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
-    MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
-    MVR1(NAME, TY, 0, 4) MVR1(NAME, TY, 1, 4) MVR1(NAME, TY, 2, 4)
+#define MVR_F(NAME, TY, F, FS) MVR1(NAME, TY, 0, 1, F, FS) MVR1(NAME, TY, 1, 1, F, FS)      \
+    MVR1(NAME, TY, 2, 1, F, FS) MVR1(NAME, TY, 0, 2, F, FS) MVR1(NAME, TY, 1, 2, F, FS)    \
+    MVR1(NAME, TY, 2, 2, F, FS) MVR1(NAME, TY, 0, 4, F, FS) MVR1(NAME, TY, 1, 4, F, FS)    \
+    MVR1(NAME, TY, 2, 4, F, FS)
+#define MVR(NAME, TY) MVR_F(NAME, TY, 0, ) MVR_F(NAME, TY, 1, _f)
 MVR(q4_0, T_Q4_0)
 MVR(q5_0, T_Q5_0)
 MVR(q8_0, T_Q8_0)
@@ -586,18 +593,18 @@ __device__ __forceinline__ void mv_block(const u8* __restrict__ W, const u8* __r
     }
 }
 
-// mvb_<type>_<epi>: mv_block, epilogue 1 (residual) or 2 (SwiGLU), grid rows / 32.
-#define MVB1(NAME, TY, EPI)                                                                      \
-    extern "C" __global__ void __launch_bounds__(512) mvb_##NAME##_##EPI(                        \
+// mvb_<type>_<epi>[_f]: mv_block, epilogue 1 (residual) or 2 (SwiGLU), grid rows / 32.
+#define MVB1(NAME, TY, EPI, F, FS)                                                               \
+    extern "C" __global__ void __launch_bounds__(512) mvb_##NAME##_##EPI##FS(                    \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd,           \
         const float* xs, float* out, const float* g, float eps, i8* oq, float2* oqd, float* oss) { \
         int row0 = blockIdx.x * 32 + 2 * (threadIdx.x >> 5);                                     \
         prefetch_rows<TY>(W, rows, cols, row0, 2);                                               \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2);                                \
         GRID_DEP();                                                                              \
-        mv_block<TY, EPI>(W, W2, rows, cols, xq, xd, xs, out, g, eps, oq, oqd, oss);             \
+        mv_block<TY, EPI>(W, W2, rows, cols, xq, xd, F ? xs : nullptr, out, g, eps, oq, oqd, oss); \
     }
-#define MVB(NAME, TY) MVB1(NAME, TY, 1) MVB1(NAME, TY, 2)
+#define MVB(NAME, TY) MVB1(NAME, TY, 1, 0, ) MVB1(NAME, TY, 2, 0, ) MVB1(NAME, TY, 1, 1, _f) MVB1(NAME, TY, 2, 1, _f)
 MVB(q4_0, T_Q4_0)
 MVB(q5_0, T_Q5_0)
 MVB(q8_0, T_Q8_0)
@@ -692,12 +699,18 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
     mv_finish<NT, EPI, WPR>(acc, acc2, active, row, out, old, nullptr, none, cols);
 }
 
-#define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
+#define MVQ2(NAME, TY, NT, EPI, WPR, F, FS)                                                     \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR##FS(     \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old, const float* xs) { GRID_DEP();                                                  \
-        mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, xs, out, old);                        \
+        const float* xf, float* out, int old, const float* xs) { GRID_DEP();                     \
+        mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, F ? xs : nullptr, out, old);      \
     }
+// one token: with the `_f` kernels too
+#define MVQ1(NAME, TY, NT, EPI, WPR) MVQ2(NAME, TY, NT, EPI, WPR, 0, ) MVQ_F##NT(NAME, TY, EPI, WPR)
+#define MVQ_F1(NAME, TY, EPI, WPR) MVQ2(NAME, TY, 1, EPI, WPR, 1, _f)
+#define MVQ_F2(NAME, TY, EPI, WPR)
+#define MVQ_F4(NAME, TY, EPI, WPR)
+#define MVQ_F8(NAME, TY, EPI, WPR)
 #define MVF1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
@@ -840,30 +853,36 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
 }
 // mvx_1_h<R>, mvx_1_r<R>, mvx_<NT>: the kernels without the Q4_1 / Q5_1 / Q5_K branches; each
 // with `_all` after its name: every type (see mvx).
-#define MVXH(R, ALL, SUF)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R##SUF(                           \
+#define MVXH(R, ALL, SUF, F, FS)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R##SUF##FS(                       \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP();                             \
-        mvx_h<R, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xs); \
+        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP(); \
+        mvx_h<R, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, \
+                      F ? xs : nullptr);                                                         \
     }
-MVXH(1, false, ) MVXH(2, false, ) MVXH(1, true, _all) MVXH(2, true, _all)
+#define MVXH_F(R, ALL, SUF) MVXH(R, ALL, SUF, 0, ) MVXH(R, ALL, SUF, 1, _f)
+MVXH_F(1, false, ) MVXH_F(2, false, ) MVXH_F(1, true, _all) MVXH_F(2, true, _all)
 
-#define MVXR(R, ALL, SUF)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R##SUF(                           \
+#define MVXR(R, ALL, SUF, F, FS)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R##SUF##FS(                       \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP();                             \
-        mvx_r<R, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf, xs); \
+        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP(); \
+        mvx_r<R, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf, \
+                      F ? xs : nullptr);                                                         \
     }
-MVXR(2, false, ) MVXR(4, false, ) MVXR(2, true, _all) MVXR(4, true, _all)
+#define MVXR_F(R, ALL, SUF) MVXR(R, ALL, SUF, 0, ) MVXR(R, ALL, SUF, 1, _f)
+MVXR_F(2, false, ) MVXR_F(4, false, ) MVXR_F(2, true, _all) MVXR_F(4, true, _all)
 
-#define MVX(NT, ALL, SUF)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) mvx_##NT##SUF(                             \
+#define MVX(NT, ALL, SUF, F, FS)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) mvx_##NT##SUF##FS(                         \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP();                             \
-        mvx<NT, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf, xs); \
+        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP(); \
+        mvx<NT, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf, \
+                     F ? xs : nullptr);                                                          \
     }
-MVX(1, false, ) MVX(2, false, ) MVX(4, false, ) MVX(8, false, )
-MVX(1, true, _all) MVX(2, true, _all) MVX(4, true, _all) MVX(8, true, _all)
+MVX(1, false, , 0, ) MVX(2, false, , 0, ) MVX(4, false, , 0, ) MVX(8, false, , 0, )
+MVX(1, true, _all, 0, ) MVX(2, true, _all, 0, ) MVX(4, true, _all, 0, ) MVX(8, true, _all, 0, )
+MVX(1, false, , 1, _f) MVX(1, true, _all, 1, _f)
