@@ -6,7 +6,8 @@
 # make_dense_model.py / make_qwen35_model.py with their vocabulary. BASE_KERNELS="REV ..." adds
 # each REV's kernel sources as kernels-REV/: h200.sh's AB_ENV="KESTREL_CUDA_KERNELS=.gpu-cuda/kernels-REV"
 # then times them against the binary's own in the same call (same host code: the kernels'
-# names and arguments must match).
+# names and arguments must match). ENV_SH=FILE ships FILE as env.sh, which h200.sh sources
+# after the caller's settings (a call already queued with other settings then runs these).
 set -eu
 DEST=${1:-.gpu-cuda}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,6 +26,8 @@ for REV in ${BASE_KERNELS:-}; do
     git -C "$ROOT" show "$REV:$f" > "$K/$(basename "$f")"
   done
 done
+rm -f "$DEST/env.sh"
+[ -z "${ENV_SH:-}" ] || cp "$ENV_SH" "$DEST/env.sh"
 cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$DEST/"
 cp "$ROOT/../shared/peers/gpu/make_dense_model.py" "$ROOT/../shared/peers/gpu/make_qwen35_model.py" \
   "$ROOT/../shared/peers/gpu/ggml-vocab-qwen2.gguf" "$DEST/"

@@ -34,6 +34,8 @@
 # and no build is there yet (~4 minutes on 16 cores, while the kestrel stages run).
 set -u
 B=${B:-.gpu-cuda}
+# settings shipped with the bundle (bundle.sh ENV_SH=FILE) override the caller's
+[ -f $B/env.sh ] && . $B/env.sh
 OUT=${OUT:-/tmp/out}
 STAGES=${STAGES:-"check small"}
 mkdir -p "$OUT" /tmp/w
