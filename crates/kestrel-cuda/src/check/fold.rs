@@ -3,7 +3,7 @@
 //! read it (each kernel family, with the folded norm's 1 / rms applied from the sums of squares)
 //! against the f64 product of the norm of the producer's own output.
 
-use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
+use super::{cfg, random_matrix, rel_err, CaseResult, MvLaunch, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::Result;
 use crate::weights::{to_device_layout, Kind};
@@ -52,24 +52,19 @@ fn consumers(
     ] {
         let out = gpu.upload_f32(&vec![f32::NAN; rows])?;
         let f = gpu.func(&name)?;
+        let mv = MvLaunch {
+            w: wc.ptr,
+            w2: wc2.ptr,
+            rows,
+            cols,
+            q: (q.0, q.1),
+            xf: 0,
+            out: out.ptr,
+            xs: q.2,
+        };
         // SAFETY: wc / wc2 hold rows x cols of `kind` in the device layout, the copy one token
         // of cols, out rows floats.
-        unsafe {
-            gpu.stream
-                .launch_builder(&f)
-                .arg(&wc.ptr)
-                .arg(&wc2.ptr)
-                .arg(&r)
-                .arg(&c)
-                .arg(&q.0)
-                .arg(&q.1)
-                .arg(&c)
-                .arg(&none)
-                .arg(&out.ptr)
-                .arg(&r)
-                .arg(&q.2)
-                .launch(cfg((grid as u32, 1, 1), 128))?;
-        }
+        unsafe { mv.run(gpu, &f, grid as u32)? };
         res.push((name, swiglu, gpu.read_f32(out.ptr, rows)?));
     }
     for (base, rpw) in [("mvx_1", 1), ("mvx_1_r2", 2), ("mvx_1_h1", 2)] {

@@ -1,7 +1,7 @@
 //! The mat-vec cases: every type, token count, epilogue and warps per row; the fused q/k/v
 //! launch; and the mat-vec speed lines.
 
-use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
+use super::{cfg, random_matrix, rel_err, CaseResult, MvLaunch, Rng};
 use crate::device::Gpu;
 use crate::error::CudaError;
 use crate::error::Result;
@@ -91,24 +91,18 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                         let base = rng.vec(nt * rows, 1.0);
                         let dout = gpu.upload_f32(&base)?;
                         let f = gpu.func(name)?;
-                        let (r, c) = (rows as i32, cols as i32);
+                        let mv = MvLaunch {
+                            w: dw.ptr,
+                            w2: dw2.ptr,
+                            rows,
+                            cols,
+                            q: (dq.ptr, dd.ptr),
+                            xf: dx.ptr,
+                            out: dout.ptr,
+                            xs: 0,
+                        };
                         // SAFETY: as above.
-                        unsafe {
-                            gpu.stream
-                                .launch_builder(&f)
-                                .arg(&dw.ptr)
-                                .arg(&dw2.ptr)
-                                .arg(&r)
-                                .arg(&c)
-                                .arg(&dq.ptr)
-                                .arg(&dd.ptr)
-                                .arg(&c)
-                                .arg(&dx.ptr)
-                                .arg(&dout.ptr)
-                                .arg(&r)
-                                .arg(&0u64) // no folded norm
-                                .launch(cfg((*grid, 1, 1), 128))?;
-                        }
+                        unsafe { mv.run(gpu, &f, *grid)? };
                         let got = gpu.read_f32(dout.ptr, nt * rows)?;
                         let want: Vec<f32> = (0..nt * rows)
                             .map(|i| {
@@ -395,7 +389,6 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     ));
                 }
             }
-            let (r, c) = (rows as i32, cols as i32);
             let time_variant = |gpu: &mut Gpu, vi: usize| -> Result<f64> {
                 let (name, grid) = &variants[vi];
                 let f = gpu.func(name)?;
@@ -409,24 +402,18 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                     } else {
                         (copies[i % copies.len()].ptr, copies[i % copies.len()].ptr)
                     };
+                    let mv = MvLaunch {
+                        w,
+                        w2,
+                        rows,
+                        cols,
+                        q: (dq.ptr, dd.ptr),
+                        xf: dx.ptr,
+                        out: dout.ptr,
+                        xs: 0,
+                    };
                     // SAFETY: as in check_matvec.
-                    unsafe {
-                        gpu.stream
-                            .launch_builder(&f)
-                            .arg(&w)
-                            .arg(&w2)
-                            .arg(&r)
-                            .arg(&c)
-                            .arg(&dq.ptr)
-                            .arg(&dd.ptr)
-                            .arg(&c)
-                            .arg(&dx.ptr)
-                            .arg(&dout.ptr)
-                            .arg(&r)
-                            .arg(&0u64) // no folded norm
-                            .launch(cfg((*grid, 1, 1), 128))?;
-                    }
-                    Ok(())
+                    unsafe { mv.run(gpu, &f, *grid) }
                 };
                 let graph = !(si == 0 && vi == 0);
                 super::time_us(gpu, 20, 100, graph, |g: &mut Gpu, i| launch(g, i))

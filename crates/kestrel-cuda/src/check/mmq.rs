@@ -297,7 +297,7 @@ fn matvec8_us(
     );
     let qf = gpu.func("quantize_q")?;
     let f = gpu.func(name)?;
-    let (r, c) = (rows as i32, cols as i32);
+    let c = cols as i32;
     // SAFETY: dx holds t rows of cols; dq / dd are sized for them.
     unsafe {
         gpu.stream
@@ -310,24 +310,18 @@ fn matvec8_us(
     }
     let go = |gpu: &Gpu, i: usize| -> Result<()> {
         let w = copies[i % copies.len()].ptr;
+        let mv = super::MvLaunch {
+            w,
+            w2: w,
+            rows,
+            cols,
+            q: (dq.ptr, dd.ptr),
+            xf: dx.ptr,
+            out: dout.ptr,
+            xs: 0,
+        };
         // SAFETY: the mat-vec's arguments as in check_matvec.
-        unsafe {
-            gpu.stream
-                .launch_builder(&f)
-                .arg(&w)
-                .arg(&w)
-                .arg(&r)
-                .arg(&c)
-                .arg(&dq.ptr)
-                .arg(&dd.ptr)
-                .arg(&c)
-                .arg(&dx.ptr)
-                .arg(&dout.ptr)
-                .arg(&r)
-                .arg(&0u64) // no folded norm
-                .launch(cfg((grid, 1, 1), 128))?;
-        }
-        Ok(())
+        unsafe { mv.run(gpu, &f, grid) }
     };
     super::time_us(gpu, 8, 50, true, |g: &mut Gpu, i| go(g, i))
 }

@@ -173,6 +173,54 @@ pub fn random_matrix(
     Ok((bytes, deq))
 }
 
+/// One launch of a mat-vec kernel (`mv_*` in kernels/matvec.cu): `w` (and `w2`, the SwiGLU's
+/// up) of `rows` x `cols`, the 8-bit copy `q` = (quants, scales) and the f32 rows `xf` of the
+/// input, `out` rows floats a token, `xs` a folded norm's sums of squares (0: none).
+pub(super) struct MvLaunch {
+    pub w: u64,
+    pub w2: u64,
+    pub rows: usize,
+    pub cols: usize,
+    pub q: (u64, u64),
+    pub xf: u64,
+    pub out: u64,
+    pub xs: u64,
+}
+
+impl MvLaunch {
+    /// Enqueues kernel `f` over `grid` blocks of 128 threads.
+    ///
+    /// # Safety
+    /// The buffers hold what `f` reads and writes for these shapes and its token count.
+    pub(super) unsafe fn run(
+        &self,
+        gpu: &Gpu,
+        f: &cudarc::driver::CudaFunction,
+        grid: u32,
+    ) -> Result<()> {
+        use cudarc::driver::PushKernelArg;
+        let (r, c) = (self.rows as i32, self.cols as i32);
+        // SAFETY: the caller's.
+        unsafe {
+            gpu.stream
+                .launch_builder(f)
+                .arg(&self.w)
+                .arg(&self.w2)
+                .arg(&r)
+                .arg(&c)
+                .arg(&self.q.0)
+                .arg(&self.q.1)
+                .arg(&c)
+                .arg(&self.xf)
+                .arg(&self.out)
+                .arg(&r)
+                .arg(&self.xs)
+                .launch(cfg((grid, 1, 1), 128))?;
+        }
+        Ok(())
+    }
+}
+
 pub(super) fn bytes_i32(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
