@@ -791,14 +791,15 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
 }
 
 // One token, R rows per warp: warp g takes rows g*R .. g*R + R - 1 of the concatenation, which
-// lie in one matrix when every matrix's row count is a multiple of R (the host checks). ALL as
-// in mvx.
-template <int R, bool ALL>
-__device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
-                                      float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
-                                      int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
-                                      const float* xf, const float* xs) {
-    int g = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;
+// lie in one matrix when every matrix's row count is a multiple of R (the host checks); HALF
+// (short rows): half-warp rows, warp g rows 2gR .. 2gR + 2R - 1, inside one matrix when every
+// row count is a multiple of 2R. ALL as in mvx.
+template <int R, bool ALL, bool HALF>
+__device__ __forceinline__ void mvx_rows(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
+                                         float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
+                                         int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
+                                         const float* xf, const float* xs) {
+    int g = (blockIdx.x * 4 + (threadIdx.x >> 5)) * (HALF ? 2 : 1) * R;
     const u8* W;
     int rows, ty, row;
     float* out;
@@ -808,47 +809,20 @@ __device__ __forceinline__ void mvx_r(const u8* W0, int r0, int t0, float* o0, c
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R, false>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R, false>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R, false>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R, false>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R, false>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q4_1: if constexpr (ALL) rows_acc<T_Q4_1, 0, R, false>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_1: if constexpr (ALL) rows_acc<T_Q5_1, 0, R, false>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_K: if constexpr (ALL) rows_acc<T_Q5_K, 0, R, false>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    default:  // f32 / f16 (the host takes R = 1 for those)
-        for (int r = 0; r < R && row + r < rows; r++) {
-            if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, xs, out);
-            else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, xs, out);
-        }
-    }
-}
-// As mvx_r, half-warp rows (short rows): warp g takes rows 2gR .. 2gR + 2R - 1 of the
-// concatenation, inside one matrix when every matrix's row count is a multiple of 2R.
-template <int R, bool ALL>
-__device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
-                                      float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
-                                      int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
-                                      const float* xs) {
-    int g = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;
-    const u8* W;
-    int rows, ty, row;
-    float* out;
-    if (g < r0) { W = W0; rows = r0; ty = t0; row = g; out = o0; }
-    else if (g < r0 + r1) { W = W1; rows = r1; ty = t1; row = g - r0; out = o1; }
-    else if (g < r0 + r1 + r2) { W = W2; rows = r2; ty = t2; row = g - r0 - r1; out = o2; }
-    else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
-    else return;
-    switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R, true>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R, true>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R, true>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R, true>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R, true>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q4_1: if constexpr (ALL) rows_acc<T_Q4_1, 0, R, true>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_1: if constexpr (ALL) rows_acc<T_Q5_1, 0, R, true>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_K: if constexpr (ALL) rows_acc<T_Q5_K, 0, R, true>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    default: break;  // f32 / f16: the host never picks this kernel for them
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    case T_Q4_1: if constexpr (ALL) rows_acc<T_Q4_1, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    case T_Q5_1: if constexpr (ALL) rows_acc<T_Q5_1, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    case T_Q5_K: if constexpr (ALL) rows_acc<T_Q5_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    default:  // f32 / f16: the host takes R = 1 and whole warps for those
+        if constexpr (!HALF)
+            for (int r = 0; r < R && row + r < rows; r++) {
+                if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, xs, out);
+                else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, xs, out);
+            }
     }
 }
 // mvx_1_h<R>, mvx_1_r<R>, mvx_<NT>: the kernels without the Q4_1 / Q5_1 / Q5_K branches; each
@@ -858,8 +832,8 @@ __device__ __forceinline__ void mvx_h(const u8* W0, int r0, int t0, float* o0, c
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
         int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP(); \
-        mvx_h<R, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, \
-                      F ? xs : nullptr);                                                         \
+        mvx_rows<R, ALL, true>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, \
+                               xd, xf, F ? xs : nullptr);                                                         \
     }
 #define MVXH_F(R, ALL, SUF) MVXH(R, ALL, SUF, 0, ) MVXH(R, ALL, SUF, 1, _f)
 MVXH_F(1, false, ) MVXH_F(2, false, ) MVXH_F(1, true, _all) MVXH_F(2, true, _all)
@@ -869,8 +843,8 @@ MVXH_F(1, false, ) MVXH_F(2, false, ) MVXH_F(1, true, _all) MVXH_F(2, true, _all
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
         int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP(); \
-        mvx_r<R, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf, \
-                      F ? xs : nullptr);                                                         \
+        mvx_rows<R, ALL, false>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, \
+                                xd, xf, F ? xs : nullptr);                                                         \
     }
 #define MVXR_F(R, ALL, SUF) MVXR(R, ALL, SUF, 0, ) MVXR(R, ALL, SUF, 1, _f)
 MVXR_F(2, false, ) MVXR_F(4, false, ) MVXR_F(2, true, _all) MVXR_F(4, true, _all)
