@@ -572,23 +572,28 @@ __device__ __forceinline__ void mv_block(const u8* __restrict__ W, const u8* __r
                                          const float* __restrict__ xs, float* __restrict__ out,
                                          const float* __restrict__ g, float eps, i8* __restrict__ oq,
                                          float2* __restrict__ oqd, float* __restrict__ oss) {
-    __shared__ float blk[32];
+    __shared__ float blk[32], res[32], gw[32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x, row = 32 * b + lane;
-    // warp 0's lane l ends with row 32 b + l: its residual and norm weight loaded up front
-    float res = EPI == 1 && warp == 0 ? out[row] : 0.f;
-    float gw = g != nullptr && warp == 0 ? g[row] : 1.f;
+    // warp 0's lane l ends with row 32 b + l: its residual and norm weight copied up front into
+    // shared memory (cp.async: no registers held across the dot loop)
+    if (warp == 0) {
+        if (EPI == 1) cp_async4(&res[lane], &out[row]);
+        if (g != nullptr) cp_async4(&gw[lane], &g[row]);
+        cp_async_commit();
+    }
     float v[2];
     rows_dot<TY, EPI, 2, false>(W, W2, rows, cols, 32 * b + 2 * warp, xq, xd, xs, v);
     if (lane == 0) {
         blk[2 * warp] = v[0];
         blk[2 * warp + 1] = v[1];
     }
+    if (warp == 0) cp_async_wait_all();
     __syncthreads();
     if (warp == 0) {
-        float y = blk[lane] + res;
+        float y = blk[lane] + (EPI == 1 ? res[lane] : 0.f);
         out[row] = y;
         float ss = warp_sum(y * y);
-        quant32(y * gw, oq + 32 * b, oqd + b);
+        quant32(g != nullptr ? y * gw[lane] : y, oq + 32 * b, oqd + b);
         if (oss != nullptr && lane == 0) oss[b] = ss + 32.f * eps;
     }
 }
