@@ -10,9 +10,12 @@
 //! The producer's launch waits for the next op to know whether the fold applies: an RMSNorm of
 //! a residual producer's output attaches to it; quantized mat-vecs of the norm's output (of the
 //! SwiGLU's) launch it folded; anything else launches it (and the norm) as they were.
-//! `KESTREL_CUDA_FOLD=0` turns folding off and `=norm` folds the norms alone (A/B figures),
-//! `=all` folds matrices of any multiple of 32 rows (the tiny models' checks), the default
-//! both kinds over matrices of at least [`FOLD_MIN_ROWS`].
+//!
+//! Off by default until a GPU has timed it (no device was lent the session that wrote it; the
+//! emulated device and `gpu-check` check its results): `KESTREL_CUDA_FOLD=1` folds both kinds
+//! over matrices of at least [`FOLD_MIN_ROWS`] rows, `=norm` the norms alone, `=all` matrices
+//! of any multiple of 32 rows (the tiny models' checks); `gpu-check` compares decode with and
+//! without it on every model whatever the setting.
 
 use crate::error::{CudaError, Result};
 use crate::model::CudaModel;
@@ -59,10 +62,10 @@ pub fn fold_mode() -> Option<FoldMode> {
     static MODE: std::sync::OnceLock<Option<FoldMode>> = std::sync::OnceLock::new();
     let mode = |min_rows, swiglu| Some(FoldMode { min_rows, swiglu });
     *MODE.get_or_init(|| match std::env::var("KESTREL_CUDA_FOLD").as_deref() {
-        Ok("0") => None,
+        Ok("1") => mode(FOLD_MIN_ROWS, true),
         Ok("norm") => mode(FOLD_MIN_ROWS, false),
         Ok("all") => mode(32, true),
-        _ => mode(FOLD_MIN_ROWS, true),
+        _ => None,
     })
 }
 
