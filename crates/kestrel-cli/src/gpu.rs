@@ -593,16 +593,17 @@ pub fn check(
         gm.fold = default_fold;
         gm.use_graphs = true;
         let (fold_err, _) = spread_err(&folded, &plain);
-        // int8 blocks of x * w and of x * w / rms may round one value apart (the tiny models:
-        // ~1e-2 of the spread from that step on): the tolerance of the CPU comparison above
-        let fold_ok = fold_err <= 2e-2;
+        // int8 blocks of x * w and of x * w / rms may round one value apart, and random
+        // weights carry that through the cache (the tiny qwen3: 1.2e-2 of the spread from that
+        // step on; the 1.5B shape over 32 steps: 2.2e-2, H100); a norm's 1 / rms lost: ~0.8
+        let fold_ok = fold_err <= 5e-2;
         // the GPU may differ from the CPU's quantized path by its own rounding, but must be as
         // close to the f32 reference as that path is (or within 2% of the spread)
         let close = worst <= 2e-2 || g_ref <= 1.5 * q_ref;
         let ok = close && (same == gen || near_tie) && eager == gpu_toks && fold_ok;
         failed += !ok as usize;
         println!(
-            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {} ({} programmatic edges in the last graph); {gen} decode steps with {folds} kernels folded vs none: worst |err| / spread {fold_err:.2e} (tol 2e-2)",
+            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {} ({} programmatic edges in the last graph); {gen} decode steps with {folds} kernels folded vs none: worst |err| / spread {fold_err:.2e} (tol 5e-2)",
             if ok { "ok  " } else { "FAIL" },
             if same < gen { format!(" (first difference at {same}: CPU top-2 margin {:.3}{})", margins[same], if near_tie { ", a near-tie" } else { "" }) } else { String::new() },
             eager == gpu_toks,
