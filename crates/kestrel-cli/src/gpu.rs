@@ -250,9 +250,9 @@ fn decode_logits(
 /// llama-bench's pp / tg / depth on the GPU: prompt-eval tok/s over P tokens and decode tok/s
 /// over N tokens (greedy: the argmax picked on the GPU, one id copied back a step, as the
 /// engine does for greedy requests), after D tokens of depth; median of
-/// `reps` after one warm-up; decode beside the bandwidth limit (weight bytes per token / 4.65
-/// TB/s, the H200's measured read bandwidth), prefill beside the tensor cores' peak (the layers'
-/// matrix products at ~790 TFLOP/s, the H200's measured bf16 dense rate).
+/// `reps` after one warm-up; decode beside the bandwidth limit (weight bytes per token / the
+/// card's bandwidth: `Gpu::mem_bandwidth`, 4.65 TB/s on the H200), prefill beside the tensor
+/// cores' peak (the layers' matrix products at ~790 TFLOP/s, the H200's measured bf16 dense rate).
 pub fn bench(
     src: &ModelSource,
     ordinal: usize,
@@ -273,7 +273,6 @@ pub fn bench(
     let table: Vec<u32> = (0..longest.div_ceil(16) as u32).collect();
     let vocab = m.config.vocab_size as u64;
     let wbytes = m.weight_bytes_per_token();
-    const BW: f64 = 4.65e12;
     const PEAK: f64 = 790e12;
     let flops = m.layer_matmul_flops_per_token() as f64;
     println!("| model | device | test | tok/s (median of {reps}) | min | max | note |");
@@ -284,6 +283,7 @@ pub fn bench(
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let dev = m.gpu().name.clone();
+    let bw = m.gpu().mem_bandwidth;
     let prompt = |n: usize, seed: u64| -> Vec<u32> {
         (0..n as u64)
             .map(|i| ((i * 7919 + seed * 104729) % vocab) as u32)
@@ -342,12 +342,21 @@ pub fn bench(
                 v.iter().cloned().fold(0.0, f64::max),
             );
             let med = median(&mut v);
-            let limit = BW / wbytes as f64;
+            let limit = match bw {
+                Some((bw, from)) => {
+                    let limit = bw / wbytes as f64;
+                    format!(
+                        "limit {limit:.0} tok/s at {:.2} TB/s ({from}): {:.0}%",
+                        bw / 1e12,
+                        100.0 * med / limit
+                    )
+                }
+                None => "the driver reports no memory bandwidth".into(),
+            };
             println!(
-                "| {name} | {dev} | tg{n}{} | {med:.0} | {lo:.0} | {hi:.0} | {} per token; limit {limit:.0} tok/s at 4.65 TB/s: {:.0}% |",
+                "| {name} | {dev} | tg{n}{} | {med:.0} | {lo:.0} | {hi:.0} | {} per token; {limit} |",
                 if d > 0 { format!(" @ d{d}") } else { String::new() },
                 human(wbytes),
-                100.0 * med / limit
             );
         }
     }
@@ -435,16 +444,25 @@ pub fn check(
             failed += bad;
         }
         if perf {
+            // a rate in GB/s as a share of the card's bandwidth
+            let bw = gpu.mem_bandwidth;
+            let share = |gbs: f64| match bw {
+                Some((bw, _)) => format!(" ({:.0}% of {:.0})", 1e11 * gbs / bw, bw / 1e9),
+                None => String::new(),
+            };
             let mut rng = kestrel_cuda::check::Rng::new(7);
             for (ty, us, gbs) in kestrel_cuda::check::perf_matvec(&mut gpu, &mut rng)? {
                 let shape = if ty.contains(' ') { "" } else { " 12288x4096" };
-                println!("perf mat-vec {ty:<5}{shape}, 1 token: {us:7.1} us, {gbs:6.0} GB/s of weights ({:.0}% of 4650)", 100.0 * gbs / 4650.0);
+                println!("perf mat-vec {ty:<5}{shape}, 1 token: {us:7.1} us, {gbs:6.0} GB/s of weights{}", share(gbs));
             }
             for (what, us, gbs, tops) in kestrel_cuda::check::perf_mmq(&mut gpu, &mut rng)? {
-                println!("perf mat-mat {what}: {us:7.1} us, {gbs:6.0} GB/s of weights ({:.0}% of 4650), {tops:6.1} TOPS", 100.0 * gbs / 4650.0);
+                println!("perf mat-mat {what}: {us:7.1} us, {gbs:6.0} GB/s of weights{}, {tops:6.1} TOPS", share(gbs));
             }
             for (what, us, gbs) in kestrel_cuda::check::perf_decode(&mut gpu, &mut rng)? {
-                println!("perf decode attention {what}: {us:7.1} us, {gbs:6.0} GB/s of K/V ({:.0}% of 4650)", 100.0 * gbs / 4650.0);
+                println!(
+                    "perf decode attention {what}: {us:7.1} us, {gbs:6.0} GB/s of K/V{}",
+                    share(gbs)
+                );
             }
             for (what, us, gbs) in kestrel_cuda::check::perf_delta_rule(&mut gpu, &mut rng)? {
                 println!("perf delta rule {what}: {us:7.1} us, {gbs:6.0} GB/s of state");
