@@ -224,29 +224,6 @@ fn feed(
     Ok(m.forward_argmax(&[step])?.first().copied())
 }
 
-/// The logits of decode steps (one token each, eager): `prompt`, then `toks` one at a time.
-fn decode_logits(
-    m: &mut CudaModel,
-    table: &[u32],
-    prompt: &[u32],
-    toks: &[u32],
-) -> Result<Vec<f32>> {
-    feed(m, table, prompt, 0, false)?;
-    let mut out = Vec::new();
-    for (i, &t) in toks.iter().enumerate() {
-        out.extend(m.forward(&[SeqIn {
-            tokens: &[t],
-            start: prompt.len() + i,
-            blocks: table,
-            want_logits: true,
-            all_logits: false,
-            slot: 0,
-            argmax_only: false,
-        }])?);
-    }
-    Ok(out)
-}
-
 /// llama-bench's pp / tg / depth on the GPU: prompt-eval tok/s over P tokens and decode tok/s
 /// over N tokens (greedy: the argmax picked on the GPU, one id copied back a step, as the
 /// engine does for greedy requests), after D tokens of depth; median of
@@ -597,31 +574,14 @@ pub fn check(
         let near_tie = same < gen && margins[same] < 2.0 * max_abs;
         gm.use_graphs = false;
         let eager = gpu_greedy(&mut gm, &table, &prompt, gen)?;
-        // decode with every foldable norm and quantization folded (fold.rs) against none, on
-        // the CPU's tokens
-        let (default_fold, before) = (gm.fold, gm.folds);
-        gm.fold = Some(kestrel_cuda::fold::FoldMode {
-            min_rows: 32,
-            swiglu: true,
-        });
-        let folded = decode_logits(&mut gm, &table, &prompt, &cpu_toks)?;
-        let folds = gm.folds - before;
-        gm.fold = None;
-        let plain = decode_logits(&mut gm, &table, &prompt, &cpu_toks)?;
-        gm.fold = default_fold;
         gm.use_graphs = true;
-        let (fold_err, _) = spread_err(&folded, &plain);
-        // int8 blocks of x * w and of x * w / rms may round one value apart, and random
-        // weights carry that through the cache (the tiny qwen3: 1.2e-2 of the spread from that
-        // step on; the 1.5B shape over 32 steps: 2.2e-2, H100); a norm's 1 / rms lost: ~0.8
-        let fold_ok = fold_err <= 5e-2;
         // the GPU may differ from the CPU's quantized path by its own rounding, but must be as
         // close to the f32 reference as that path is (or within 2% of the spread)
         let close = worst <= 2e-2 || g_ref <= 1.5 * q_ref;
-        let ok = close && (same == gen || near_tie) && eager == gpu_toks && fold_ok;
+        let ok = close && (same == gen || near_tie) && eager == gpu_toks;
         failed += !ok as usize;
         println!(
-            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {} ({} programmatic edges in the last graph); {gen} decode steps with {folds} kernels folded vs none: worst |err| / spread {fold_err:.2e} (tol 5e-2)",
+            "{} {name}: GPU vs CPU logits over {prompt_len} positions: worst |err| / spread {worst:.2e} (max |err| {max_abs:.3}; tol 2e-2 or as close to the f32 reference as the CPU), rel L2 {rel:.2e}; greedy {same} of {gen} equal{}; graph replay = eager: {} ({} programmatic edges in the last graph)",
             if ok { "ok  " } else { "FAIL" },
             if same < gen { format!(" (first difference at {same}: CPU top-2 margin {:.3}{})", margins[same], if near_tie { ", a near-tie" } else { "" }) } else { String::new() },
             eager == gpu_toks,

@@ -64,7 +64,7 @@ impl HybridOps for CudaModel {
         }
         self.wrote(x);
         if q != 0 {
-            self.q8_main(x);
+            self.step.q8_of = Some(x);
         }
         Ok(())
     }
@@ -237,7 +237,7 @@ impl HybridOps for CudaModel {
         }
         self.wrote(x);
         if q != 0 {
-            self.q8_main(x);
+            self.step.q8_of = Some(x);
         }
         Ok(())
     }

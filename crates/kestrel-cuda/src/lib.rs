@@ -21,7 +21,6 @@ pub mod check;
 pub mod compile;
 pub mod device;
 pub mod error;
-pub mod fold;
 mod graph;
 mod hybrid_ops;
 mod matmul;

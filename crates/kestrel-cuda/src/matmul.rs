@@ -132,18 +132,6 @@ pub fn matvec_kernel(
     )
 }
 
-/// A one-token mat-vec kernel's name, with `_f` where it reads a folded RMSNorm's sums of
-/// squares (`xs` not null; `fold.rs`).
-fn folded_name(name: String, xs: u64, nt: usize) -> Result<String> {
-    match (xs, nt) {
-        (0, _) => Ok(name),
-        (_, 1) => Ok(name + "_f"),
-        _ => Err(CudaError::Other(format!(
-            "{name}: a folded norm's copy read by a mat-vec of {nt} tokens"
-        ))),
-    }
-}
-
 /// Matrices one mat-mat launch takes at most (`kernels/mmq.cu`'s `MMQ_MATS_ARGS`, `mmq_pick`): the projections
 /// that share an input (q / gate / k / v, a DeltaNet layer's four) in one grid, so the small ones
 /// (k and v of 1,024 rows, alpha and beta of 32) do not each leave most SMs idle.
@@ -391,8 +379,6 @@ impl CudaModel {
         let Some(x) = self.step.mm_x.take() else {
             return Ok(());
         };
-        let readers: Vec<W> = pend.iter().map(|&(w, _)| w).collect();
-        self.resolve_fold(Some(x), &readers)?;
         let t = self.rows(x);
         let mmq = |m: &Self, w: W| m.matrix(w).is_ok_and(|m| takes_mmq(m.kind, t));
         if t > MATVEC_MAX || pend.iter().any(|&(w, _)| mmq(self, w)) {
@@ -490,12 +476,11 @@ impl CudaModel {
         } else {
             (format!("mvx_{nt}{all}"), 1)
         };
-        let ((q, qd, xs), ci) = (self.q8_ptrs(), cols as i32);
-        let f = self.gpu.func(&folded_name(name, xs, nt)?)?;
+        let f = self.gpu.func(&name)?;
         let none = (0u64, 0i32, 0i32, 0u64);
         let m = |i: usize| mats.get(i).copied().unwrap_or(none);
         let (a, b, c, d) = (m(0), m(1), m(2), m(3));
-        let xp = if all_int8 { xp } else { self.f32_input(x)? };
+        let (q, qd, ci) = (self.scratch.xq.ptr, self.scratch.xd.ptr, cols as i32);
         let total = (a.1 + b.1 + c.1 + d.1) as usize;
         // SAFETY: as in flush_epilogue.
         unsafe {
@@ -522,7 +507,6 @@ impl CudaModel {
                 .arg(&q)
                 .arg(&qd)
                 .arg(&xp)
-                .arg(&xs)
                 .launch(cfg((total.div_ceil(4 * r) as u32, 1, 1), 128))?;
         }
         for (_, out) in pend {
@@ -536,8 +520,7 @@ impl CudaModel {
         if self.step.q8_of == Some(x) {
             return Ok(());
         }
-        let (_, n) = self.buf(x);
-        let ptr = self.f32_input(x)?;
+        let (ptr, n) = self.buf(x);
         let f = self.gpu.func("quantize_q")?;
         let (q, qd, ni) = (self.scratch.xq.ptr, self.scratch.xd.ptr, n as i32);
         // SAFETY: as in flush.
@@ -551,7 +534,7 @@ impl CudaModel {
                 .arg(&ni)
                 .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
         }
-        self.q8_main(x);
+        self.step.q8_of = Some(x);
         Ok(())
     }
 
@@ -560,8 +543,7 @@ impl CudaModel {
         if self.step.f16_of == Some(x) {
             return Ok(());
         }
-        let (_, n) = self.buf(x);
-        let ptr = self.f32_input(x)?;
+        let (ptr, n) = self.buf(x);
         let total = (self.rows(x) * n) as u64;
         let f = self.gpu.func("to_f16")?;
         let out = self.scratch.act16.ptr;
@@ -581,21 +563,7 @@ impl CudaModel {
 
     /// `out (+)= w · x`, or with `up`: `out = silu(w · x) * (up · x)`.
     pub(crate) fn mm(&mut self, w: W, up: Option<W>, x: Buf, out: Buf, add: bool) -> Result<()> {
-        self.flush_mm()?;
-        let readers: Vec<W> = [Some(w), up].into_iter().flatten().collect();
-        let t1 = self.rows(x) == 1;
-        self.resolve_fold(Some(x).filter(|_| t1), &readers)?;
-        self.flush_epilogue()?;
-        if self.fold_producer(w, up, x, add) {
-            self.step.fold = Some(crate::fold::Fold {
-                w,
-                up,
-                x,
-                out,
-                norm: None,
-            });
-            return Ok(());
-        }
+        self.flush()?;
         let rows = self.rows(x);
         let (_, xn) = self.buf(x);
         let (op, on) = self.buf(out);
@@ -652,6 +620,7 @@ impl CudaModel {
         add: bool,
     ) -> Result<()> {
         let rows = self.rows(x);
+        let (xp, _) = self.buf(x);
         let (kind, wrows, wcols, wp) = {
             let m = self.matrix(w)?;
             (m.kind, m.rows, m.cols, m.buf.ptr)
@@ -666,17 +635,14 @@ impl CudaModel {
             Some(u) => self.matrix(u)?.buf.ptr,
             None => 0,
         };
-        let xp = if kind.int8_activations() {
+        if kind.int8_activations() {
             self.quantize(x)?;
-            0
-        } else {
-            self.f32_input(x)?
-        };
+        }
         let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
-        let (q, qd, xs) = self.q8_ptrs();
         let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
-        let f = self.gpu.func(&folded_name(name, xs, nt)?)?;
+        let f = self.gpu.func(&name)?;
+        let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
         // SAFETY: as in flush.
         unsafe {
@@ -693,7 +659,6 @@ impl CudaModel {
                 .arg(&xp)
                 .arg(&op)
                 .arg(&old)
-                .arg(&xs)
                 .launch(cfg((grid, 1, 1), 128))?;
         }
         Ok(())
@@ -734,8 +699,7 @@ impl CudaModel {
         if self.step.q8t_of == Some(x) {
             return Ok(());
         }
-        let (_, n) = self.buf(x);
-        let ptr = self.f32_input(x)?;
+        let (ptr, n) = self.buf(x);
         let f = self.gpu.func("quantize_q_t")?;
         let (q, qd) = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
         let (ni, ti, t8i) = (n as i32, self.rows(x) as i32, t8 as i32);

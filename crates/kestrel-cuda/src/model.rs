@@ -221,15 +221,6 @@ pub struct StepState {
     /// Sequences of the step (the DeltaNet kernels run one block row per sequence).
     pub n_seqs: usize,
     pub q8_of: Option<Buf>,
-    /// Which 8-bit copy holds `q8_of`: 0 the scratch's `xq` (the norm, quantize and attention
-    /// kernels write it), 1 `yq` (a folded mat-vec's, `fold.rs`); `q8_rstd`: the copy's RMSNorm
-    /// 1 / rms is still to apply (from the copy's sums of squares).
-    pub q8_slot: usize,
-    pub q8_rstd: bool,
-    /// A one-token mat-vec whose launch waits for the next op, and a buffer whose f32 rows a
-    /// fold left unwritten (`fold.rs`).
-    pub fold: Option<crate::fold::Fold>,
-    pub f32_stale: Option<Buf>,
     /// The buffer the mat-mat's 8-bit copy holds.
     pub q8t_of: Option<Buf>,
     pub f16_of: Option<Buf>,
@@ -303,11 +294,6 @@ pub struct CudaModel {
     pub use_graphs: bool,
     /// Programmatic edges in the last captured graph (0: plain edges; see [`crate::graph`]).
     pub programmatic_edges: usize,
-    /// Kernels folded into the mat-vec before them (`fold.rs`), counted as steps record them
-    /// (eagerly, or once when a step's graph is captured).
-    pub folds: usize,
-    /// What folds (`fold.rs`; from `KESTREL_CUDA_FOLD`, changed by `gpu-check` to compare).
-    pub fold: Option<crate::fold::FoldMode>,
     /// Every matrix is of a type the int8 kernels read (batched decode steps can be graphs).
     int8_only: bool,
     /// The decode attention kernels of the model's heads: on the CUDA cores, and on the tensor
@@ -431,8 +417,6 @@ impl CudaModel {
             graphs: Graphs(HashMap::new()),
             use_graphs: true,
             programmatic_edges: 0,
-            folds: 0,
-            fold: crate::fold::fold_mode(),
             int8_only,
             attn,
             attn_mma,

@@ -351,21 +351,16 @@ impl CudaModel {
         if self.step.f16_of == Some(b) {
             self.step.f16_of = None;
         }
-        if self.step.f32_stale == Some(b) {
-            self.step.f32_stale = None;
-        }
     }
 
-    /// Runs what was deferred: the mat-vecs sharing an input, a waiting fold's producer
-    /// (`fold.rs`), then the q/k/v epilogue.
+    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue.
     pub(crate) fn flush(&mut self) -> Result<()> {
         self.flush_mm()?;
-        self.resolve_fold(None, &[])?;
         self.flush_epilogue()
     }
 
     /// Runs the recorded q/k/v epilogue, if any.
-    pub(crate) fn flush_epilogue(&mut self) -> Result<()> {
+    fn flush_epilogue(&mut self) -> Result<()> {
         let p = self.step.pending;
         if p.stage == 0 {
             return Ok(());
@@ -416,42 +411,6 @@ impl CudaModel {
         }
         for b in [Buf::Q, Buf::K, Buf::V] {
             self.wrote(b);
-        }
-        Ok(())
-    }
-
-    /// `out = rms_norm(x) * w`, and its 8-bit copy for the mat-vecs where they take the step.
-    pub(crate) fn norm_kernel(&mut self, x: Buf, w: W, out: Buf) -> Result<()> {
-        let (_, n) = self.buf(x);
-        let xp = self.f32_input(x)?;
-        let (op, _) = self.buf(out);
-        let wp = self.vector(w)?;
-        let rows = self.rows(x);
-        if rows == 0 {
-            return Ok(());
-        }
-        let (q, qd) = self.quantized_output(out);
-        let (ni, eps) = (n as i32, self.config.rms_eps);
-        let f = self.gpu.func("rms_norm_q")?;
-        // SAFETY: as in flush.
-        unsafe {
-            // in place, one block per row must read the row before anyone writes it
-            let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&xp)
-                .arg(&wp)
-                .arg(&op)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&ni)
-                .arg(&eps)
-                .launch(cfg((rows as u32, parts, 1), 256))?;
-        }
-        self.wrote(out);
-        if q != 0 {
-            self.q8_main(out);
         }
         Ok(())
     }
@@ -548,11 +507,38 @@ impl Ops for CudaModel {
     }
 
     fn rms_norm(&mut self, x: Buf, w: W, out: Buf) -> Result<()> {
-        if self.fold_norm(x, w, out) {
+        self.flush()?;
+        let (xp, n) = self.buf(x);
+        let (op, _) = self.buf(out);
+        let wp = self.vector(w)?;
+        let rows = self.rows(x);
+        if rows == 0 {
             return Ok(());
         }
-        self.flush()?;
-        self.norm_kernel(x, w, out)
+        let (q, qd) = self.quantized_output(out);
+        let (ni, eps) = (n as i32, self.config.rms_eps);
+        let f = self.gpu.func("rms_norm_q")?;
+        // SAFETY: as in flush.
+        unsafe {
+            // in place, one block per row must read the row before anyone writes it
+            let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&xp)
+                .arg(&wp)
+                .arg(&op)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ni)
+                .arg(&eps)
+                .launch(cfg((rows as u32, parts, 1), 256))?;
+        }
+        self.wrote(out);
+        if q != 0 {
+            self.step.q8_of = Some(out);
+        }
+        Ok(())
     }
 
     fn head_norm(&mut self, x: Buf, w: W) -> Result<()> {
@@ -592,12 +578,6 @@ impl Ops for CudaModel {
             return self.mm(w, None, x, out, false);
         }
         let int8 = m.kind.int8_activations();
-        // a waiting fold (fold.rs) launches folded only for quantized mat-vecs of its target:
-        // before any other reader it launches as it was (its norm writes the f32 rows)
-        let fold_reader = int8 && t == 1 && self.step.fold.is_some_and(|f| f.target() == Some(x));
-        if !fold_reader {
-            self.resolve_fold(None, &[])?;
-        }
         let same_kind_class = self.step.mm.iter().all(|&(w2, _)| {
             self.matrix(w2)
                 .is_ok_and(|m2| m2.kind.int8_activations() == int8)
@@ -690,7 +670,7 @@ impl Ops for CudaModel {
         }
         self.wrote(out);
         if quant {
-            self.q8_main(out);
+            self.step.q8_of = Some(out);
         }
         Ok(())
     }

@@ -34,13 +34,6 @@ pub struct Scratch {
     pub delta: DevBuf,
     pub xq: DevBuf,
     pub xd: DevBuf,
-    /// The second 8-bit copy, one token (`fold.rs`): a folded mat-vec writes one copy while it
-    /// reads the other; `xs` / `ys`: each copy's sums of squares of a folded RMSNorm, one a
-    /// 32-wide block.
-    pub yq: DevBuf,
-    pub yd: DevBuf,
-    pub xs: DevBuf,
-    pub ys: DevBuf,
     /// The mat-mat's 8-bit copy (`kernels/mmq.cu`: piece-major, up to MMQ_MAX tokens).
     pub xqt: DevBuf,
     pub xdt: DevBuf,
@@ -145,8 +138,7 @@ impl Scratch {
                 + 2 * cfg.ffn_dim
                 + cfg.vocab_size
                 + hybrid_floats(cfg)) as u64;
-        // the copies of MATVEC_MAX and MMQ_MAX tokens, the folds' second one and sums of squares
-        let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3 + widest * 2;
+        let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3;
         let act16 = t * widest * 2;
         let partial =
             (Self::partial_floats(cfg) + max_batch.max(MATVEC_MAX) * cfg.n_heads) as u64 * 4;
@@ -203,10 +195,6 @@ impl Scratch {
             delta: f(t * vd)?,
             xq: f(MATVEC_MAX * widest / 4 + 4)?,
             xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
-            yq: f(widest / 4 + 4)?,
-            yd: f(widest.div_ceil(32) * 2 + 2)?,
-            xs: f(widest.div_ceil(32) + 1)?,
-            ys: f(widest.div_ceil(32) + 1)?,
             xqt: f(MMQ_MAX * widest / 4 + 4)?,
             xdt: f(MMQ_MAX * widest.div_ceil(32) * 2 + 2)?,
             act16: gpu.alloc(t * widest * 2)?,

@@ -1,7 +1,7 @@
 //! The mat-vec cases: every type, token count, epilogue and warps per row; the fused q/k/v
 //! launch; and the mat-vec speed lines.
 
-use super::{cfg, random_matrix, rel_err, CaseResult, MvLaunch, Rng};
+use super::{cfg, quantize_rows, random_matrix, rel_err, CaseResult, MvLaunch, Rng};
 use crate::device::Gpu;
 use crate::error::CudaError;
 use crate::error::Result;
@@ -25,18 +25,7 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                 let dx = gpu.upload_f32(&x)?;
                 let dq = gpu.alloc(nt * cols)?;
                 let dd = gpu.alloc(nt * cols / 32 * 8)?;
-                let f = gpu.func("quantize_q")?;
-                let n = cols as i32;
-                // SAFETY: buffers sized above; arguments match the kernel.
-                unsafe {
-                    gpu.stream
-                        .launch_builder(&f)
-                        .arg(&dx.ptr)
-                        .arg(&dq.ptr)
-                        .arg(&dd.ptr)
-                        .arg(&n)
-                        .launch(cfg((nt as u32, 1, 1), 256))?;
-                }
+                quantize_rows(gpu, dx.ptr, dq.ptr, dd.ptr, nt, cols)?;
                 // f64 dots, once per token count
                 let mut g1 = vec![0f64; nt * rows];
                 let mut g2 = vec![0f64; nt * rows];
@@ -99,7 +88,6 @@ pub fn check_matvec(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
                             q: (dq.ptr, dd.ptr),
                             xf: dx.ptr,
                             out: dout.ptr,
-                            xs: 0,
                         };
                         // SAFETY: as above.
                         unsafe { mv.run(gpu, &f, *grid)? };
@@ -183,7 +171,6 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         let x = rng.vec(nt * cols, 1.0);
         let dx = gpu.upload_f32(&x)?;
         let (dq, dd) = (gpu.alloc(nt * cols)?, gpu.alloc(nt * cols / 32 * 8)?);
-        let qf = gpu.func("quantize_q")?;
         let n = cols as i32;
         let quantized = kinds.iter().all(|k| k.int8_activations());
         // every kernel with all types' branches; those without them where no kind needs one
@@ -219,15 +206,9 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                     (rows[i] as i32, kinds[i] as i32, devs[i].ptr, outs[i].ptr);
             }
             let total = rows.iter().sum::<usize>();
+            quantize_rows(gpu, dx.ptr, dq.ptr, dd.ptr, nt, cols)?;
             // SAFETY: as in check_matvec.
             unsafe {
-                gpu.stream
-                    .launch_builder(&qf)
-                    .arg(&dx.ptr)
-                    .arg(&dq.ptr)
-                    .arg(&dd.ptr)
-                    .arg(&n)
-                    .launch(cfg((nt as u32, 6, 1), 256))?;
                 gpu.stream
                     .launch_builder(&f)
                     .arg(&wp[0])
@@ -250,7 +231,6 @@ pub fn check_mvx(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                     .arg(&dq.ptr)
                     .arg(&dd.ptr)
                     .arg(&dx.ptr)
-                    .arg(&0u64) // no folded norm
                     .launch(cfg((total.div_ceil(4 * rpw) as u32, 1, 1), 128))?;
             }
             for i in 0..n_mats {
@@ -338,18 +318,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 gpu.alloc(cols / 32 * 8)?,
                 gpu.alloc(rows * 4)?,
             );
-            let qf = gpu.func("quantize_q")?;
-            let n = cols as i32;
-            // SAFETY: as in check_matvec.
-            unsafe {
-                gpu.stream
-                    .launch_builder(&qf)
-                    .arg(&dx.ptr)
-                    .arg(&dq.ptr)
-                    .arg(&dd.ptr)
-                    .arg(&n)
-                    .launch(cfg((1, 1, 1), 256))?;
-            }
+            quantize_rows(gpu, dx.ptr, dq.ptr, dd.ptr, 1, cols)?;
             let mut variants = vec![crate::matmul::matvec_kernel(kind, rows, cols, 1, 0)];
             if kquant {
                 for w in [1usize, 2, 4] {
@@ -410,7 +379,6 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                         q: (dq.ptr, dd.ptr),
                         xf: dx.ptr,
                         out: dout.ptr,
-                        xs: 0,
                     };
                     // SAFETY: as in check_matvec.
                     unsafe { mv.run(gpu, &f, *grid) }

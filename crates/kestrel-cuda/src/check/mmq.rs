@@ -295,19 +295,8 @@ fn matvec8_us(
         gpu.alloc(t * cols / 32 * 8)?,
         gpu.alloc(t * rows * 4)?,
     );
-    let qf = gpu.func("quantize_q")?;
+    super::quantize_rows(gpu, dx.ptr, dq.ptr, dd.ptr, t, cols)?;
     let f = gpu.func(name)?;
-    let c = cols as i32;
-    // SAFETY: dx holds t rows of cols; dq / dd are sized for them.
-    unsafe {
-        gpu.stream
-            .launch_builder(&qf)
-            .arg(&dx.ptr)
-            .arg(&dq.ptr)
-            .arg(&dd.ptr)
-            .arg(&c)
-            .launch(cfg((t as u32, cols.div_ceil(256) as u32, 1), 256))?;
-    }
     let go = |gpu: &Gpu, i: usize| -> Result<()> {
         let w = copies[i % copies.len()].ptr;
         let mv = super::MvLaunch {
@@ -318,7 +307,6 @@ fn matvec8_us(
             q: (dq.ptr, dd.ptr),
             xf: dx.ptr,
             out: dout.ptr,
-            xs: 0,
         };
         // SAFETY: the mat-vec's arguments as in check_matvec.
         unsafe { mv.run(gpu, &f, grid) }

@@ -8,7 +8,6 @@ use crate::device::Gpu;
 
 mod attention;
 mod deltanet;
-mod fold;
 mod matvec;
 mod mmq;
 mod rows;
@@ -17,7 +16,6 @@ use crate::weights::Kind;
 pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
 pub use deltanet::{check_deltanet, perf_delta_rule};
-pub use fold::check_fold;
 pub use matvec::{check_matvec, check_mvx, perf_matvec};
 pub use mmq::{check_mmq, check_mmq_group, perf_mmq};
 pub use rows::{check_argmax, check_epilogue, check_gemm_embed, check_norm};
@@ -173,9 +171,36 @@ pub fn random_matrix(
     Ok((bytes, deq))
 }
 
+/// The 8-bit blocks of `tokens` activation rows of `cols` (f32 at `x`) into `q` / `qd`, as
+/// decode makes them (`quantize_q`, launched as `matmul.rs`'s `quantize` does).
+pub(super) fn quantize_rows(
+    gpu: &mut Gpu,
+    x: u64,
+    q: u64,
+    qd: u64,
+    tokens: usize,
+    cols: usize,
+) -> Result<()> {
+    use cudarc::driver::PushKernelArg;
+    let f = gpu.func("quantize_q")?;
+    let n = cols as i32;
+    // SAFETY: the caller sized x (tokens * cols f32), q (tokens * cols bytes) and qd (tokens *
+    // cols / 32 float2); the arguments match the kernel.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&x)
+            .arg(&q)
+            .arg(&qd)
+            .arg(&n)
+            .launch(cfg((tokens as u32, cols.div_ceil(256) as u32, 1), 256))?;
+    }
+    Ok(())
+}
+
 /// One launch of a mat-vec kernel (`mv_*` in kernels/matvec.cu): `w` (and `w2`, the SwiGLU's
 /// up) of `rows` x `cols`, the 8-bit copy `q` = (quants, scales) and the f32 rows `xf` of the
-/// input, `out` rows floats a token, `xs` a folded norm's sums of squares (0: none).
+/// input, `out` rows floats a token.
 pub(super) struct MvLaunch {
     pub w: u64,
     pub w2: u64,
@@ -184,7 +209,6 @@ pub(super) struct MvLaunch {
     pub q: (u64, u64),
     pub xf: u64,
     pub out: u64,
-    pub xs: u64,
 }
 
 impl MvLaunch {
@@ -214,7 +238,6 @@ impl MvLaunch {
                 .arg(&self.xf)
                 .arg(&self.out)
                 .arg(&r)
-                .arg(&self.xs)
                 .launch(cfg((grid, 1, 1), 128))?;
         }
         Ok(())
@@ -232,7 +255,6 @@ type Check = fn(&mut Gpu, &mut Rng, &mut Vec<CaseResult>) -> Result<()>;
 const GROUPS: &[(&str, Check)] = &[
     ("matvec", check_matvec),
     ("mvx", check_mvx),
-    ("fold", check_fold),
     ("mmq", check_mmq),
     ("mmq_group", check_mmq_group),
     ("norm", check_norm),

@@ -349,35 +349,15 @@ __device__ __forceinline__ void units_acc(const u8* __restrict__ W, const u8* __
     units_dot<TY, NT, M>(raw, u, xq, xd, xld, acc);
 }
 
-// An RMSNorm folded into the mat-vec before (mv_block): its int8 blocks are of x * w without
-// the norm's 1 / rms, and xs holds each 32-wide block's sum of squares of x (plus 32 eps), so
-// the consumer applies 1 / rms to its sums: W . (x * w / rms) = (W . (x * w)) / rms, and the
-// int8 blocks of x * w are those of x * w / rms (one scale a block). ss_part: this lane's share
-// of the blocks (loaded before the dot loop, in flight beside the weights); rstd: the row's
-// 1 / rms from the warp's shares (every lane calls it); 1 where xs is null (no fold).
-__device__ __forceinline__ float ss_part(const float* __restrict__ xs, int n) {
-    float s = 0.f;
-    if (xs != nullptr)
-        for (int i = threadIdx.x & 31; i < n / 32; i += 32) s += xs[i];
-    return s;
-}
-__device__ __forceinline__ float rstd(const float* xs, float part, int n) {
-    return xs == nullptr ? 1.f : rsqrtf(warp_sum(part) / (float)n);
-}
-
-// Sums each row's partial dots over its WPR warps and applies the epilogue; xs, ssp: a folded
-// RMSNorm's sums of squares (token t's at xs + t (cols / 32)) and this lane's shares of them
-// (ss_part), or null.
+// Sums each row's partial dots over its WPR warps and applies the epilogue.
 template <int NT, int EPI, int WPR>
-__device__ __forceinline__ void mv_finish(float* acc, float* acc2, bool active, int row, float* __restrict__ out, int old,
-                                          const float* xs, const float* ssp, int cols) {
+__device__ __forceinline__ void mv_finish(float* acc, float* acc2, bool active, int row, float* __restrict__ out, int old) {
     __shared__ float red[4][NT], red2[4][NT];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        float rs = rstd(xs, ssp[t], cols);
-        float v = warp_sum(acc[t]) * rs;
-        float v2 = EPI == 2 ? warp_sum(acc2[t]) * rs : 0.f;
+        float v = warp_sum(acc[t]);
+        float v2 = EPI == 2 ? warp_sum(acc2[t]) : 0.f;
         if (WPR > 1) {
             if (lane == 0) { red[warp][t] = v; red2[warp][t] = v2; }
         } else if (lane == 0 && active) {
@@ -407,7 +387,7 @@ __device__ __forceinline__ void mv_finish(float* acc, float* acc2, bool active, 
 template <int TY, int NT, int EPI, int WPR>
 __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
                                      int cols, const i8* __restrict__ xq, const float2* __restrict__ xd,
-                                     int xld, const float* __restrict__ xs, float* __restrict__ out, int old) {
+                                     int xld, float* __restrict__ out, int old) {
     int warp = threadIdx.x >> 5;
     int row = blockIdx.x * (4 / WPR) + warp / WPR;
     int lr = (warp % WPR) * 32 + (threadIdx.x & 31);
@@ -417,16 +397,12 @@ __device__ __forceinline__ void mv_q(const u8* __restrict__ W, const u8* __restr
     int units = active ? cols / Blk<TY>::UNIT : 0;
     int rm[1] = {row};
     float acc[2][NT];  // W's row, W2's (SwiGLU)
-    float ssp[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        acc[0][t] = acc[1][t] = 0.f;
-        ssp[t] = ss_part(xs == nullptr ? nullptr : xs + t * (cols / 32), cols);
-    }
+    for (int t = 0; t < NT; t++) acc[0][t] = acc[1][t] = 0.f;
 #pragma unroll 2
     for (int u = lr; u < units; u += 32 * WPR)
         units_acc<TY, NT, 1, EPI == 2>(W, W2, rm, nblk, bpr, u, xq, xd, xld, acc);
-    mv_finish<NT, EPI, WPR>(acc[0], acc[1], active, row, out, old, xs, ssp, cols);
+    mv_finish<NT, EPI, WPR>(acc[0], acc[1], active, row, out, old);
 }
 
 __device__ __forceinline__ float half_warp_sum(float v) {
@@ -435,18 +411,16 @@ __device__ __forceinline__ float half_warp_sum(float v) {
 }
 
 // One token (decode), R rows per warp: rows row0 .. row0 + R - 1 of W (and, for the SwiGLU,
-// of W2) into v[r] (every lane of the row's warp or half-warp): the dot, or silu(W.x) * (W2.x).
-// Each lane keeps every row's loads of a unit in flight before it waits, and loads the unit's
-// activations once for all of them. HALF (short rows: a K-quant row of 1024 columns is 16
-// units, so a warp per row would leave half its lanes idle): each half-warp takes rows
-// instead, lane l of half h units l, l + 16, ... of rows row0 + 2r + h (r < R), summed over its
-// half (xor shuffles below 16 stay in it). Rows past the end re-read the last row (no branch
-// between the loads); xs: a folded RMSNorm (ss_part).
+// of W2), out gets the epilogue as in mv_finish. Each lane keeps every row's loads of a unit in
+// flight before it waits, and loads the unit's activations once for all of them. HALF (short
+// rows: a K-quant row of 1024 columns is 16 units, so a warp per row would leave half its
+// lanes idle): each half-warp takes rows instead, lane l of half h units l, l + 16, ... of
+// rows row0 + 2r + h (r < R), summed over its half (xor shuffles below 16 stay in it). Rows
+// past the end re-read the last row (no branch between the loads); only the stores are guarded.
 template <int TY, int EPI, int R, bool HALF>
-__device__ __forceinline__ void rows_dot(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
+__device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
                                          int cols, int row0, const i8* __restrict__ xq,
-                                         const float2* __restrict__ xd, const float* __restrict__ xs,
-                                         float* v) {
+                                         const float2* __restrict__ xd, float* __restrict__ out) {
     constexpr int S = HALF ? 16 : 32;  // lanes a row
     int lane = threadIdx.x & 31, l = HALF ? lane & 15 : lane, half = HALF ? lane >> 4 : 0;
     int bpr = cols / Blk<TY>::QK;
@@ -459,38 +433,19 @@ __device__ __forceinline__ void rows_dot(const u8* __restrict__ W, const u8* __r
         rm[r] = min(row0 + (HALF ? 2 * r + half : r), rows - 1);
         acc[r][0] = acc[R + r][0] = 0.f;
     }
-    float ssp = ss_part(xs, cols);
 #pragma unroll 2
     for (int u = l; u < units; u += S)
         units_acc<TY, 1, R, EPI == 2>(W, W2, rm, nblk, bpr, u, xq, xd, cols, acc);
-    float rs = rstd(xs, ssp, cols);
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float a = (HALF ? half_warp_sum(acc[r][0]) : warp_sum(acc[r][0])) * rs;
-        if (EPI == 2) {
-            float b = (HALF ? half_warp_sum(acc[R + r][0]) : warp_sum(acc[R + r][0])) * rs;
-            v[r] = silu(a) * b;
-        } else {
-            v[r] = a;
-        }
-    }
-}
-
-// rows_dot's rows into out: stored (EPI 0, 2) or added (1).
-template <int TY, int EPI, int R, bool HALF>
-__device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __restrict__ W2, int rows,
-                                         int cols, int row0, const i8* __restrict__ xq,
-                                         const float2* __restrict__ xd, const float* __restrict__ xs,
-                                         float* __restrict__ out) {
-    float v[R];
-    rows_dot<TY, EPI, R, HALF>(W, W2, rows, cols, row0, xq, xd, xs, v);
-    int lane = threadIdx.x & 31, l = HALF ? lane & 15 : lane, half = HALF ? lane >> 4 : 0;
-#pragma unroll
-    for (int r = 0; r < R; r++) {
+        float v = HALF ? half_warp_sum(acc[r][0]) : warp_sum(acc[r][0]);
+        float v2 = EPI != 2 ? 0.f : HALF ? half_warp_sum(acc[R + r][0]) : warp_sum(acc[R + r][0]);
         int row = row0 + (HALF ? 2 * r + half : r);
         if (l == 0 && row < rows) {
-            if (EPI == 1) out[row] += v[r];
-            else out[row] = v[r];
+            float* o = out + row;
+            if (EPI == 0) *o = v;
+            else if (EPI == 1) *o += v;
+            else *o = silu(v) * v2;
         }
     }
 }
@@ -509,24 +464,19 @@ __device__ __forceinline__ void prefetch_rows(const u8* W, int rows, int cols, i
     }
 }
 
-// The one-token kernels come twice: as named, and with `_f` after the name, reading a folded
-// RMSNorm's sums of squares at xs (fold.rs). The first pass a null xs down, so their code is
-// what it was before folding: the second's rstd code took the row-group kernels from 128 to
-// 80 registers and ~10% more instructions (sass.py).
 // mv_<type>_1_<epi>_h<R>: 2R rows per warp, R per half-warp.
-#define MVH1(NAME, TY, EPI, R, F, FS)                                                            \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R##FS(            \
+#define MVH1(NAME, TY, EPI, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_h##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old, const float* xs) {                                                  \
+        const float* xf, float* out, int old) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * 2 * R;                               \
         prefetch_rows<TY>(W, rows, cols, row0, 2 * R);                                           \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2 * R);                            \
         GRID_DEP();                                                                              \
-        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, row0, xq, xd, F ? xs : nullptr, out);      \
+        rows_acc<TY, EPI, R, true>(W, W2, rows, cols, row0, xq, xd, out);                        \
     }
-#define MVH_F(NAME, TY, F, FS) MVH1(NAME, TY, 0, 1, F, FS) MVH1(NAME, TY, 1, 1, F, FS) \
-    MVH1(NAME, TY, 2, 1, F, FS) MVH1(NAME, TY, 0, 2, F, FS) MVH1(NAME, TY, 1, 2, F, FS) MVH1(NAME, TY, 2, 2, F, FS)
-#define MVH(NAME, TY) MVH_F(NAME, TY, 0, ) MVH_F(NAME, TY, 1, _f)
+#define MVH(NAME, TY) MVH1(NAME, TY, 0, 1) MVH1(NAME, TY, 1, 1) MVH1(NAME, TY, 2, 1) \
+    MVH1(NAME, TY, 0, 2) MVH1(NAME, TY, 1, 2) MVH1(NAME, TY, 2, 2)
 MVH(q4_0, T_Q4_0)
 MVH(q5_0, T_Q5_0)
 MVH(q8_0, T_Q8_0)
@@ -536,21 +486,19 @@ MVH(q4_1, T_Q4_1)
 MVH(q5_1, T_Q5_1)
 MVH(q5_k, T_Q5_K)
 
-#define MVR1(NAME, TY, EPI, R, F, FS)                                                            \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R##FS(            \
+#define MVR1(NAME, TY, EPI, R)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old, const float* xs) {                                                  \
+        const float* xf, float* out, int old) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
         prefetch_rows<TY>(W, rows, cols, row0, R);                                               \
         if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, R);                                \
         GRID_DEP();                                                                              \
-        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, row0, xq, xd, F ? xs : nullptr, out);     \
+        rows_acc<TY, EPI, R, false>(W, W2, rows, cols, row0, xq, xd, out);                       \
     }
-#define MVR_F(NAME, TY, F, FS) MVR1(NAME, TY, 0, 1, F, FS) MVR1(NAME, TY, 1, 1, F, FS)      \
-    MVR1(NAME, TY, 2, 1, F, FS) MVR1(NAME, TY, 0, 2, F, FS) MVR1(NAME, TY, 1, 2, F, FS)    \
-    MVR1(NAME, TY, 2, 2, F, FS) MVR1(NAME, TY, 0, 4, F, FS) MVR1(NAME, TY, 1, 4, F, FS)    \
-    MVR1(NAME, TY, 2, 4, F, FS)
-#define MVR(NAME, TY) MVR_F(NAME, TY, 0, ) MVR_F(NAME, TY, 1, _f)
+#define MVR(NAME, TY) MVR1(NAME, TY, 0, 1) MVR1(NAME, TY, 1, 1) MVR1(NAME, TY, 2, 1) \
+    MVR1(NAME, TY, 0, 2) MVR1(NAME, TY, 1, 2) MVR1(NAME, TY, 2, 2)                   \
+    MVR1(NAME, TY, 0, 4) MVR1(NAME, TY, 1, 4) MVR1(NAME, TY, 2, 4)
 MVR(q4_0, T_Q4_0)
 MVR(q5_0, T_Q5_0)
 MVR(q8_0, T_Q8_0)
@@ -559,65 +507,6 @@ MVR(q6_k, T_Q6_K)
 MVR(q4_1, T_Q4_1)
 MVR(q5_1, T_Q5_1)
 MVR(q5_k, T_Q5_K)
-
-// One token, a block of 16 warps owning 32 consecutive rows (2 a warp; rows a multiple of 32)
-// that also writes its 32 outputs as the next mat-vec's int8 block: the epilogue (1: added to
-// out, the residual; 2: the SwiGLU into out), then block b of (oq, oqd) from out, or where g is
-// given (an RMSNorm's weights: the norm folded here) from out * g, with out's sum of squares
-// plus 32 eps in oss[b]: the consumer applies the 1 / rms (ss_part). One norm kernel a fold
-// less, and its round trip: a block's rows never leave it before they are quantized.
-template <int TY, int EPI>
-__device__ __forceinline__ void mv_block(const u8* __restrict__ W, const u8* __restrict__ W2, int rows, int cols,
-                                         const i8* __restrict__ xq, const float2* __restrict__ xd,
-                                         const float* __restrict__ xs, float* __restrict__ out,
-                                         const float* __restrict__ g, float eps, i8* __restrict__ oq,
-                                         float2* __restrict__ oqd, float* __restrict__ oss) {
-    __shared__ float blk[32], res[32], gw[32];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, b = blockIdx.x, row = 32 * b + lane;
-    // warp 0's lane l ends with row 32 b + l: its residual and norm weight copied up front into
-    // shared memory (cp.async: no registers held across the dot loop)
-    if (warp == 0) {
-        if (EPI == 1) cp_async4(&res[lane], &out[row]);
-        if (g != nullptr) cp_async4(&gw[lane], &g[row]);
-        cp_async_commit();
-    }
-    float v[2];
-    rows_dot<TY, EPI, 2, false>(W, W2, rows, cols, 32 * b + 2 * warp, xq, xd, xs, v);
-    if (lane == 0) {
-        blk[2 * warp] = v[0];
-        blk[2 * warp + 1] = v[1];
-    }
-    if (warp == 0) cp_async_wait_all();
-    __syncthreads();
-    if (warp == 0) {
-        float y = blk[lane] + (EPI == 1 ? res[lane] : 0.f);
-        out[row] = y;
-        float ss = warp_sum(y * y);
-        quant32(g != nullptr ? y * gw[lane] : y, oq + 32 * b, oqd + b);
-        if (oss != nullptr && lane == 0) oss[b] = ss + 32.f * eps;
-    }
-}
-
-// mvb_<type>_<epi>[_f]: mv_block, epilogue 1 (residual) or 2 (SwiGLU), grid rows / 32.
-#define MVB1(NAME, TY, EPI, F, FS)                                                               \
-    extern "C" __global__ void __launch_bounds__(512) mvb_##NAME##_##EPI##FS(                    \
-        const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd,           \
-        const float* xs, float* out, const float* g, float eps, i8* oq, float2* oqd, float* oss) { \
-        int row0 = blockIdx.x * 32 + 2 * (threadIdx.x >> 5);                                     \
-        prefetch_rows<TY>(W, rows, cols, row0, 2);                                               \
-        if (EPI == 2) prefetch_rows<TY>(W2, rows, cols, row0, 2);                                \
-        GRID_DEP();                                                                              \
-        mv_block<TY, EPI>(W, W2, rows, cols, xq, xd, F ? xs : nullptr, out, g, eps, oq, oqd, oss); \
-    }
-#define MVB(NAME, TY) MVB1(NAME, TY, 1, 0, ) MVB1(NAME, TY, 2, 0, ) MVB1(NAME, TY, 1, 1, _f) MVB1(NAME, TY, 2, 1, _f)
-MVB(q4_0, T_Q4_0)
-MVB(q5_0, T_Q5_0)
-MVB(q8_0, T_Q8_0)
-MVB(q4_k, T_Q4_K)
-MVB(q6_k, T_Q6_K)
-MVB(q4_1, T_Q4_1)
-MVB(q5_1, T_Q5_1)
-MVB(q5_k, T_Q5_K)
 
 // Reads n16 16-byte words (four loads in flight a thread) and keeps nothing: gpu-check --perf's
 // floor for a one-kernel read of as many bytes as a mat-vec's weights.
@@ -700,26 +589,19 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
         unit_acc_f<TY, NT>(W, row, cols, u, xf, xld, acc);
         if (EPI == 2) unit_acc_f<TY, NT>(W2, row, cols, u, xf, xld, acc2);
     }
-    float none[NT] = {};
-    mv_finish<NT, EPI, WPR>(acc, acc2, active, row, out, old, nullptr, none, cols);
+    mv_finish<NT, EPI, WPR>(acc, acc2, active, row, out, old);
 }
 
-#define MVQ2(NAME, TY, NT, EPI, WPR, F, FS)                                                     \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR##FS(     \
+#define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old, const float* xs) { GRID_DEP();                     \
-        mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, F ? xs : nullptr, out, old);      \
+        const float* xf, float* out, int old) { GRID_DEP();                                                  \
+        mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, out, old);                        \
     }
-// one token: with the `_f` kernels too
-#define MVQ1(NAME, TY, NT, EPI, WPR) MVQ2(NAME, TY, NT, EPI, WPR, 0, ) MVQ_F##NT(NAME, TY, EPI, WPR)
-#define MVQ_F1(NAME, TY, EPI, WPR) MVQ2(NAME, TY, 1, EPI, WPR, 1, _f)
-#define MVQ_F2(NAME, TY, EPI, WPR)
-#define MVQ_F4(NAME, TY, EPI, WPR)
-#define MVQ_F8(NAME, TY, EPI, WPR)
 #define MVF1(NAME, TY, NT, EPI, WPR)                                                            \
     extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
-        const float* xf, float* out, int old, const float* xs) { GRID_DEP();                                                  \
+        const float* xf, float* out, int old) { GRID_DEP();                                                  \
         mv_f<TY, NT, EPI, WPR>(W, W2, rows, cols, xf, xld, out, old);                            \
     }
 #define MVQ(NAME, TY, NT, EPI) MVQ1(NAME, TY, NT, EPI, 1) MVQ1(NAME, TY, NT, EPI, 2) MVQ1(NAME, TY, NT, EPI, 4)
@@ -742,14 +624,11 @@ MV_ALL(MVF, f16, T_F16)
 // warp g of the grid takes row g of the concatenated rows, whatever each matrix's type.
 template <int TY, int NT>
 __device__ __forceinline__ void mvx_row(const u8* W, int rows, int cols, int row, const i8* xq,
-                                        const float2* xd, const float* xf, const float* xs, float* out) {
+                                        const float2* xd, const float* xf, float* out) {
     int lane = threadIdx.x & 31;
-    float acc[1][NT], acc2[NT], ssp[NT];
+    float acc[1][NT], acc2[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        acc[0][t] = acc2[t] = 0.f;
-        ssp[t] = ss_part(xs == nullptr ? nullptr : xs + t * (cols / 32), cols);
-    }
+    for (int t = 0; t < NT; t++) acc[0][t] = acc2[t] = 0.f;
     if constexpr (TY == T_F32 || TY == T_F16) {
         for (int u = lane; u < cols / 8; u += 32) unit_acc_f<TY, NT>(W, row, cols, u, xf, cols, acc[0]);
     } else {
@@ -760,7 +639,7 @@ __device__ __forceinline__ void mvx_row(const u8* W, int rows, int cols, int row
         for (int u = lane; u < cols / Blk<TY>::UNIT; u += 32)
             units_acc<TY, NT, 1, false>(W, W, rm, nblk, bpr, u, xq, xd, cols, acc);
     }
-    mv_finish<NT, 0, 1>(acc[0], acc2, true, row, out, rows, xs, ssp, cols);
+    mv_finish<NT, 0, 1>(acc[0], acc2, true, row, out, rows);
 }
 
 // ALL: every weight type; else those of Q4_K_M / Q8_0 / Q4_0 files (Q4_K, Q6_K, Q8_0, Q5_0,
@@ -771,7 +650,7 @@ template <int NT, bool ALL>
 __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                     float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                     int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
-                                    const float* xf, const float* xs) {
+                                    const float* xf) {
     int g = blockIdx.x * 4 + (threadIdx.x >> 5);
     const u8* W;
     int rows, ty, row;
@@ -782,16 +661,16 @@ __device__ __forceinline__ void mvx(const u8* W0, int r0, int t0, float* o0, con
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_F32: mvx_row<T_F32, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_F16: mvx_row<T_F16, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_Q4_0: mvx_row<T_Q4_0, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_Q5_0: mvx_row<T_Q5_0, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_Q8_0: mvx_row<T_Q8_0, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_Q4_K: mvx_row<T_Q4_K, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_Q6_K: mvx_row<T_Q6_K, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_Q4_1: if constexpr (ALL) mvx_row<T_Q4_1, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_Q5_1: if constexpr (ALL) mvx_row<T_Q5_1, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
-    case T_Q5_K: if constexpr (ALL) mvx_row<T_Q5_K, NT>(W, rows, cols, row, xq, xd, xf, xs, out); break;
+    case T_F32: mvx_row<T_F32, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_F16: mvx_row<T_F16, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q4_0: mvx_row<T_Q4_0, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q5_0: mvx_row<T_Q5_0, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q8_0: mvx_row<T_Q8_0, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q4_K: mvx_row<T_Q4_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q6_K: mvx_row<T_Q6_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q4_1: if constexpr (ALL) mvx_row<T_Q4_1, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q5_1: if constexpr (ALL) mvx_row<T_Q5_1, NT>(W, rows, cols, row, xq, xd, xf, out); break;
+    case T_Q5_K: if constexpr (ALL) mvx_row<T_Q5_K, NT>(W, rows, cols, row, xq, xd, xf, out); break;
     }
 }
 
@@ -803,7 +682,7 @@ template <int R, bool ALL, bool HALF>
 __device__ __forceinline__ void mvx_rows(const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1,
                                          float* o1, const u8* W2, int r2, int t2, float* o2, const u8* W3,
                                          int r3, int t3, float* o3, int cols, const i8* xq, const float2* xd,
-                                         const float* xf, const float* xs) {
+                                         const float* xf) {
     int g = (blockIdx.x * 4 + (threadIdx.x >> 5)) * (HALF ? 2 : 1) * R;
     const u8* W;
     int rows, ty, row;
@@ -814,54 +693,48 @@ __device__ __forceinline__ void mvx_rows(const u8* W0, int r0, int t0, float* o0
     else if (g < r0 + r1 + r2 + r3) { W = W3; rows = r3; ty = t3; row = g - r0 - r1 - r2; out = o3; }
     else return;
     switch (ty) {
-    case T_Q4_0: rows_acc<T_Q4_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_0: rows_acc<T_Q5_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q8_0: rows_acc<T_Q8_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q4_K: rows_acc<T_Q4_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q6_K: rows_acc<T_Q6_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q4_1: if constexpr (ALL) rows_acc<T_Q4_1, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_1: if constexpr (ALL) rows_acc<T_Q5_1, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
-    case T_Q5_K: if constexpr (ALL) rows_acc<T_Q5_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, xs, out); break;
+    case T_Q4_0: rows_acc<T_Q4_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_0: rows_acc<T_Q5_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q8_0: rows_acc<T_Q8_0, 0, R, HALF>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_K: rows_acc<T_Q4_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q6_K: rows_acc<T_Q6_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q4_1: if constexpr (ALL) rows_acc<T_Q4_1, 0, R, HALF>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_1: if constexpr (ALL) rows_acc<T_Q5_1, 0, R, HALF>(W, W, rows, cols, row, xq, xd, out); break;
+    case T_Q5_K: if constexpr (ALL) rows_acc<T_Q5_K, 0, R, HALF>(W, W, rows, cols, row, xq, xd, out); break;
     default:  // f32 / f16: the host takes R = 1 and whole warps for those
         if constexpr (!HALF)
             for (int r = 0; r < R && row + r < rows; r++) {
-                if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, xs, out);
-                else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, xs, out);
+                if (ty == T_F32) mvx_row<T_F32, 1>(W, rows, cols, row + r, xq, xd, xf, out);
+                else mvx_row<T_F16, 1>(W, rows, cols, row + r, xq, xd, xf, out);
             }
     }
 }
 // mvx_1_h<R>, mvx_1_r<R>, mvx_<NT>: the kernels without the Q4_1 / Q5_1 / Q5_K branches; each
 // with `_all` after its name: every type (see mvx).
-#define MVXH(R, ALL, SUF, F, FS)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R##SUF##FS(                       \
+#define MVXH(R, ALL, SUF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_h##R##SUF(                           \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP(); \
-        mvx_rows<R, ALL, true>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, \
-                               xd, xf, F ? xs : nullptr);                                                         \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        mvx_rows<R, ALL, true>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
-#define MVXH_F(R, ALL, SUF) MVXH(R, ALL, SUF, 0, ) MVXH(R, ALL, SUF, 1, _f)
-MVXH_F(1, false, ) MVXH_F(2, false, ) MVXH_F(1, true, _all) MVXH_F(2, true, _all)
+MVXH(1, false, ) MVXH(2, false, ) MVXH(1, true, _all) MVXH(2, true, _all)
 
-#define MVXR(R, ALL, SUF, F, FS)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R##SUF##FS(                       \
+#define MVXR(R, ALL, SUF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R##SUF(                           \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP(); \
-        mvx_rows<R, ALL, false>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, \
-                                xd, xf, F ? xs : nullptr);                                                         \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        mvx_rows<R, ALL, false>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
-#define MVXR_F(R, ALL, SUF) MVXR(R, ALL, SUF, 0, ) MVXR(R, ALL, SUF, 1, _f)
-MVXR_F(2, false, ) MVXR_F(4, false, ) MVXR_F(2, true, _all) MVXR_F(4, true, _all)
+MVXR(2, false, ) MVXR(4, false, ) MVXR(2, true, _all) MVXR(4, true, _all)
 
-#define MVX(NT, ALL, SUF, F, FS)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mvx_##NT##SUF##FS(                         \
+#define MVX(NT, ALL, SUF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128) mvx_##NT##SUF(                             \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
-        int cols, const i8* xq, const float2* xd, const float* xf, const float* xs) { GRID_DEP(); \
-        mvx<NT, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf, \
-                     F ? xs : nullptr);                                                          \
+        int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
+        mvx<NT, ALL>(W0, r0, t0, o0, W1, r1, t1, o1, W2, r2, t2, o2, W3, r3, t3, o3, cols, xq, xd, xf); \
     }
-MVX(1, false, , 0, ) MVX(2, false, , 0, ) MVX(4, false, , 0, ) MVX(8, false, , 0, )
-MVX(1, true, _all, 0, ) MVX(2, true, _all, 0, ) MVX(4, true, _all, 0, ) MVX(8, true, _all, 0, )
-MVX(1, false, , 1, _f) MVX(1, true, _all, 1, _f)
+MVX(1, false, ) MVX(2, false, ) MVX(4, false, ) MVX(8, false, )
+MVX(1, true, _all) MVX(2, true, _all) MVX(4, true, _all) MVX(8, true, _all)
