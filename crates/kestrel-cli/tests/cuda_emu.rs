@@ -127,42 +127,40 @@ fn gpu_check_passes_on_the_emulated_device() {
     );
 }
 
-/// A Q5_K_M file (the tiny model's rows are no multiple of 256, so its tensors are Q5_1 and
-/// Q8_0, as llama.cpp's quantizer falls back for them) runs on the GPU as on the CPU: the GPU
-/// read only Q4_K_M-style types before; the op harness checks the Q5_K kernels themselves.
+/// Q5_K_M files (the tiny models' rows are no multiple of 256, so their tensors are Q5_1 and
+/// Q8_0, as llama.cpp's quantizer falls back for them) run on the GPU as on the CPU, dense and
+/// hybrid: the GPU read only Q4_K_M-style types before; the op harness checks the Q5_K kernels
+/// themselves.
 #[test]
-fn q5_k_m_file_runs_on_the_emulated_device() {
+fn q5_k_m_files_run_on_the_emulated_device() {
     let Some(dir) = emulation() else { return };
-    let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tiny-qwen3-q5_k_m.gguf");
-    let q = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .arg("quantize")
-        .arg(tiny_gguf("qwen3"))
-        .arg(&file)
-        .args(["--type", "q5_k_m"])
-        .output()
-        .expect("kestrel runs");
-    let listing = String::from_utf8_lossy(&q.stdout);
-    assert!(
-        q.status.success() && listing.contains("Q5_1"),
-        "{listing}{}",
-        String::from_utf8_lossy(&q.stderr)
-    );
-    let out = kestrel_emulated(
-        dir,
-        &[
-            "gpu-check",
-            "--ops",
-            "none",
-            "--model",
-            file.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec!["gpu-check".to_string(), "--ops".into(), "none".into()];
+    for arch in ["qwen3", "qwen3_5"] {
+        let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tiny-{arch}-q5_k_m.gguf"));
+        let q = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+            .arg("quantize")
+            .arg(tiny_gguf(arch))
+            .arg(&file)
+            .args(["--type", "q5_k_m"])
+            .output()
+            .expect("kestrel runs");
+        let listing = String::from_utf8_lossy(&q.stdout);
+        assert!(
+            q.status.success() && listing.contains("Q5_1"),
+            "{listing}{}",
+            String::from_utf8_lossy(&q.stderr)
+        );
+        args.extend(["--model".into(), file.to_str().unwrap().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = kestrel_emulated(dir, &args);
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let checked = stdout
+        .lines()
+        .filter(|l| l.starts_with("ok") && l.contains("GPU vs CPU logits"))
+        .count();
     assert!(
-        out.status.success()
-            && stdout
-                .lines()
-                .any(|l| l.starts_with("ok") && l.contains("GPU vs CPU logits")),
+        out.status.success() && checked == 2,
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
