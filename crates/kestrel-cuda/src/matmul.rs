@@ -539,7 +539,7 @@ impl CudaModel {
     }
 
     /// Makes the f16 copy of `x` current (the GEMM path).
-    pub(crate) fn to_f16(&mut self, x: Buf) -> Result<()> {
+    pub(crate) fn f16_copy(&mut self, x: Buf) -> Result<()> {
         if self.step.f16_of == Some(x) {
             return Ok(());
         }
@@ -750,7 +750,7 @@ impl CudaModel {
                 .gpu
                 .gemm_f32(wrows, rows, wcols, wp, xp, out, wrows, beta);
         }
-        self.to_f16(x)?;
+        self.f16_copy(x)?;
         let chunk = (self.scratch.wf16_elems / wcols).clamp(1, wrows);
         let (wbuf, act) = (self.scratch.wf16.ptr, self.scratch.act16.ptr);
         let mut r0 = 0;

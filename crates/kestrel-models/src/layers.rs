@@ -102,6 +102,8 @@ pub enum Mixer {
 }
 
 /// What transforms each position on its own after the mixer.
+// one a layer: the dense variant's size costs nothing, and boxing it would add a hop a token
+#[allow(clippy::large_enum_variant)]
 pub enum Ffn {
     /// One SwiGLU MLP for every token.
     Dense(MlpWeights),

@@ -35,7 +35,7 @@ impl Step {
         let total_blocks: usize = seqs.iter().map(|&(len, _)| len.div_ceil(BS)).sum();
         let mut phys: Vec<i32> = (0..total_blocks as i32).collect();
         for i in (1..phys.len()).rev() {
-            phys.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+            phys.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
         }
         let mut s = Step {
             nh,

@@ -310,7 +310,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
             // 50 MB L2 never holds the weights
             let rb = kestrel_quant::row_bytes(kind.ggml(), cols)
                 .map_err(|e| CudaError::Other(e.to_string()))?;
-            let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+            let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
             let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;
             let dx = gpu.upload_f32(&rng.vec(cols, 1.0))?;
             let (dq, dd, dout) = (

@@ -178,7 +178,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
         for (rows, cols) in [(12288usize, 4096usize), (4096, 12288), (4096, 4096)] {
             let rb = kestrel_quant::row_bytes(kind.ggml(), cols)
                 .map_err(|e| CudaError::Other(e.to_string()))?;
-            let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+            let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
             let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;
             if kind == Kind::Q4K {
                 for t in [32usize, 512] {

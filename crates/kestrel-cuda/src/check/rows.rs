@@ -67,7 +67,7 @@ pub fn check_argmax(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> 
     for (rows, n) in [(1usize, 151_936usize), (32, 248_320), (5, 1000), (3, 17)] {
         let mut x = rng.vec(rows * n, 8.0);
         for (r, row) in x.chunks_exact_mut(n).enumerate() {
-            let pick = |rng: &mut Rng| (rng.next() % n as u64) as usize;
+            let pick = |rng: &mut Rng| (rng.next_u64() % n as u64) as usize;
             match r % 5 {
                 // the maximum at two places: the lower index wins
                 0 => {
@@ -235,7 +235,9 @@ pub fn check_gemm_embed(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>)
     for kind in Kind::QUANTIZED.into_iter().chain([Kind::F16, Kind::F32]) {
         let (file, w) = random_matrix(kind, rows, cols, rng)?;
         let dw = gpu.upload(&to_device_layout(kind, &file))?;
-        let ids: Vec<u32> = (0..t).map(|_| (rng.next() % rows as u64) as u32).collect();
+        let ids: Vec<u32> = (0..t)
+            .map(|_| (rng.next_u64() % rows as u64) as u32)
+            .collect();
         let dids = gpu.upload(
             &ids.iter()
                 .flat_map(|x| x.to_le_bytes())

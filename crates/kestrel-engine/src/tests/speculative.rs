@@ -9,7 +9,7 @@ use crate::config::{SpecConfig, SpecMode};
 /// Mostly a cycle over ids 10..50 (a function of the last token alone, so lookup proposals
 /// come true), broken at every eleventh position (so they also fail).
 fn cyclic_next(pos: usize, last: u32) -> u32 {
-    if pos % 11 == 0 {
+    if pos.is_multiple_of(11) {
         10 + (last * 3 + pos as u32) % 40
     } else {
         10 + (last + 31) % 40
@@ -18,7 +18,7 @@ fn cyclic_next(pos: usize, last: u32) -> u32 {
 
 /// A draft that agrees with [`cyclic_next`] except at every fifth position.
 fn draft_next(pos: usize, last: u32) -> u32 {
-    if pos % 5 == 0 {
+    if pos.is_multiple_of(5) {
         10 + (last + 17) % 40
     } else {
         cyclic_next(pos, last)

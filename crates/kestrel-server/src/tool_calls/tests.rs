@@ -217,11 +217,14 @@ fn xml_calls_tagged_and_untagged() {
     let body = "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>";
     check_all_splits_with_tools(
         &format!("<tool_call>\n{body}\n</tool_call>"),
-        &[want.clone()],
+        std::slice::from_ref(&want),
     );
-    check_all_splits_with_tools(body, &[want.clone()]);
+    check_all_splits_with_tools(body, std::slice::from_ref(&want));
     // The closing tag of a tag never opened is dropped.
-    check_all_splits_with_tools(&format!("{body}\n</tool_call>"), &[want.clone()]);
+    check_all_splits_with_tools(
+        &format!("{body}\n</tool_call>"),
+        std::slice::from_ref(&want),
+    );
     check_all_splits_with_tools(
         &format!("I'll check.\n\n{body}\n{body}\nDone."),
         &[
@@ -234,7 +237,7 @@ fn xml_calls_tagged_and_untagged() {
     // Missing `</function>` and `</tool_call>` at the end of a reply that stopped by itself.
     check_all_splits_with_tools(
         "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n",
-        &[want.clone()],
+        std::slice::from_ref(&want),
     );
 }
 
