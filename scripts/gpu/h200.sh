@@ -24,7 +24,10 @@
 # AB_ENV="VAR=value,VAR2=value+VAR3=value": tg128 again with each setting (small, big, hybrid;
 # KESTREL_CUDA_KERNELS=$B/kernels-REV: another revision's kernels, bundle.sh BASE_KERNELS="REV ...");
 # SCEN_AB (same form): the concurrent scenario again with each setting;
-# ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C).
+# ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C); timeline = one
+# replayed decode step of each shape in TIMELINE_SHAPES (default qwen3-8b qwen2.5-1.5b) kernel
+# by kernel, stamped on the GPU's timer (KESTREL_CUDA_TIMELINE: the CSV and the summary under
+# $OUT), beside tg128 unstamped; TIMELINE_AB (AB_ENV's form): stamped again with each setting.
 # Every model is written once: random weights of the real shape (F16), quantized to Q4_K_M
 # (QUANT: another mixture of `kestrel quantize --type`, e.g. q5_k_m; the peer stage then reads
 # those files) by `kestrel quantize` (it writes llama.cpp's bytes, tensor for tensor), kept in $MODELS
@@ -57,10 +60,14 @@ if [ -f $B/llama-src.tar.xz ] && [ ! -x $PEER/build/bin/llama-bench ]; then
 fi
 # the kernels compile (NVRTC, ~1-2 minutes on a fresh machine) while the first model is written
 # (and those of any other revision in the bundle, for AB_ENV's KESTREL_CUDA_KERNELS, beside them)
+# (the stamped build of the timeline stage too)
 ( for d in "" $B/kernels-*/; do
     [ -z "$d" ] || [ -d "$d" ] || continue
     KESTREL_CUDA_KERNELS=$d $K run -m testdata/tiny/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1 -n 1 --device cuda &
-  done; wait ) > /tmp/w/warm.log 2>&1 &
+  done
+  echo " $STAGES " | grep -q " timeline " && KESTREL_CUDA_TIMELINE=/tmp/w/warm-timeline.csv \
+    $K run -m testdata/tiny/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1 -n 1 --device cuda &
+  wait ) > /tmp/w/warm.log 2>&1 &
 WARM=$!
 python3 -m pip install -q --no-index --no-deps --target /tmp/site $B/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site
@@ -203,6 +210,19 @@ for s in $STAGES; do
       -c ${NCU_C:-12} $K bench -m $M -p 0 -n 2 --no-graphs -r 1 --device cuda > $OUT/ncu-detail.log 2>&1
     grep -c "Section: Memory" $OUT/ncu-detail.log
     ;;
+  timeline)  # where a replayed decode step's time goes, kernel by kernel (crate::timeline)
+    for SH in ${TIMELINE_SHAPES:-qwen3-8b qwen2.5-1.5b}; do
+      M=$(model $SH) || continue
+      $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep "| tg" | sed 's/$/ (unstamped)/' | tee $OUT/timeline-$SH.log
+      KESTREL_CUDA_TIMELINE=$OUT/timeline-$SH.csv $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep -v "^ok  " | tee -a $OUT/timeline-$SH.log
+      i=0
+      for e in $(echo "${TIMELINE_AB:-}" | tr ',' ' '); do  # again with each setting (AB_ENV's form)
+        i=$((i + 1))
+        echo "--- $e" | tee -a $OUT/timeline-$SH.log
+        env $(echo $e | tr '+' ' ') KESTREL_CUDA_TIMELINE=$OUT/timeline-$SH-ab$i.csv $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep -v "^ok  " | tee -a $OUT/timeline-$SH.log
+      done
+    done
+    ;;
   peer)  # llama.cpp on the same files, flash attention on, all layers on the GPU
     while [ ! -s $PEER/status.txt ] && [ -d $PEER/trim ]; do sleep 5; done
     cat $PEER/status.txt 2>/dev/null | tee $OUT/peer-build.txt
@@ -226,9 +246,10 @@ grep -H "FAIL" $OUT/*.log 2>/dev/null
 grep -h "serve check\|op harness\|reference prompt\|GPU vs CPU\|perf decode\|perf prompt\|dequantize" $OUT/*.log 2>/dev/null | head -40
 grep -h "perf mat-vec" $OUT/*.log 2>/dev/null | grep "decode's\|read floor" | head -40
 grep -h "| tg\|| pp" $OUT/bench-*.log $OUT/prefill-*.log 2>/dev/null
+grep -h "timeline\|in the kernels\|| tg" $OUT/timeline-*.log 2>/dev/null
 grep -h "tok/s\|^---" $OUT/concurrent-*.log 2>/dev/null
 grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null
 # everything in one file (the device tool brings back a bounded number of files)
-for f in $OUT/gpu.txt $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/peer*; do
+for f in $OUT/gpu.txt $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/timeline-*.log $OUT/peer*; do
   [ -f "$f" ] && { echo "=== $(basename $f)"; cat "$f"; }
 done > $OUT/summary.txt 2>/dev/null

@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -121,6 +122,15 @@ inline T __ldcg(const T* p) {  // a load that skips L1: written by another block
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+    unsigned long long old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
+    return old;
+}
 
 inline float h2f(uint16_t h) {
     _Float16 v;
@@ -178,6 +188,9 @@ struct Block {
 inline thread_local Fiber* cur = nullptr;
 inline thread_local Block* blk = nullptr;
 inline thread_local dim3 block_idx, block_dim, grid_dim;
+// the running launch's number (PTX %gridid: distinct for every launch of the process)
+inline thread_local unsigned long long grid_id;
+inline std::atomic<unsigned long long> launches{0};
 inline thread_local unsigned char* dyn_smem_buf = nullptr;
 
 extern "C" void emu_swap(void** save_sp, void* to_sp);
@@ -504,6 +517,14 @@ inline const int* param_sizes(void (*)(A...)) {
 
 }  // namespace emu
 
+// common.cuh's timeline stamps (PTX %globaltimer and %gridid)
+inline unsigned long long tl_now() {
+    timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+inline unsigned long long tl_grid() { return emu::grid_id; }
+
 #define threadIdx (emu::cur->tid)
 #define blockIdx (emu::block_idx)
 #define blockDim (emu::block_dim)
@@ -583,6 +604,7 @@ struct Job {
     void** params;
     std::atomic<unsigned long> next{0};
     unsigned long total = 0;
+    unsigned long long grid_id = 0;
     std::atomic<bool> failed{false};
     std::mutex err_mu;
     char err[512] = {0};
@@ -615,6 +637,7 @@ inline void work(Job& j) {
     }
     dyn_smem_buf = dyn;
     grid_dim = {j.grid[0], j.grid[1], j.grid[2]};
+    grid_id = j.grid_id;
     block_dim = {j.block[0], j.block[1], j.block[2]};
     for (;;) {
         unsigned long i = j.next.fetch_add(1);
@@ -717,6 +740,7 @@ extern "C" int emu_launch(void (*thunk)(void**), const unsigned* grid, const uns
     j.smem = smem;
     j.params = params;
     j.total = (unsigned long)grid[0] * grid[1] * grid[2];
+    j.grid_id = ++emu::launches;
     emu::pool.run(j);
     if (j.failed) {
         snprintf(err, errlen, "%s", j.err);

@@ -389,6 +389,14 @@ CUresult cuModuleGetFunction(void** f, void* mod, const char* name) {
     *f = new Func{m, name, (void (*)(void**))thunk, ((const int* (*)())sizes)(), 49152};
     return OK;
 }
+// A module's global variable (common.cuh's `kst_timeline`): the symbol in its library.
+CUresult cuModuleGetGlobal_v2(uint64_t* dptr, size_t* bytes, void* mod, const char* name) {
+    void* p = dlsym(((Module*)mod)->lib, name);
+    if (!p) return NOT_FOUND;
+    if (dptr) *dptr = (uint64_t)p;
+    if (bytes) *bytes = sizeof(void*);  // the only globals the kernels define are pointers
+    return OK;
+}
 CUresult cuFuncSetAttribute(void* f, int attr, int v) {
     if (attr == 8) {  // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         if (v < 0 || v > smem_optin(false)) return INVALID_VALUE;
@@ -461,6 +469,17 @@ static bool node_index(void* h, Graph*& g, size_t& i) {
     g = p->first;
     i = p->second;
     return i < g->nodes.size();
+}
+CUresult cuGraphGetNodes(void* graph, void** nodes, size_t* n) {
+    Graph* g = (Graph*)graph;
+    if (!nodes) {
+        *n = g->nodes.size();
+        return OK;
+    }
+    size_t k = 0;
+    for (; k < *n && k < g->nodes.size(); k++) nodes[k] = node_handle(g, k);
+    *n = k;
+    return OK;
 }
 CUresult cuGraphGetEdges_v2(void* graph, void** from, void** to, void* data, size_t* n) {
     Graph* g = (Graph*)graph;

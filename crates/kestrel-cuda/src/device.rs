@@ -240,6 +240,30 @@ impl Gpu {
             .collect()
     }
 
+    /// The name of the loaded kernel whose function handle is `addr`.
+    pub(crate) fn kernel_name(&self, addr: usize) -> Option<&str> {
+        self.funcs
+            .iter()
+            .find(|(_, f)| f.cu_function() as usize == addr)
+            .map(|(name, _)| name.as_str())
+    }
+
+    /// Sets the kernels' global pointer variable `name` (an `extern "C" __device__` one) to
+    /// device address `value`.
+    pub(crate) fn set_global_ptr(&self, name: &str, value: u64) -> Result<()> {
+        let global = self.module.get_global(name, &self.stream)?;
+        if global.len() != 8 {
+            return Err(CudaError::Other(format!(
+                "the kernels' `{name}` is {} bytes, not a pointer",
+                global.len()
+            )));
+        }
+        let (at, _sync) = global.device_ptr(&self.stream);
+        self.write(at, &value.to_le_bytes())?;
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
         // SAFETY: every buffer is written before it is read (uploads, kernels).
         let slice = unsafe { self.stream.alloc::<u8>(bytes.max(16))? };

@@ -134,6 +134,71 @@ fn make_programmatic(graph: sys::CUgraph, ours: &HashSet<usize>) -> Result<usize
     Ok(rewritten)
 }
 
+impl StepGraph {
+    /// The function (address) of every kernel node, in the order the graph runs them (a
+    /// topological order: a captured step is one chain).
+    pub fn kernel_order(&self) -> Result<Vec<usize>> {
+        let mut n = 0usize;
+        // SAFETY: size queries (null arrays) of a live graph.
+        unsafe {
+            sys::cuGraphGetNodes(self.graph, std::ptr::null_mut(), &mut n).result()?;
+        }
+        let mut nodes = vec![std::ptr::null_mut(); n];
+        // SAFETY: the array holds `n` entries.
+        unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n) }.result()?;
+        let mut e = 0usize;
+        // SAFETY: as above.
+        unsafe {
+            sys::cuGraphGetEdges_v2(
+                self.graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut e,
+            )
+        }
+        .result()?;
+        let mut from = vec![std::ptr::null_mut(); e];
+        let mut to = vec![std::ptr::null_mut(); e];
+        let mut data = vec![edge(0, 0); e];
+        // SAFETY: the three arrays hold `e` entries each.
+        unsafe {
+            sys::cuGraphGetEdges_v2(
+                self.graph,
+                from.as_mut_ptr(),
+                to.as_mut_ptr(),
+                data.as_mut_ptr(),
+                &mut e,
+            )
+        }
+        .result()?;
+        // Kahn's algorithm over node indices
+        let index = |p: sys::CUgraphNode| nodes.iter().position(|&q| q == p);
+        let mut succ = vec![Vec::new(); n];
+        let mut preds = vec![0usize; n];
+        for (&f, &t) in from.iter().zip(&to).take(e) {
+            if let (Some(f), Some(t)) = (index(f), index(t)) {
+                succ[f].push(t);
+                preds[t] += 1;
+            }
+        }
+        let mut ready: Vec<usize> = (0..n).filter(|&i| preds[i] == 0).rev().collect();
+        let mut order = Vec::with_capacity(n);
+        while let Some(i) = ready.pop() {
+            if let Some(f) = kernel_func(nodes[i])? {
+                order.push(f);
+            }
+            for &t in succ[i].iter().rev() {
+                preds[t] -= 1;
+                if preds[t] == 0 {
+                    ready.push(t);
+                }
+            }
+        }
+        Ok(order)
+    }
+}
+
 fn edge(from_port: u8, type_: u8) -> sys::CUgraphEdgeData {
     sys::CUgraphEdgeData {
         from_port,

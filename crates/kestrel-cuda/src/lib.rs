@@ -14,7 +14,8 @@
 //! - [`model`]: weights + paged KV pool + scratch on the device, the forward pass, CUDA graphs
 //!   for decode, and the engine's `StepModel`; `graph`: a captured step with programmatic
 //!   (early-launch) edges between its kernels; `scratch`: the activation and step buffers
-//!   sized for a step, and decode attention's context ranges.
+//!   sized for a step, and decode attention's context ranges; [`timeline`]: a replayed
+//!   step's kernels stamped on the GPU's timer (`KESTREL_CUDA_TIMELINE`).
 //! - [`plan`]: the GPU memory plan. [`check`]: every op against the CPU, and whole models.
 
 pub mod check;
@@ -29,6 +30,7 @@ pub mod ops;
 pub mod plan;
 pub mod probe;
 mod scratch;
+pub mod timeline;
 pub mod weights;
 
 pub use device::{parse_ordinal, Gpu};

@@ -301,6 +301,8 @@ pub struct CudaModel {
     pub(crate) attn: AttnDecode,
     pub(crate) attn_mma: Option<AttnDecode>,
     pub weight_bytes: u64,
+    /// `KESTREL_CUDA_TIMELINE`: a replayed step's kernels stamped ([`crate::timeline`]).
+    timeline: Option<crate::timeline::Timeline>,
 }
 
 /// Sizes of a model on the GPU.
@@ -397,6 +399,9 @@ impl CudaModel {
             row_bytes,
         };
         let state = StateDev::new(&gpu, &cfg, shape.state_slots)?;
+        let timeline = crate::timeline::requested()
+            .map(|path| crate::timeline::Timeline::new(&gpu, path))
+            .transpose()?;
         gpu.stream.synchronize()?;
         Ok(Self {
             config: cfg,
@@ -421,6 +426,7 @@ impl CudaModel {
             attn,
             attn_mma,
             weight_bytes,
+            timeline,
         })
     }
 
@@ -725,7 +731,11 @@ impl CudaModel {
             return Ok(());
         }
         if let Some(g) = self.graphs.0.get(&key) {
-            g.launch(&self.gpu)?;
+            let due = self.timeline.as_mut().is_some_and(|tl| tl.due());
+            match &mut self.timeline {
+                Some(tl) if due => tl.record(&self.gpu, g)?,
+                _ => g.launch(&self.gpu)?,
+            }
         }
         Ok(())
     }

@@ -26,12 +26,74 @@ typedef unsigned long long u64;
 // calls this first: it waits until the previous kernel has finished and its writes are
 // visible (so a chain stays ordered through every link), then lets the next one be scheduled.
 // Both are no-ops in a plain launch.
-#if defined(KESTREL_EMU)
+#if defined(KESTREL_TIMELINE)  // below: the same, with time stamps
+#elif defined(KESTREL_EMU)
 #define GRID_DEP() do {} while (0)  // kernels run one after another on the host
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define GRID_DEP() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define GRID_DEP() do {} while (0)
+#endif
+
+#ifdef KESTREL_TIMELINE
+// KESTREL_CUDA_TIMELINE (timeline.rs): every launch stamps the global timer into slot
+// (grid id % TL_SLOTS) of `kst_timeline`, spread over TL_SUBS copies by block so that its
+// blocks' atomics do not queue on one address. The fields of a copy (zeroed by the host; a
+// minimum is kept as the maximum of its complement): 0 the grid id + 1, 1 ~(first block at the
+// wait), 2 ~(first block past it), 3 last block past it, 4 last warp's end, 5 blocks.
+#define TL_SLOTS 4096
+#define TL_SUBS 32
+#define TL_FIELDS 8
+extern "C" {
+__device__ u64* kst_timeline;
+}
+#if !defined(KESTREL_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define GRID_LAUNCH_NEXT() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define GRID_WAIT() do {} while (0)
+#define GRID_LAUNCH_NEXT() do {} while (0)
+#endif
+#ifndef KESTREL_EMU
+__device__ __forceinline__ u64 tl_now() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ u64 tl_grid() {
+    u64 g;
+    asm("mov.u64 %0, %%gridid;" : "=l"(g));
+    return g;
+}
+#endif
+__device__ __forceinline__ u64* tl_copy() {
+    const u32 b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    return kst_timeline + ((tl_grid() % TL_SLOTS) * TL_SUBS + b % TL_SUBS) * TL_FIELDS;
+}
+// Constructed past the wait (thread 0 stamps the block's start), destroyed at each thread's
+// return (lane 0 of each warp stamps its end): declared by GRID_DEP in the kernel's scope.
+struct TlBlock {
+    __device__ TlBlock(u64 arrived) {
+        if (threadIdx.x + threadIdx.y + threadIdx.z == 0 && kst_timeline) {
+            const u64 now = tl_now();
+            u64* c = tl_copy();
+            c[0] = tl_grid() + 1;
+            atomicMax(c + 1, ~arrived);
+            atomicMax(c + 2, ~now);
+            atomicMax(c + 3, now);
+            atomicAdd(c + 5, 1ull);
+        }
+    }
+    __device__ ~TlBlock() {
+        const u32 t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+        if ((t & 31) == 0 && kst_timeline) atomicMax(tl_copy() + 4, tl_now());
+    }
+};
+#define GRID_DEP()                    \
+    const u64 kst_arrived_ = tl_now(); \
+    GRID_WAIT();                      \
+    TlBlock kst_block_(kst_arrived_); \
+    GRID_LAUNCH_NEXT()
 #endif
 
 // Inline assembly (PTX) sits in `#ifndef KESTREL_EMU` blocks: built with KESTREL_EMU (the
