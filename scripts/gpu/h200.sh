@@ -92,6 +92,7 @@ for s in $STAGES; do
   hybrid) PRE="$PRE ${HYBRID_SHAPES:-qwen35-0.8b}" ;;
   prefill) PRE="$PRE ${PREFILL_SHAPES:-qwen3-8b qwen35-0.8b qwen2.5-1.5b}" ;;
   ncu) PRE="$PRE ${NCU_SHAPE:-qwen2.5-1.5b}" ;;
+  timeline) PRE="$PRE ${TIMELINE_SHAPES:-qwen3-8b qwen2.5-1.5b}" ;;
   esac
 done
 PREPID=""
