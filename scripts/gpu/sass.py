@@ -21,12 +21,14 @@ PKGS = ["nvidia-cuda-cuobjdump==13.5.37", "nvidia-cuda-nvdisasm==13.5.37"]
 
 
 def source(rev):
-    """The kernels' one translation unit, as kestrel_cuda::compile::source() joins it."""
+    """The kernels' one translation unit, as kestrel_cuda::compile::source() joins it (with
+    KESTREL_CUDA_TIMELINE set: the time-stamped build)."""
+    head = "#define KESTREL_TIMELINE 1\n" if os.environ.get("KESTREL_CUDA_TIMELINE") else ""
     if rev is None:
-        return "\n".join(open(os.path.join(ROOT, KDIR, f)).read() for f in FILES)
+        return head + "\n".join(open(os.path.join(ROOT, KDIR, f)).read() for f in FILES)
     show = lambda f: subprocess.run(["git", "-C", ROOT, "show", f"{rev}:{KDIR}{f}"], check=True,
                                     capture_output=True, text=True).stdout
-    return "\n".join(show(f) for f in FILES)
+    return head + "\n".join(show(f) for f in FILES)
 
 
 def cubin(src, arch):

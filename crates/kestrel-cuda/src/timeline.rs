@@ -95,8 +95,9 @@ impl Timeline {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Launch {
     grid: u64,
-    /// The first block at the wait on the previous kernel.
+    /// The first and the last block at the wait on the previous kernel.
     arrived: u64,
+    arrived_last: u64,
     /// The first and the last block past it.
     first: u64,
     last: u64,
@@ -115,6 +116,7 @@ fn launches(raw: &[u64]) -> Vec<Launch> {
                 let one = Launch {
                     grid: c[0] - 1,
                     arrived: !c[1],
+                    arrived_last: c[6],
                     first: !c[2],
                     last: c[3],
                     end: c[4],
@@ -125,6 +127,7 @@ fn launches(raw: &[u64]) -> Vec<Launch> {
                     Some(a) => Launch {
                         grid: a.grid,
                         arrived: a.arrived.min(one.arrived),
+                        arrived_last: a.arrived_last.max(one.arrived_last),
                         first: a.first.min(one.first),
                         last: a.last.max(one.last),
                         end: a.end.max(one.end),
@@ -143,17 +146,18 @@ fn csv(launches: &[Launch], names: &[String]) -> String {
     let t0 = launches.first().map_or(0, |l| l.first);
     let rel = |t: u64| t as i64 - t0 as i64;
     let mut s = String::from(
-        "index,kernel,blocks,arrived_ns,first_ns,last_ns,end_ns,run_ns,gap_before_ns\n",
+        "index,kernel,blocks,arrived_ns,arrived_last_ns,first_ns,last_ns,end_ns,run_ns,gap_before_ns\n",
     );
     let mut prev_end = None;
     for (i, l) in launches.iter().enumerate() {
         let gap = prev_end.map_or(0, |e: u64| l.first as i64 - e as i64);
         let _ = writeln!(
             s,
-            "{i},{},{},{},{},{},{},{},{gap}",
+            "{i},{},{},{},{},{},{},{},{},{gap}",
             names.get(i).map_or("?", |n| n.as_str()),
             l.blocks,
             rel(l.arrived),
+            rel(l.arrived_last),
             rel(l.first),
             rel(l.last),
             rel(l.end),
@@ -260,14 +264,14 @@ mod tests {
     #[test]
     fn stamps_combine_by_launch_in_order() {
         let mut raw = vec![0u64; SLOTS * SUBS * FIELDS];
-        let mut put = |slot: usize, sub: usize, f: [u64; 6]| {
+        let mut put = |slot: usize, sub: usize, f: [u64; 7]| {
             let at = (slot * SUBS + sub) * FIELDS;
-            raw[at..at + 6].copy_from_slice(&f);
+            raw[at..at + 7].copy_from_slice(&f);
         };
         // grid 7 (slot 7): blocks in two copies; grid 6 (slot 6) one copy
-        put(7, 0, [8, !1000, !1100, 1200, 1500, 2]);
-        put(7, 5, [8, !990, !1150, 1300, 1450, 1]);
-        put(6, 3, [7, !100, !200, 300, 900, 4]);
+        put(7, 0, [8, !1000, !1100, 1200, 1500, 2, 1000]);
+        put(7, 5, [8, !990, !1150, 1300, 1450, 1, 1020]);
+        put(6, 3, [7, !100, !200, 300, 900, 4, 150]);
         let l = launches(&raw);
         assert_eq!(
             l,
@@ -275,6 +279,7 @@ mod tests {
                 Launch {
                     grid: 6,
                     arrived: 100,
+                    arrived_last: 150,
                     first: 200,
                     last: 300,
                     end: 900,
@@ -283,6 +288,7 @@ mod tests {
                 Launch {
                     grid: 7,
                     arrived: 990,
+                    arrived_last: 1020,
                     first: 1100,
                     last: 1300,
                     end: 1500,
@@ -293,7 +299,7 @@ mod tests {
         let names = vec!["norm".to_string(), "mv".to_string()];
         let c = csv(&l, &names);
         assert!(
-            c.lines().nth(2) == Some("1,mv,3,790,900,1100,1300,400,200"),
+            c.lines().nth(2) == Some("1,mv,3,790,820,900,1100,1300,400,200"),
             "{c}"
         );
         let s = summary(&l, &names, std::path::Path::new("t.csv"));

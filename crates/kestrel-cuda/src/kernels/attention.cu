@@ -146,23 +146,27 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     const int h0 = kvh * G + sub * per, nq = min(per, G - sub * per);
     const int t = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
+    // positions and block tables come from the host (uploaded before the step): read before
+    // the wait on the previous kernel, as are the cache rows it did not write (below)
     const int len = pos[t] + 1;
     const int ns = min(n_splits, (len + ATT_MINLEN - 1) / ATT_MINLEN);
-    if (s >= ns) return;
+    if (s >= ns) {
+        GRID_DEP();
+        return;
+    }
     const int chunk = (len + ns - 1) / ns;
     const int p0 = s * chunk, p1 = min(len, p0 + chunk);
     const int ntiles = (p1 - p0 + TP - 1) / TP;
     const int kv_dim = n_kv * HD;
+    // rows at positions from `fresh` on may be this step's own (a step of T tokens writes
+    // positions len - T .. len - 1 of a sequence at most, in the kernel before this one)
+    const int fresh = len - (int)gridDim.y;
 
     __shared__ __align__(16) u16 sk[2][TP * RS], sv[2][TP * RS];
     __shared__ __align__(16) float sq[ATT_GQ * HD];  // the group's queries, scaled
     __shared__ float sw[ATT_GQ][TP];                 // scores, then weights
     __shared__ float scorr[ATT_GQ], sm[ATT_GQ], sl[ATT_GQ];
 
-    for (int i = tid; i < ATT_GQ * HD; i += ATT_THREADS) {
-        int j = i / HD;
-        sq[i] = j < nq ? Q[((u64)t * n_heads + h0 + j) * HD + i % HD] * scale : 0.f;
-    }
     const int* tbl = tables + tbl_off[t];
     const u64 col = (u64)kvh * HD;
     // a tile's rows in two steps, a tile apart: this thread's pieces' cache rows from the block
@@ -175,11 +179,14 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
             rows[k] = i < TP * CPR && p < p1 ? tbl[p / block_size] * block_size + p % block_size : -1;
         }
     };
-    auto issue = [&](const int* rows, int buf) {
+    // the pieces of tile `it` at positions in [from, to), and with `zeros` those past the
+    // range (zero-filled)
+    auto issue_part = [&](const int* rows, int it, int buf, int from, int to, bool zeros) {
+        const int tp0 = p0 + it * TP;
 #pragma unroll
         for (int k = 0; k < LPT; k++) {
-            const int i = tid + ATT_THREADS * k;
-            if (i < TP * CPR) {
+            const int i = tid + ATT_THREADS * k, p = tp0 + i / CPR;
+            if (i < TP * CPR && (rows[k] < 0 ? zeros : p >= from && p < to)) {
                 const u64 g = (u64)max(rows[k], 0) * kv_dim + col + 8 * (i % CPR);
                 const int d = (i / CPR) * RS + 8 * (i % CPR);
                 cp_async16(&sk[buf][d], kc + g, rows[k] >= 0);
@@ -188,20 +195,28 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
         }
         cp_async_commit();
     };
+    auto issue = [&](const int* rows, int it, int buf) { issue_part(rows, it, buf, 0, len, true); };
 
     float acc[R][4], m_run = -INFINITY, l_run = 0.f;
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
     int rows[LPT];
     lookup(0, rows);
-    issue(rows, 0);
+    issue_part(rows, 0, 0, 0, fresh, true);  // the rows of earlier steps: before the wait
+    GRID_DEP();
+    // this step's rows (written by the kernel before), and the queries
+    issue_part(rows, 0, 0, fresh, len, false);
+    for (int i = tid; i < ATT_GQ * HD; i += ATT_THREADS) {
+        int j = i / HD;
+        sq[i] = j < nq ? Q[((u64)t * n_heads + h0 + j) * HD + i % HD] * scale : 0.f;
+    }
     lookup(1, rows);
     for (int it = 0; it < ntiles; it++) {
         const int buf = it & 1, tp0 = p0 + it * TP;
         cp_async_wait_all();
         __syncthreads();  // this tile landed for every thread; the last tile's readers are done
         if (it + 1 < ntiles) {
-            issue(rows, buf ^ 1);
+            issue(rows, it + 1, buf ^ 1);
             lookup(it + 2, rows);
         }
         const u16* K = sk[buf];
@@ -283,7 +298,7 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_decode_h##HD(                    \
         const float* Q, int n_heads, int n_kv, const u16* kc, const u16* vc, int block_size,         \
         const int* pos, const int* tbl_off, const int* tables, int n_splits, float scale,            \
-        float* partial, int* count, float* out, i8* xq, float2* xd) { GRID_DEP();                  \
+        float* partial, int* count, float* out, i8* xq, float2* xd) {                              \
         attn_decode_g<HD>(Q, n_heads, n_kv, kc, vc, block_size, pos, tbl_off, tables, n_splits,     \
                           scale, partial, count, out, xq, xd);                                       \
     }

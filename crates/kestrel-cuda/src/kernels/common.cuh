@@ -40,7 +40,8 @@ typedef unsigned long long u64;
 // (grid id % TL_SLOTS) of `kst_timeline`, spread over TL_SUBS copies by block so that its
 // blocks' atomics do not queue on one address. The fields of a copy (zeroed by the host; a
 // minimum is kept as the maximum of its complement): 0 the grid id + 1, 1 ~(first block at the
-// wait), 2 ~(first block past it), 3 last block past it, 4 last warp's end, 5 blocks.
+// wait), 2 ~(first block past it), 3 last block past it, 4 last warp's end, 5 blocks, 6 last
+// block at the wait.
 #define TL_SLOTS 4096
 #define TL_SUBS 32
 #define TL_FIELDS 8
@@ -62,37 +63,46 @@ __device__ __forceinline__ u64 tl_now() {
 }
 __device__ __forceinline__ u64 tl_grid() {
     u64 g;
-    asm("mov.u64 %0, %%gridid;" : "=l"(g));
+    asm volatile("mov.u64 %0, %%gridid;" : "=l"(g));
     return g;
 }
 #endif
-__device__ __forceinline__ u64* tl_copy() {
+// Read where used (volatile: nothing of the stamps is kept live in registers through the
+// kernel, which would change its occupancy).
+__device__ __forceinline__ u64* tl_buffer() { return *(u64* volatile*)&kst_timeline; }
+__device__ __forceinline__ u64* tl_copy(u64* buf) {
     const u32 b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    return kst_timeline + ((tl_grid() % TL_SLOTS) * TL_SUBS + b % TL_SUBS) * TL_FIELDS;
+    return buf + ((tl_grid() % TL_SLOTS) * TL_SUBS + b % TL_SUBS) * TL_FIELDS;
+}
+__device__ __noinline__ void tl_end() {
+    const u32 t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    if ((t & 31) == 0) {
+        u64* buf = tl_buffer();
+        if (buf) atomicMax(tl_copy(buf) + 4, tl_now());
+    }
 }
 // Constructed past the wait (thread 0 stamps the block's start), destroyed at each thread's
 // return (lane 0 of each warp stamps its end): declared by GRID_DEP in the kernel's scope.
 struct TlBlock {
     __device__ TlBlock(u64 arrived) {
-        if (threadIdx.x + threadIdx.y + threadIdx.z == 0 && kst_timeline) {
+        u64* buf = tl_buffer();
+        if (threadIdx.x + threadIdx.y + threadIdx.z == 0 && buf) {
             const u64 now = tl_now();
-            u64* c = tl_copy();
+            u64* c = tl_copy(buf);
             c[0] = tl_grid() + 1;
             atomicMax(c + 1, ~arrived);
+            atomicMax(c + 6, arrived);
             atomicMax(c + 2, ~now);
             atomicMax(c + 3, now);
             atomicAdd(c + 5, 1ull);
         }
     }
-    __device__ ~TlBlock() {
-        const u32 t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-        if ((t & 31) == 0 && kst_timeline) atomicMax(tl_copy() + 4, tl_now());
-    }
+    __device__ ~TlBlock() { tl_end(); }
 };
-#define GRID_DEP()                    \
-    const u64 kst_arrived_ = tl_now(); \
-    GRID_WAIT();                      \
-    TlBlock kst_block_(kst_arrived_); \
+#define GRID_DEP()                                                            \
+    const u64 kst_arrived_ = threadIdx.x + threadIdx.y + threadIdx.z ? 0 : tl_now(); \
+    GRID_WAIT();                                                              \
+    TlBlock kst_block_(kst_arrived_);                                         \
     GRID_LAUNCH_NEXT()
 #endif
 
