@@ -57,21 +57,6 @@ pub fn rows_per_warp(rows: usize, exact: bool) -> usize {
     }
 }
 
-/// Rows per warp of the fused one-token mat-vec (`mvx_1_r<R>`) over `rows` rows in all, whose
-/// matrices' rows all divide by R where `divides(R)`: [`rows_per_warp`], or 1, 2 or 4 from
-/// `KESTREL_CUDA_MVX_R` (A/B figures) where that divides.
-fn fused_rows_per_warp(rows: usize, divides: impl Fn(usize) -> bool) -> usize {
-    static SET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let set = SET.get_or_init(|| {
-        std::env::var("KESTREL_CUDA_MVX_R")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|r| [1, 2, 4].contains(r))
-    });
-    set.filter(|&r| divides(r))
-        .unwrap_or_else(|| rows_per_warp(rows, true))
-}
-
 /// Warps per row of a one-token mat-vec with fewer than [`ROW_GROUP_WARPS`] rows (the down
 /// projections of 1024-1536-wide models): long rows shared by 2 or 4 warps until that many
 /// warps run, each keeping at least one unit per lane; 1 otherwise (row groups), and with
@@ -484,7 +469,7 @@ impl CudaModel {
             };
             (format!("mvx_1_h{h}{all}"), 2 * h)
         } else if nt == 1 && all_int8 && even(2) {
-            match fused_rows_per_warp(total_rows, |r| even(r as i32)) {
+            match rows_per_warp(total_rows, true) {
                 1 => (format!("mvx_{nt}{all}"), 1),
                 r => (format!("mvx_1_r{r}{all}"), r),
             }
