@@ -308,3 +308,63 @@ fn other_gpu_generations_on_the_emulated_device() {
         "{stdout}"
     );
 }
+
+#[test]
+fn timeline_of_a_replayed_step_on_the_emulated_device() {
+    let Some(dir) = emulation() else { return };
+    // KESTREL_CUDA_TIMELINE: the stamped kernels (another build of the source) give the same
+    // tokens, and one replayed step's launches come out named in the graph's order
+    let arch = "llama";
+    let csv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("timeline-llama.csv");
+    let _ = std::fs::remove_file(&csv);
+    let ids: Vec<String> = reference_ints(arch, "tokens_1")
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let model = tiny_gguf(arch);
+    let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["run", "-m", model.to_str().unwrap(), "--prompt-ids"])
+        .arg(ids.join(","))
+        .args(["-n", "24", "--temp", "0", "--ignore-eos", "--json"])
+        .args(["--device", "cuda"])
+        .env("LD_LIBRARY_PATH", dir)
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("KESTREL_CUDA_TIMELINE", &csv)
+        .output()
+        .expect("kestrel runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let got: Vec<u64> = v["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("a token id"))
+        .collect();
+    let want: Vec<u64> = reference_ints(arch, "greedy_1")
+        .iter()
+        .map(|&t| t as u64)
+        .collect();
+    assert_eq!(got, want, "greedy tokens with the stamped kernels");
+    let table = std::fs::read_to_string(&csv).expect("the timeline's CSV");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    let summary = format!("one replayed decode step, {} launches", rows.len());
+    assert!(
+        rows.len() > 10 && stderr.contains(&summary) && !stderr.contains("may be off"),
+        "{stderr}\n{table}"
+    );
+    // a step starts with the embedding; every launch has its kernel's name, a block at least,
+    // and ends after its first block got past the wait
+    assert_eq!(rows[0][1], "embed_rows", "{table}");
+    for r in &rows {
+        let n = |i: usize| r[i].parse::<i64>().unwrap_or(-1);
+        assert!(
+            r.len() == 10 && r[1] != "?" && n(2) >= 1 && n(7) >= n(5) && n(8) >= 0,
+            "{table}"
+        );
+    }
+}
