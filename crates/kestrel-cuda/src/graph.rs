@@ -85,38 +85,14 @@ pub(crate) fn end_capture(
 /// Rewrites every plain kernel -> kernel edge whose target runs one of `ours` as a
 /// programmatic edge; returns how many it rewrote.
 fn make_programmatic(graph: sys::CUgraph, ours: &HashSet<usize>) -> Result<usize> {
-    let mut n = 0usize;
-    // SAFETY: a size query (null arrays) of a live graph.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            graph,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            &mut n,
-        )
-    }
-    .result()?;
-    let mut from = vec![std::ptr::null_mut(); n];
-    let mut to = vec![std::ptr::null_mut(); n];
-    let mut data = vec![edge(0, 0); n];
-    // SAFETY: the three arrays hold `n` entries each.
-    unsafe {
-        sys::cuGraphGetEdges_v2(
-            graph,
-            from.as_mut_ptr(),
-            to.as_mut_ptr(),
-            data.as_mut_ptr(),
-            &mut n,
-        )
-    }
-    .result()?;
+    let (from, to, data) = edges(graph)?;
+    let n = from.len();
     let programmatic = edge(
         sys::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC as u8,
         sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8,
     );
     let mut rewritten = 0;
-    for i in 0..n.min(from.len()) {
+    for i in 0..n {
         if data[i].type_ != 0
             || !is_kernel(from[i])?
             || kernel_func(to[i])?.is_none_or(|f| !ours.contains(&f))
@@ -146,37 +122,12 @@ impl StepGraph {
         let mut nodes = vec![std::ptr::null_mut(); n];
         // SAFETY: the array holds `n` entries.
         unsafe { sys::cuGraphGetNodes(self.graph, nodes.as_mut_ptr(), &mut n) }.result()?;
-        let mut e = 0usize;
-        // SAFETY: as above.
-        unsafe {
-            sys::cuGraphGetEdges_v2(
-                self.graph,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                &mut e,
-            )
-        }
-        .result()?;
-        let mut from = vec![std::ptr::null_mut(); e];
-        let mut to = vec![std::ptr::null_mut(); e];
-        let mut data = vec![edge(0, 0); e];
-        // SAFETY: the three arrays hold `e` entries each.
-        unsafe {
-            sys::cuGraphGetEdges_v2(
-                self.graph,
-                from.as_mut_ptr(),
-                to.as_mut_ptr(),
-                data.as_mut_ptr(),
-                &mut e,
-            )
-        }
-        .result()?;
+        let (from, to, _) = edges(self.graph)?;
         // Kahn's algorithm over node indices
         let index = |p: sys::CUgraphNode| nodes.iter().position(|&q| q == p);
         let mut succ = vec![Vec::new(); n];
         let mut preds = vec![0usize; n];
-        for (&f, &t) in from.iter().zip(&to).take(e) {
+        for (&f, &t) in from.iter().zip(&to) {
             if let (Some(f), Some(t)) = (index(f), index(t)) {
                 succ[f].push(t);
                 preds[t] += 1;
@@ -197,6 +148,46 @@ impl StepGraph {
         }
         Ok(order)
     }
+}
+
+/// A graph's edges: their sources, targets and data.
+type Edges = (
+    Vec<sys::CUgraphNode>,
+    Vec<sys::CUgraphNode>,
+    Vec<sys::CUgraphEdgeData>,
+);
+
+fn edges(graph: sys::CUgraph) -> Result<Edges> {
+    let mut n = 0usize;
+    // SAFETY: a size query (null arrays) of a live graph.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut n,
+        )
+    }
+    .result()?;
+    let mut from = vec![std::ptr::null_mut(); n];
+    let mut to = vec![std::ptr::null_mut(); n];
+    let mut data = vec![edge(0, 0); n];
+    // SAFETY: the three arrays hold `n` entries each.
+    unsafe {
+        sys::cuGraphGetEdges_v2(
+            graph,
+            from.as_mut_ptr(),
+            to.as_mut_ptr(),
+            data.as_mut_ptr(),
+            &mut n,
+        )
+    }
+    .result()?;
+    from.truncate(n);
+    to.truncate(n);
+    data.truncate(n);
+    Ok((from, to, data))
 }
 
 fn edge(from_port: u8, type_: u8) -> sys::CUgraphEdgeData {
