@@ -4,11 +4,10 @@
 // softmax per head, and the block that finishes a (token, group) last merges the ranges,
 // writes the output and quantizes it for the output projection: one kernel, no combine pass.
 //
-// A token's context 0..=pos is cut into ns = min(n_splits, ceil(len / 2 TP)) equal ranges
-// (two tiles, below, at least): long contexts spread over n_splits blocks per group, short
-// ones take as many as they fill (one range writes its result directly, with no merge). ns is
-// computed on the device from the position, so one captured graph serves every step of a
-// decode.
+// A token's context 0..=pos is cut into ns = min(n_splits, ceil(len / 32)) equal ranges:
+// long contexts spread over n_splits blocks per group, short ones take as many as they fill
+// (one range writes its result directly). ns is computed on the device from the position, so
+// one captured graph serves every step of a decode.
 //
 // A range is read in tiles of TP positions (8 KiB of K for heads of 128), double-buffered in
 // shared memory by cp.async: the next tile's rows are in flight while the block works on this
@@ -26,7 +25,7 @@
 
 #define ATT_THREADS 128
 #define ATT_GQ 4       // query heads per block at most
-#define ATT_MINLEN 32  // positions per context range at least (the tensor-core kernel, flash.cu)
+#define ATT_MINLEN 32  // positions per context range at least
 #define ATT_MAXSPLITS 128  // context ranges at most (the merge keeps their factors in shared memory)
 
 __device__ __forceinline__ float lo_h(u32 w) { return h2f((u16)(w & 0xFFFF)); }
@@ -150,7 +149,7 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     // positions and block tables come from the host (uploaded before the step): read before
     // the wait on the previous kernel, as are the cache rows it did not write (below)
     const int len = pos[t] + 1;
-    const int ns = min(n_splits, (len + 2 * TP - 1) / (2 * TP));  // ranges of two tiles at least
+    const int ns = min(n_splits, (len + ATT_MINLEN - 1) / ATT_MINLEN);
     if (s >= ns) {
         GRID_DEP();
         return;
@@ -201,26 +200,22 @@ __device__ __forceinline__ void attn_decode_g(const float* __restrict__ Q, int n
     float acc[R][4], m_run = -INFINITY, l_run = 0.f;
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = 0.f;
-    // the first two tiles, one a buffer: the rows of earlier steps before the wait, this
-    // step's own (written by the kernel before) after it, with the queries
-    int rows[LPT], rows1[LPT];
+    int rows[LPT];
     lookup(0, rows);
-    lookup(1, rows1);
-    issue_part(rows, 0, 0, 0, fresh, true);
-    if (ntiles > 1) issue_part(rows1, 1, 1, 0, fresh, true);
+    issue_part(rows, 0, 0, 0, fresh, true);  // the rows of earlier steps: before the wait
     GRID_DEP();
+    // this step's rows (written by the kernel before), and the queries
     issue_part(rows, 0, 0, fresh, len, false);
-    if (ntiles > 1) issue_part(rows1, 1, 1, fresh, len, false);
     for (int i = tid; i < ATT_GQ * HD; i += ATT_THREADS) {
         int j = i / HD;
         sq[i] = j < nq ? Q[((u64)t * n_heads + h0 + j) * HD + i % HD] * scale : 0.f;
     }
-    lookup(2, rows);
+    lookup(1, rows);
     for (int it = 0; it < ntiles; it++) {
         const int buf = it & 1, tp0 = p0 + it * TP;
         cp_async_wait_all();
         __syncthreads();  // this tile landed for every thread; the last tile's readers are done
-        if (it >= 1 && it + 1 < ntiles) {  // (tiles 0 and 1 were issued before the loop)
+        if (it + 1 < ntiles) {
             issue(rows, it + 1, buf ^ 1);
             lookup(it + 2, rows);
         }
