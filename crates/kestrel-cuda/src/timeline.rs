@@ -10,7 +10,7 @@
 //! compare the step's total with the same run unstamped.
 
 use crate::device::{DevBuf, Gpu};
-use crate::error::{CudaError, Result};
+use crate::error::Result;
 use crate::graph::StepGraph;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -83,9 +83,10 @@ impl Timeline {
             .map(|f| gpu.kernel_name(f).unwrap_or("?").to_string())
             .collect();
         let launches = launches(&raw);
-        std::fs::write(&self.path, csv(&launches, &names)).map_err(|e| {
-            CudaError::Other(format!("{ENV}: writing {}: {e}", self.path.display()))
-        })?;
+        // a diagnostic: a file that cannot be written is said, and the decode goes on
+        if let Err(e) = std::fs::write(&self.path, csv(&launches, &names)) {
+            eprintln!("{ENV}: writing {}: {e}", self.path.display());
+        }
         eprint!("{}", summary(&launches, &names, &self.path));
         Ok(())
     }
