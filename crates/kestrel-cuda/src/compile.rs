@@ -44,13 +44,14 @@ pub fn source() -> Result<String> {
 
 fn source_from(dir: Option<&Path>) -> Result<String> {
     // the stamps of crate::timeline, when asked for: another source, so another cached cubin
-    let head = if crate::timeline::requested().is_some() {
+    let mut src = String::from(if crate::timeline::requested().is_some() {
         "#define KESTREL_TIMELINE 1\n"
     } else {
         ""
-    };
+    });
     let Some(dir) = dir else {
-        return Ok(head.to_string() + &FILES.map(|(_, text)| text).join("\n"));
+        src += &FILES.map(|(_, text)| text).join("\n");
+        return Ok(src);
     };
     let mut parts = Vec::with_capacity(FILES.len());
     for (name, _) in FILES {
@@ -63,7 +64,8 @@ fn source_from(dir: Option<&Path>) -> Result<String> {
         })?;
         parts.push(text);
     }
-    Ok(head.to_string() + &parts.join("\n"))
+    src += &parts.join("\n");
+    Ok(src)
 }
 
 /// FNV-1a: a hash that stays the same across Rust versions (the cache key outlives a build).
