@@ -569,6 +569,11 @@ inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
 inline void prefetch_l2(const void*) {}
+inline uint4 ldw16(const void* p) {
+    uint4 v;
+    memcpy(&v, p, 16);
+    return v;
+}
 inline void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
     emu::MmaF16 m{c, a, b0, b1};
     emu::warp_meet(0xffffffffu, "mma.f16", &m, emu::mma_f16_fn);

@@ -127,7 +127,22 @@ __device__ __forceinline__ int dp4a_us(u32 a, int b, int c) {
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
 }
+// 16 bytes of weights (read once a step, never written by a kernel) by the read-only path, an
+// L2 miss fetching the 256 bytes around it (the warp's next unit loads lie in them). L1 keeps
+// them: a Q4_K unit's two quant words are halves of 32-byte sectors and four lanes share a
+// block's header, the second reads served there (with L1::no_allocate the 8B's SwiGLU took 29
+// us instead of 24, its tg128 -5%; H100, twenty-fifth session of docs/cuda.md).
+__device__ __forceinline__ uint4 ldw16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
 #endif
+__device__ __forceinline__ int4 ldw16i(const void* p) {
+    uint4 v = ldw16(p);
+    return make_int4((int)v.x, (int)v.y, (int)v.z, (int)v.w);
+}
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

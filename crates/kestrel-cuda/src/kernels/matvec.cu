@@ -138,10 +138,10 @@ __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk,
         const u8* a = W + blk * Blk<TY>::A;
         small_scale<TY>(r, W, nblk, blk);
         if constexpr (TY == T_Q8_0) {
-            r.v0 = ((const int4*)a)[0];
-            r.v1 = ((const int4*)a)[1];
+            r.v0 = ldw16i(a);
+            r.v1 = ldw16i(a + 16);
         } else if constexpr (TY == T_Q4_0 || TY == T_Q4_1) {
-            r.v = *(const int4*)a;
+            r.v = ldw16i(a);
         } else {  // Q5_0 / Q5_1: qh (4 bytes) then qs (16 bytes), 4-byte aligned
             const u32* p = (const u32*)a;
             r.qh = p[0];
@@ -152,19 +152,19 @@ __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk,
         // unit = 64 weights: sub-blocks 2c (low nibbles) and 2c+1 (high nibbles) of chunk c
         int b = u >> 2, c = u & 3;
         const uint4* bp = (const uint4*)(W + ((u64)row * bpr + b) * 144);
-        r.hd = bp[0];
-        r.v0 = bp[1 + 2 * c];
-        r.v1 = bp[2 + 2 * c];
+        r.hd = ldw16(bp);
+        r.v0 = ldw16(bp + 1 + 2 * c);
+        r.v1 = ldw16(bp + 2 + 2 * c);
     } else if constexpr (TY == T_Q5_K) {
         // as Q4_K, with the block's 32 qh bytes (16-47: bit j of byte l is weight l of
         // sub-block j) before its quants (48-175)
         int b = u >> 2, c = u & 3;
         const uint4* bp = (const uint4*)(W + ((u64)row * bpr + b) * 176);
-        r.hd = bp[0];
-        r.h0 = bp[1];
-        r.h1 = bp[2];
-        r.v0 = bp[3 + 2 * c];
-        r.v1 = bp[4 + 2 * c];
+        r.hd = ldw16(bp);
+        r.h0 = ldw16(bp + 1);
+        r.h1 = ldw16(bp + 2);
+        r.v0 = ldw16(bp + 3 + 2 * c);
+        r.v1 = ldw16(bp + 4 + 2 * c);
     } else {
         // Q6_K unit = pieces pp and pp + 2 of half n: they share the ql bytes (low / high nibbles)
         int b = u >> 2, n = (u >> 1) & 1, pp = u & 1;
@@ -173,10 +173,10 @@ __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk,
         r.d = ((const u16*)(W + nblk * 208))[bi];
         const int4* qlp = (const int4*)(blk + 64 * n + 32 * pp);
         const int4* qhp = (const int4*)(blk + 128 + 32 * n);
-        r.l0 = qlp[0];
-        r.l1 = qlp[1];
-        r.h0 = qhp[0];
-        r.h1 = qhp[1];
+        r.l0 = ldw16i(qlp);
+        r.l1 = ldw16i(qlp + 1);
+        r.h0 = ldw16i(qhp);
+        r.h1 = ldw16i(qhp + 1);
         r.sv = *(const uint2*)(blk + 192 + 8 * n);
     }
     return r;
@@ -486,8 +486,12 @@ MVH(q4_1, T_Q4_1)
 MVH(q5_1, T_Q5_1)
 MVH(q5_k, T_Q5_K)
 
+// The one-token kernels' register caps (__launch_bounds__'s blocks an SM): 4 (128 registers)
+// for the row kernels of one or two rows a warp, 8 (64) for the warps-per-row ones; without
+// them ldw16's loads took the Q6_K row kernels to 134 registers, 3 blocks an SM (the 8B's
+// down projection in two waves; 8B tg128 389 against 400 with the caps, H100).
 #define MVR1(NAME, TY, EPI, R)                                                                   \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_1_##EPI##_r##R(                \
+    extern "C" __global__ void __launch_bounds__(128, R < 4 ? 4 : 1) mv_##NAME##_1_##EPI##_r##R( \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) {                                                  \
         int row0 = (blockIdx.x * 4 + (threadIdx.x >> 5)) * R;                                   \
@@ -593,7 +597,7 @@ __device__ __forceinline__ void mv_f(const u8* __restrict__ W, const u8* __restr
 }
 
 #define MVQ1(NAME, TY, NT, EPI, WPR)                                                            \
-    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##NT##_##EPI##_##WPR(         \
+    extern "C" __global__ void __launch_bounds__(128, NT == 1 ? 8 : 1) mv_##NAME##_##NT##_##EPI##_##WPR( \
         const u8* W, const u8* W2, int rows, int cols, const i8* xq, const float2* xd, int xld,  \
         const float* xf, float* out, int old) { GRID_DEP();                                                  \
         mv_q<TY, NT, EPI, WPR>(W, W2, rows, cols, xq, xd, xld, out, old);                        \
@@ -721,7 +725,7 @@ __device__ __forceinline__ void mvx_rows(const u8* W0, int r0, int t0, float* o0
 MVXH(1, false, ) MVXH(2, false, ) MVXH(1, true, _all) MVXH(2, true, _all)
 
 #define MVXR(R, ALL, SUF)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) mvx_1_r##R##SUF(                           \
+    extern "C" __global__ void __launch_bounds__(128, R < 4 ? 4 : 1) mvx_1_r##R##SUF(            \
         const u8* W0, int r0, int t0, float* o0, const u8* W1, int r1, int t1, float* o1,        \
         const u8* W2, int r2, int t2, float* o2, const u8* W3, int r3, int t3, float* o3,        \
         int cols, const i8* xq, const float2* xd, const float* xf) { GRID_DEP();                             \
