@@ -52,6 +52,87 @@ pub(crate) fn top_k_into(
     buf.sort_unstable_by(by_logit_desc);
 }
 
+/// The `k` best of raw `logits` (NaN as `-inf`; ids are positions) that `skip` does not
+/// exclude, into `buf`, sorted; as [`top_k_into`], but whole chunks of 128 logits are passed
+/// over by their maximum once `k` are held (a later token has a higher id than every held
+/// one, so it must beat the k-th strictly): on a real vocabulary almost every chunk is, and
+/// the pass is a vectorized max, not a comparison a token.
+pub(crate) fn top_k_of_logits(
+    logits: &[f32],
+    k: usize,
+    skip: impl Fn(u32) -> bool,
+    buf: &mut Vec<Candidate>,
+) {
+    const CHUNK: usize = 128;
+    buf.clear();
+    if k == 0 {
+        return;
+    }
+    buf.reserve(2 * k);
+    let mut kth: Option<Candidate> = None;
+    for (ci, chunk) in logits.chunks(CHUNK).enumerate() {
+        if let Some(t) = &kth {
+            if max_ignoring_nan(chunk) <= t.logit {
+                continue;
+            }
+        }
+        for (j, &l) in chunk.iter().enumerate() {
+            // once k are held, only a logit above the k-th's can enter (NaN never does)
+            if kth.is_some_and(|t| l.partial_cmp(&t.logit) != Some(Ordering::Greater)) {
+                continue;
+            }
+            let c = Candidate {
+                id: (ci * CHUNK + j) as u32,
+                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+            };
+            if skip(c.id) {
+                continue;
+            }
+            buf.push(c);
+            if buf.len() == 2 * k {
+                buf.select_nth_unstable_by(k - 1, by_logit_desc);
+                buf.truncate(k);
+                kth = Some(buf[k - 1]);
+            }
+        }
+    }
+    if buf.len() > k {
+        buf.select_nth_unstable_by(k - 1, by_logit_desc);
+        buf.truncate(k);
+    }
+    buf.sort_unstable_by(by_logit_desc);
+}
+
+/// The largest of `xs`, NaN ignored (`-inf` when there is none); sixteen lanes, so it
+/// vectorizes.
+pub(crate) fn max_ignoring_nan(xs: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut blocks = xs.chunks_exact(LANES);
+    for b in &mut blocks {
+        for (m, &x) in lanes.iter_mut().zip(b) {
+            if x > *m {
+                *m = x;
+            }
+        }
+    }
+    // halves folded onto each other (vector maxima), not sixteen dependent scalar ones
+    for half in [8, 4, 2, 1] {
+        for i in 0..half {
+            if lanes[i + half] > lanes[i] {
+                lanes[i] = lanes[i + half];
+            }
+        }
+    }
+    let mut m = lanes[0];
+    for &x in blocks.remainder() {
+        if x > m {
+            m = x;
+        }
+    }
+    m
+}
+
 /// A list of candidates, reusable across calls.
 ///
 /// It remembers how long a prefix is already sorted (by descending logit,
@@ -95,6 +176,23 @@ impl Candidates {
         self.sorted = 0;
     }
 
+    /// Replaces the contents with the `k` best candidates of `logits` whose ids are not in
+    /// `penalized`, sorted, followed by `penalized` itself (`(id, logit)` sorted by id: the
+    /// tokens whose logits the penalties changed, with the changed logits). A top-k (or
+    /// argmax) of this list keeps what it would keep of [`Candidates::fill`]'s list with the
+    /// penalties applied: any other token has `k` unpenalized ones ahead of it. One fast pass
+    /// over the logits, no candidate written per vocabulary entry.
+    pub fn fill_top(&mut self, logits: &[f32], k: usize, penalized: &[(u32, f32)]) {
+        let skip = |id: u32| penalized.binary_search_by_key(&id, |p| p.0).is_ok();
+        top_k_of_logits(logits, k, skip, &mut self.data);
+        self.sorted = self.data.len();
+        if !penalized.is_empty() {
+            self.data
+                .extend(penalized.iter().map(|&(id, logit)| Candidate { id, logit }));
+            self.sorted = 0;
+        }
+    }
+
     /// The candidates in their current order.
     pub fn as_slice(&self) -> &[Candidate] {
         &self.data
@@ -130,10 +228,19 @@ impl Candidates {
         if self.sorted > 0 {
             return self.data[0].logit;
         }
-        self.data.iter().fold(
-            f32::NEG_INFINITY,
-            |m, c| if c.logit > m { c.logit } else { m },
-        )
+        // blocks of logits gathered for a vectorized max (a list of the whole vocabulary)
+        let mut m = f32::NEG_INFINITY;
+        let mut block = [f32::NEG_INFINITY; 64];
+        for chunk in self.data.chunks(64) {
+            for (b, c) in block.iter_mut().zip(chunk) {
+                *b = c.logit;
+            }
+            let bm = max_ignoring_nan(&block[..chunk.len()]);
+            if bm > m {
+                m = bm;
+            }
+        }
+        m
     }
 
     fn position(&self, id: u32) -> Option<usize> {

@@ -1,7 +1,7 @@
 //! Top-k log-probabilities for the OpenAI `logprobs` option.
 
-use crate::candidates::{top_k_into, Candidate};
-use crate::processors::dist::weight;
+use crate::candidates::{max_ignoring_nan, top_k_of_logits};
+use crate::weights::sum_logit_weights;
 
 /// The `k` most likely tokens with their log-probabilities, i.e. the
 /// log-softmax of the raw `logits`, most likely first (ties to the lowest
@@ -12,19 +12,13 @@ pub fn logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     if k == 0 {
         return Vec::new();
     }
-    let clean = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { l };
-    let max = logits
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &l| m.max(clean(l)));
-    let top = top_k(logits, k, clean);
+    let max = max_ignoring_nan(logits);
+    let mut top = Vec::new();
+    top_k_of_logits(logits, k, |_| false, &mut top);
     if max == f32::NEG_INFINITY {
         return top.iter().map(|c| (c.id, f32::NEG_INFINITY)).collect();
     }
-    let log_sum: f64 = logits
-        .iter()
-        .map(|&l| weight(clean(l), max))
-        .sum::<f64>()
-        .ln();
+    let log_sum = sum_logit_weights(logits, max).ln();
     top.iter()
         .map(|c| {
             let lp = if c.logit == max {
@@ -35,15 +29,4 @@ pub fn logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
             (c.id, lp as f32)
         })
         .collect()
-}
-
-/// The `k` best candidates, sorted.
-fn top_k(logits: &[f32], k: usize, clean: impl Fn(f32) -> f32) -> Vec<Candidate> {
-    let all = logits.iter().enumerate().map(|(i, &l)| Candidate {
-        id: i as u32,
-        logit: clean(l),
-    });
-    let mut best = Vec::new();
-    top_k_into(all, k, &mut best);
-    best
 }

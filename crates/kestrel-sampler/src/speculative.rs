@@ -9,7 +9,8 @@
 //! from `p` without `x`. Greedy sampling keeps `x` exactly when it is the argmax, so greedy
 //! speculative decoding gives plain greedy decoding's tokens.
 
-use crate::processors::{dist, greedy};
+use crate::processors::greedy;
+use crate::weights::weight;
 use crate::Sampler;
 
 /// A next-token distribution after the sampling chain: `(id, probability)` pairs with
@@ -63,7 +64,7 @@ impl Sampler {
         let weights: Vec<(u32, f64)> = cands
             .as_slice()
             .iter()
-            .map(|c| (c.id, dist::weight(c.logit, max)))
+            .map(|c| (c.id, weight(c.logit, max)))
             .filter(|&(_, w)| w > 0.0)
             .collect();
         let total: f64 = weights.iter().map(|&(_, w)| w).sum();

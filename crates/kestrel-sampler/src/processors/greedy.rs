@@ -1,5 +1,6 @@
 //! Greedy pick.
 
+use crate::candidates::max_ignoring_nan;
 use crate::Candidates;
 
 /// The candidate with the highest logit, ties broken to the lowest id;
@@ -40,28 +41,6 @@ pub fn argmax_logits(logits: &[f32]) -> Option<u32> {
     let base = best_chunk * CHUNK;
     let at = logits[base..].iter().position(|&x| x == best)?;
     Some((base + at) as u32)
-}
-
-/// The largest value of `xs`, NaN skipped (`-inf` when there is none).
-fn max_ignoring_nan(xs: &[f32]) -> f32 {
-    const LANES: usize = 16;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut blocks = xs.chunks_exact(LANES);
-    for b in &mut blocks {
-        for (m, &x) in lanes.iter_mut().zip(b) {
-            // `x > m` is false for NaN: the lane keeps its value (one vmaxps)
-            if x > *m {
-                *m = x;
-            }
-        }
-    }
-    let mut m = f32::NEG_INFINITY;
-    for &x in lanes.iter().chain(blocks.remainder()) {
-        if x > m {
-            m = x;
-        }
-    }
-    m
 }
 
 #[cfg(test)]

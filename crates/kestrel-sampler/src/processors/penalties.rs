@@ -29,27 +29,42 @@ impl Penalties {
     /// Penalizes `cands` for the tokens in the window of `history`.
     /// `scratch` is a reusable buffer; ids not in `cands` are ignored.
     pub fn apply(&self, cands: &mut Candidates, history: &[u32], scratch: &mut Vec<u32>) {
-        if !self.is_active() {
-            return;
-        }
-        let window = if self.last_n < 0 {
-            history
-        } else {
-            &history[history.len().saturating_sub(self.last_n as usize)..]
-        };
-        scratch.clear();
-        scratch.extend_from_slice(window);
-        scratch.sort_unstable();
-        for run in scratch.chunk_by(|a, b| a == b) {
-            let count = run.len() as f32;
-            if let Some(logit) = cands.logit_mut(run[0]) {
-                if *logit <= 0.0 {
-                    *logit *= self.repeat;
-                } else {
-                    *logit /= self.repeat;
-                }
-                *logit -= count * self.frequency + self.presence;
+        for (id, count) in self.window_counts(history, scratch) {
+            if let Some(logit) = cands.logit_mut(id) {
+                *logit = self.penalized(*logit, count);
             }
         }
+    }
+
+    /// The distinct tokens of the window of `history` with their counts, by ascending id
+    /// (nothing when inactive). `scratch` holds the sorted window.
+    pub fn window_counts<'s>(
+        &self,
+        history: &[u32],
+        scratch: &'s mut Vec<u32>,
+    ) -> impl Iterator<Item = (u32, usize)> + 's {
+        scratch.clear();
+        if self.is_active() {
+            let window = if self.last_n < 0 {
+                history
+            } else {
+                &history[history.len().saturating_sub(self.last_n as usize)..]
+            };
+            scratch.extend_from_slice(window);
+            scratch.sort_unstable();
+        }
+        scratch
+            .chunk_by(|a, b| a == b)
+            .map(|run| (run[0], run.len()))
+    }
+
+    /// `logit` of a token seen `count` times in the window, penalized.
+    pub fn penalized(&self, logit: f32, count: usize) -> f32 {
+        let l = if logit <= 0.0 {
+            logit * self.repeat
+        } else {
+            logit / self.repeat
+        };
+        l - (count as f32 * self.frequency + self.presence)
     }
 }

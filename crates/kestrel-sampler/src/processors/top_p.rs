@@ -1,6 +1,6 @@
 //! Top-p (nucleus) filter.
 
-use crate::processors::dist::weight;
+use crate::weights::{sum_weights, weight};
 use crate::Candidates;
 
 /// Keeps the smallest set of most likely candidates whose softmax
@@ -24,7 +24,7 @@ impl TopP {
         if max == f32::NEG_INFINITY {
             return;
         }
-        let total: f64 = cands.as_slice().iter().map(|c| weight(c.logit, max)).sum();
+        let total = sum_weights(cands.as_slice(), max);
         let target = p * total;
         let mut k = 64usize.min(cands.len());
         let mut cum = 0.0f64;

@@ -1,0 +1,199 @@
+//! Softmax weights `exp(logit - max)` over a whole vocabulary, fast.
+//!
+//! A draw over an untruncated 152k vocabulary (an OpenAI client's defaults: temperature 1, no
+//! top-k) took ~3 ms a token through `f64::exp`: longer than a GPU's whole decode step.
+//! Here `exp` is an f32 polynomial written in plain multiplies and adds (no `mul_add`; Rust
+//! never contracts into FMAs), so loops over it vectorize, as wide as the CPU allows, and
+//! every CPU gets the same bits.
+
+use crate::Candidate;
+
+const SHIFT: f32 = 12_582_912.0; // 1.5 x 2^23: adding it rounds to an integer in the low bits
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+// ln 2 split in two (Cody-Waite): n * LN2_HI is exact for the n that occur (|n| <= 126)
+const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+// e^r on |r| <= ln2 / 2: degree-5 minimax (ggml's `ggml_v_expf` coefficients)
+const C1: f32 = f32::from_bits(0x3f7f_fff6);
+const C2: f32 = f32::from_bits(0x3eff_fedb);
+const C3: f32 = f32::from_bits(0x3e2a_af33);
+const C4: f32 = f32::from_bits(0x3d2b_9f17);
+const C5: f32 = f32::from_bits(0x3c07_2010);
+/// Below this `exp` is taken as 0 (e^-87 ~ 1.6e-38, the smallest normal f32): `-inf` logits
+/// must weigh exactly nothing.
+const FLOOR: f32 = -87.0;
+
+/// `e^x` for `x <= 0` (within ~2 ulp; 0 below -87, `-inf` included). Branch-free.
+#[inline(always)]
+pub(crate) fn exp_nonpos(x: f32) -> f32 {
+    let xc = if x < FLOOR { FLOOR } else { x };
+    let z = xc * LOG2E + SHIFT;
+    let n = z - SHIFT;
+    let r = (xc - n * LN2_HI) - n * LN2_LO;
+    let p = 1.0 + r * (C1 + r * (C2 + r * (C3 + r * (C4 + r * C5))));
+    // 2^n from n's integer bits (n in [-126, 0]: a normal exponent)
+    let ni = z.to_bits() as i32 - SHIFT.to_bits() as i32;
+    let scale = f32::from_bits(((ni + 127) << 23) as u32);
+    if x < FLOOR {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// Unnormalized softmax weight `exp(logit - max)`, exactly `1` at the max so that `+inf`
+/// logits do not give `inf - inf = NaN`.
+#[inline(always)]
+pub(crate) fn weight(logit: f32, max: f32) -> f64 {
+    f64::from(weight32(logit, max))
+}
+
+#[inline(always)]
+fn weight32(logit: f32, max: f32) -> f32 {
+    if logit == max {
+        1.0
+    } else {
+        exp_nonpos(logit - max)
+    }
+}
+
+/// Logits a block of the sums below takes at once: gathered into an array (a short block
+/// padded with `-inf`), weighed and summed in f32 lanes (a block's 64 weights, each <= 1, lose
+/// nothing an f32 sum would notice), the block's sum then added in f64.
+const BLOCK: usize = 64;
+const LANES: usize = 16;
+
+#[inline(always)]
+fn block_sum_body(logits: &[f32; BLOCK], max: f32) -> f64 {
+    let mut lanes = [0f32; LANES];
+    for quarter in logits.chunks_exact(LANES) {
+        for (acc, &l) in lanes.iter_mut().zip(quarter) {
+            *acc += weight32(l, max);
+        }
+    }
+    for half in [8, 4, 2, 1] {
+        for i in 0..half {
+            lanes[i] += lanes[i + half];
+        }
+    }
+    f64::from(lanes[0])
+}
+
+/// The same body compiled for wider vectors where the CPU has them: plain multiplies and
+/// adds (never contracted into FMAs), so every path gives the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn block_sum_avx512(logits: &[f32; BLOCK], max: f32) -> f64 {
+    block_sum_body(logits, max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_sum_avx2(logits: &[f32; BLOCK], max: f32) -> f64 {
+    block_sum_body(logits, max)
+}
+
+fn block_sum(logits: &[f32; BLOCK], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F (checked above).
+            return unsafe { block_sum_avx512(logits, max) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { block_sum_avx2(logits, max) };
+        }
+    }
+    block_sum_body(logits, max)
+}
+
+/// The sum of [`weight`] over `cands`, block by block (the order every caller shares).
+pub(crate) fn sum_weights(cands: &[Candidate], max: f32) -> f64 {
+    let mut total = 0f64;
+    let mut block = [f32::NEG_INFINITY; BLOCK];
+    for chunk in cands.chunks(BLOCK) {
+        for (b, c) in block.iter_mut().zip(chunk) {
+            *b = c.logit;
+        }
+        block[chunk.len()..].fill(f32::NEG_INFINITY);
+        total += block_sum(&block, max);
+    }
+    total
+}
+
+/// The sum of [`weight`] over raw logits (NaN counts as `-inf`), as [`sum_weights`].
+pub(crate) fn sum_logit_weights(logits: &[f32], max: f32) -> f64 {
+    let mut total = 0f64;
+    let mut block = [f32::NEG_INFINITY; BLOCK];
+    for chunk in logits.chunks(BLOCK) {
+        for (b, &l) in block.iter_mut().zip(chunk) {
+            *b = if l.is_nan() { f32::NEG_INFINITY } else { l };
+        }
+        block[chunk.len()..].fill(f32::NEG_INFINITY);
+        total += block_sum(&block, max);
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_within_a_few_ulp_of_f64_exp() {
+        let mut worst = 0f64;
+        let mut x = 0f32;
+        while x > -87.0 {
+            let got = f64::from(exp_nonpos(x));
+            let want = f64::from(x).exp();
+            worst = worst.max(((got - want) / want).abs());
+            x -= 0.000_37;
+        }
+        assert!(worst < 4e-7, "worst relative error {worst:e}");
+        assert_eq!(exp_nonpos(0.0), 1.0);
+    }
+
+    #[test]
+    fn nothing_below_the_floor_weighs() {
+        for x in [-87.5f32, -100.0, -1e30, f32::NEG_INFINITY] {
+            assert_eq!(exp_nonpos(x), 0.0, "{x}");
+        }
+        assert_eq!(weight(f32::NEG_INFINITY, 3.0), 0.0);
+        assert_eq!(weight(f32::INFINITY, f32::INFINITY), 1.0);
+        assert_eq!(weight(2.0, f32::INFINITY), 0.0);
+    }
+
+    #[test]
+    fn block_sums_equal_a_plain_sum_up_to_rounding() {
+        let logits: Vec<f32> = (0..1001)
+            .map(|i| ((i * 7919) % 1000) as f32 / 50.0)
+            .collect();
+        let max = 999.0 / 50.0;
+        let cands: Vec<Candidate> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Candidate {
+                id: i as u32,
+                logit: l,
+            })
+            .collect();
+        let plain: f64 = logits.iter().map(|&l| weight(l, max)).sum();
+        let a = sum_weights(&cands, max);
+        let b = sum_logit_weights(&logits, max);
+        assert_eq!(a, b, "the same blocks over the same values");
+        assert!(((a - plain) / plain).abs() < 1e-6, "{a} {plain}");
+        let generic: f64 = logits
+            .chunks(BLOCK)
+            .map(|c| {
+                let mut block = [f32::NEG_INFINITY; BLOCK];
+                block[..c.len()].copy_from_slice(c);
+                block_sum_body(&block, max)
+            })
+            .sum();
+        assert_eq!(
+            a, generic,
+            "the CPU's widest vectors give the portable path's bits"
+        );
+    }
+}
