@@ -16,75 +16,90 @@ pub(crate) fn by_logit_desc(a: &Candidate, b: &Candidate) -> Ordering {
     b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
 }
 
-/// Collects the `k` best of `items` into `buf`, sorted (ties to the lowest
-/// id). One pass: candidates that beat the current k-th best go into a
-/// buffer of `2k`, compacted to the best `k` whenever it fills, so the cost
-/// is O(n) even for adversarial orders, and on real logits almost every
-/// item is rejected by one comparison.
-pub(crate) fn top_k_into(
-    items: impl Iterator<Item = Candidate>,
-    k: usize,
-    buf: &mut Vec<Candidate>,
-) {
-    buf.clear();
-    if k == 0 {
-        return;
-    }
-    buf.reserve(2 * k);
-    let mut kth: Option<Candidate> = None;
-    for c in items {
-        if let Some(t) = &kth {
-            if by_logit_desc(&c, t).is_ge() {
-                continue;
-            }
-        }
-        buf.push(c);
-        if buf.len() == 2 * k {
-            buf.select_nth_unstable_by(k - 1, by_logit_desc);
-            buf.truncate(k);
-            kth = Some(buf[k - 1]);
-        }
-    }
-    if buf.len() > k {
-        buf.select_nth_unstable_by(k - 1, by_logit_desc);
-        buf.truncate(k);
-    }
-    buf.sort_unstable_by(by_logit_desc);
+/// What [`top_k_into`] reads: a list of logits by position, as raw logits (ids are the
+/// positions) or as candidates.
+pub(crate) trait Scores {
+    fn count(&self) -> usize;
+    /// The candidate at position `i` (NaN as `-inf`).
+    fn at(&self, i: usize) -> Candidate;
+    /// The largest logit of positions `range`, NaN ignored.
+    fn max_of(&self, range: std::ops::Range<usize>) -> f32;
+    /// Whether ids grow with the position: a later token then loses every tie.
+    const IDS_ASCEND: bool;
 }
 
-/// The `k` best of raw `logits` (NaN as `-inf`; ids are positions) that `skip` does not
-/// exclude, into `buf`, sorted; as [`top_k_into`], but whole chunks of 128 logits are passed
-/// over by their maximum once `k` are held (a later token has a higher id than every held
-/// one, so it must beat the k-th strictly): on a real vocabulary almost every chunk is, and
-/// the pass is a vectorized max, not a comparison a token.
-pub(crate) fn top_k_of_logits(
-    logits: &[f32],
+impl Scores for [f32] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn at(&self, i: usize) -> Candidate {
+        let l = self[i];
+        Candidate {
+            id: i as u32,
+            logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
+        }
+    }
+    fn max_of(&self, range: std::ops::Range<usize>) -> f32 {
+        max_ignoring_nan(&self[range])
+    }
+    const IDS_ASCEND: bool = true;
+}
+
+impl Scores for [Candidate] {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn at(&self, i: usize) -> Candidate {
+        self[i]
+    }
+    fn max_of(&self, range: std::ops::Range<usize>) -> f32 {
+        // gathered into a block, so the max vectorizes
+        let mut block = [f32::NEG_INFINITY; TOP_CHUNK];
+        let part = &self[range];
+        for (b, c) in block.iter_mut().zip(part) {
+            *b = c.logit;
+        }
+        max_ignoring_nan(&block[..part.len()])
+    }
+    const IDS_ASCEND: bool = false;
+}
+
+/// Positions [`top_k_into`] passes over at once by their maximum.
+const TOP_CHUNK: usize = 128;
+
+/// Collects the `k` best of `items` that `skip` does not exclude into `buf`, sorted (ties to
+/// the lowest id). One pass: candidates that beat the current k-th best go into a buffer of
+/// `2k`, compacted to the best `k` whenever it fills, so the cost is O(n) even for
+/// adversarial orders; once `k` are held, a chunk of 128 whose maximum cannot beat the k-th
+/// is passed over whole (a vectorized max, not a comparison a token: on a real vocabulary
+/// almost every chunk is).
+pub(crate) fn top_k_into<S: Scores + ?Sized>(
+    items: &S,
     k: usize,
     skip: impl Fn(u32) -> bool,
     buf: &mut Vec<Candidate>,
 ) {
-    const CHUNK: usize = 128;
     buf.clear();
     if k == 0 {
         return;
     }
     buf.reserve(2 * k);
+    let n = items.count();
     let mut kth: Option<Candidate> = None;
-    for (ci, chunk) in logits.chunks(CHUNK).enumerate() {
+    for start in (0..n).step_by(TOP_CHUNK) {
+        let end = (start + TOP_CHUNK).min(n);
         if let Some(t) = &kth {
-            if max_ignoring_nan(chunk) <= t.logit {
+            let m = items.max_of(start..end);
+            // a later token loses a tie where ids ascend, so equal is not enough there
+            if m < t.logit || (S::IDS_ASCEND && m == t.logit) {
                 continue;
             }
         }
-        for (j, &l) in chunk.iter().enumerate() {
-            // once k are held, only a logit above the k-th's can enter (NaN never does)
-            if kth.is_some_and(|t| l.partial_cmp(&t.logit) != Some(Ordering::Greater)) {
+        for i in start..end {
+            let c = items.at(i);
+            if kth.is_some_and(|t| c.logit < t.logit || by_logit_desc(&c, &t).is_ge()) {
                 continue;
             }
-            let c = Candidate {
-                id: (ci * CHUNK + j) as u32,
-                logit: if l.is_nan() { f32::NEG_INFINITY } else { l },
-            };
             if skip(c.id) {
                 continue;
             }
@@ -184,7 +199,7 @@ impl Candidates {
     /// over the logits, no candidate written per vocabulary entry.
     pub fn fill_top(&mut self, logits: &[f32], k: usize, penalized: &[(u32, f32)]) {
         let skip = |id: u32| penalized.binary_search_by_key(&id, |p| p.0).is_ok();
-        top_k_of_logits(logits, k, skip, &mut self.data);
+        top_k_into(logits, k, skip, &mut self.data);
         self.sorted = self.data.len();
         if !penalized.is_empty() {
             self.data
@@ -276,10 +291,28 @@ impl Candidates {
         }
         let tail = &mut self.data[self.sorted..];
         let want = k - self.sorted;
-        if want < tail.len() {
-            tail.select_nth_unstable_by(want - 1, by_logit_desc);
+        if want < tail.len() && 8 * want <= tail.len() && tail.len() >= 4 * TOP_CHUNK {
+            // a few of many (top-p over a whole vocabulary): the chunked pass finds them,
+            // one sweep moves them to the front, where their sorted copy goes
+            let best = &mut self.spare;
+            top_k_into(&*tail, want, |_| false, best);
+            let kth = best[want - 1];
+            let mut w = 0;
+            for r in 0..tail.len() {
+                let c = tail[r];
+                if c.logit >= kth.logit && by_logit_desc(&c, &kth).is_le() {
+                    tail.swap(w, r);
+                    w += 1;
+                }
+            }
+            debug_assert_eq!(w, want);
+            tail[..want].copy_from_slice(best);
+        } else {
+            if want < tail.len() {
+                tail.select_nth_unstable_by(want - 1, by_logit_desc);
+            }
+            tail[..want].sort_unstable_by(by_logit_desc);
         }
-        tail[..want].sort_unstable_by(by_logit_desc);
         self.sorted = k;
     }
 
@@ -296,7 +329,7 @@ impl Candidates {
             return;
         }
         let buf = &mut self.spare;
-        top_k_into(self.data.iter().copied(), k, buf);
+        top_k_into(&self.data[..], k, |_| false, buf);
         // Copy back (k is small) so `data` keeps its vocabulary-sized buffer.
         self.data.clear();
         self.data.extend_from_slice(buf);
@@ -357,6 +390,30 @@ mod tests {
                 assert_eq!(c.as_slice(), want.as_slice());
                 assert!(c.is_sorted());
             }
+        }
+    }
+
+    #[test]
+    fn a_growing_prefix_of_a_large_list_with_ties_is_the_full_sort_s() {
+        // values on a coarse grid (many ties), -inf among them, in a scrambled order
+        let logits: Vec<f32> = (0..20_000u64)
+            .map(|i| match (i * 2_654_435_761) % 97 {
+                0 => f32::NEG_INFINITY,
+                v => (v % 40) as f32 * 0.5,
+            })
+            .collect();
+        let mut want = Candidates::from_logits(&logits);
+        want.data.sort_by(by_logit_desc);
+        let mut c = Candidates::from_logits(&logits);
+        for k in [64, 512, 4096, 20_000] {
+            c.sort_prefix(k);
+            assert_eq!(c.as_slice()[..k], want.as_slice()[..k], "prefix {k}");
+            let mut ids: Vec<u32> = c.ids().collect();
+            ids.sort_unstable();
+            assert!(
+                ids.iter().enumerate().all(|(i, &id)| id == i as u32),
+                "a permutation"
+            );
         }
     }
 

@@ -1,6 +1,6 @@
 //! Top-k log-probabilities for the OpenAI `logprobs` option.
 
-use crate::candidates::{max_ignoring_nan, top_k_of_logits};
+use crate::candidates::{max_ignoring_nan, top_k_into};
 use crate::weights::sum_logit_weights;
 
 /// The `k` most likely tokens with their log-probabilities, i.e. the
@@ -14,7 +14,7 @@ pub fn logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     }
     let max = max_ignoring_nan(logits);
     let mut top = Vec::new();
-    top_k_of_logits(logits, k, |_| false, &mut top);
+    top_k_into(logits, k, |_| false, &mut top);
     if max == f32::NEG_INFINITY {
         return top.iter().map(|c| (c.id, f32::NEG_INFINITY)).collect();
     }
