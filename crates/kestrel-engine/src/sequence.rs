@@ -117,7 +117,7 @@ impl<'t> Sequence<'t> {
     pub fn emit(&mut self, id: u32, logits: &[f32], eog: &[u32]) -> Option<FinishReason> {
         let logprob = self.logprobs.map(|n| TokenLogprob {
             id,
-            logprob: chosen_logprob(logits, id),
+            logprob: kestrel_sampler::logprob_of(logits, id),
             top: kestrel_sampler::logprobs(logits, n),
         });
         self.tokens.push(id);
@@ -151,23 +151,4 @@ impl<'t> Sequence<'t> {
         self.send(Event::Token { id, text, logprob });
         finish
     }
-}
-
-/// log-softmax of the raw logits at `id` (NaN counts as -inf, as in the sampler).
-fn chosen_logprob(logits: &[f32], id: u32) -> f32 {
-    let clean = |l: f32| if l.is_nan() { f32::NEG_INFINITY } else { l };
-    let max = logits
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &l| m.max(clean(l)));
-    let Some(&x) = logits.get(id as usize) else {
-        return f32::NEG_INFINITY;
-    };
-    if max == f32::NEG_INFINITY {
-        return f32::NEG_INFINITY;
-    }
-    let sum: f64 = logits
-        .iter()
-        .map(|&l| f64::from(clean(l) - max).exp())
-        .sum();
-    (f64::from(clean(x) - max) - sum.ln()) as f32
 }

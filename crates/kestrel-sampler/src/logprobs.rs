@@ -30,3 +30,17 @@ pub fn logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
         })
         .collect()
 }
+
+/// The log-probability of token `id` (log-softmax of the raw `logits` at `id`; NaN counts as
+/// `-inf`, as does an `id` outside the logits).
+pub fn logprob_of(logits: &[f32], id: u32) -> f32 {
+    let max = max_ignoring_nan(logits);
+    let Some(&x) = logits.get(id as usize) else {
+        return f32::NEG_INFINITY;
+    };
+    if max == f32::NEG_INFINITY || x.is_nan() {
+        return f32::NEG_INFINITY;
+    }
+    let log_sum = sum_logit_weights(logits, max).ln();
+    (f64::from(x - max) - log_sum) as f32
+}

@@ -1,6 +1,6 @@
 //! The whole chain through `Sampler`.
 
-use kestrel_sampler::{logprobs, Sampler, SamplingParams};
+use kestrel_sampler::{logprob_of, logprobs, Sampler, SamplingParams};
 
 fn seeded(seed: u64) -> SamplingParams {
     SamplingParams {
@@ -245,6 +245,34 @@ fn logprobs_are_log_softmax_of_raw_logits() {
     assert!((lp[1].1 - 0.3f32.ln()).abs() < 1e-5);
     assert_eq!(logprobs(&logits, 10).len(), 3);
     assert!(logprobs(&logits, 0).is_empty());
+    for (id, p) in probs.iter().enumerate() {
+        let got = logprob_of(&logits, id as u32);
+        assert!((f64::from(got) - p.ln()).abs() < 1e-5, "{id}: {got}");
+    }
+    assert_eq!(
+        logprob_of(&logits, 7),
+        f32::NEG_INFINITY,
+        "outside the vocabulary"
+    );
+    assert_eq!(logprob_of(&[1.0, f32::NAN], 1), f32::NEG_INFINITY, "NaN");
+}
+
+#[test]
+fn a_chosen_tokens_logprob_over_a_large_vocabulary_is_the_f64_log_softmax() {
+    let logits: Vec<f32> = (0..151_936u64)
+        .map(|i| ((i * 2_654_435_761) % 10_007) as f32 / 700.0 - 6.0)
+        .collect();
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let log_sum: f64 = logits
+        .iter()
+        .map(|&l| f64::from(l - max).exp())
+        .sum::<f64>()
+        .ln();
+    for id in [0u32, 17, 99_999, 151_935] {
+        let want = f64::from(logits[id as usize] - max) - log_sum;
+        let got = f64::from(logprob_of(&logits, id));
+        assert!((got - want).abs() < 1e-5, "{id}: {got} vs {want}");
+    }
 }
 
 #[test]
