@@ -115,10 +115,9 @@ impl<'t> Sequence<'t> {
     /// Appends token `id` (chosen from `logits`), streams it, and says whether the request is
     /// done.
     pub fn emit(&mut self, id: u32, logits: &[f32], eog: &[u32]) -> Option<FinishReason> {
-        let logprob = self.logprobs.map(|n| TokenLogprob {
-            id,
-            logprob: kestrel_sampler::logprob_of(logits, id),
-            top: kestrel_sampler::logprobs(logits, n),
+        let logprob = self.logprobs.map(|n| {
+            let (logprob, top) = kestrel_sampler::token_logprobs(logits, id, n);
+            TokenLogprob { id, logprob, top }
         });
         self.tokens.push(id);
         if self.first_token_at.is_none() {

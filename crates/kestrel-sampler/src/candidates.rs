@@ -121,6 +121,7 @@ pub(crate) fn top_k_into<S: Scores + ?Sized>(
 /// The largest of `xs`, NaN ignored (`-inf` when there is none); sixteen lanes, so it
 /// vectorizes.
 pub(crate) fn max_ignoring_nan(xs: &[f32]) -> f32 {
+    // `x > m` is false for a NaN x: one vector max a block (x86's max keeps m then)
     const LANES: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut blocks = xs.chunks_exact(LANES);
@@ -131,16 +132,8 @@ pub(crate) fn max_ignoring_nan(xs: &[f32]) -> f32 {
             }
         }
     }
-    // halves folded onto each other (vector maxima), not sixteen dependent scalar ones
-    for half in [8, 4, 2, 1] {
-        for i in 0..half {
-            if lanes[i + half] > lanes[i] {
-                lanes[i] = lanes[i + half];
-            }
-        }
-    }
-    let mut m = lanes[0];
-    for &x in blocks.remainder() {
+    let mut m = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(blocks.remainder()) {
         if x > m {
             m = x;
         }

@@ -52,7 +52,7 @@ mod weights;
 
 pub use candidates::{Candidate, Candidates};
 pub use error::SamplerError;
-pub use logprobs::{logprob_of, logprobs};
+pub use logprobs::{logprob_of, logprobs, token_logprobs};
 pub use params::SamplingParams;
 pub use rng::Xoshiro256StarStar;
 pub use sampler::Sampler;

@@ -43,7 +43,8 @@ pub struct BenchArgs {
     /// Tokens compared between the fast and the reference path (0 skips the check).
     #[arg(long, default_value_t = 16)]
     pub check_tokens: usize,
-    /// Serving scenarios instead of pp/tg: `agent` (multi-turn prefix reuse) or `concurrent`.
+    /// Serving scenarios instead of pp/tg: `agent` (multi-turn prefix reuse), `concurrent`, or
+    /// `sampling` (the host's cost of picking a token, chain by chain).
     #[arg(long)]
     pub scenario: Option<String>,
     /// Concurrency levels of `--scenario concurrent`.
@@ -311,7 +312,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         None => {}
         Some("agent") => return crate::commands::scenarios::agent(&args, opts),
         Some("concurrent") => return crate::commands::scenarios::concurrent(&args, opts),
-        Some(other) => anyhow::bail!("unknown --scenario '{other}' (agent or concurrent)"),
+        Some("sampling") => return crate::commands::sampling_bench::run(&args, opts),
+        Some(other) => {
+            anyhow::bail!("unknown --scenario '{other}' (agent, concurrent or sampling)")
+        }
     }
     let src = ModelSource::open(&args.model)?;
     if let Some(n) = crate::gpu::bench_device(crate::gpu::Device::parse(&args.device)?)? {

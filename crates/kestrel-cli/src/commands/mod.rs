@@ -4,6 +4,7 @@ pub mod info;
 pub mod logits;
 pub mod quantize;
 pub mod run;
+pub mod sampling_bench;
 pub mod scenarios;
 pub mod serve;
 pub mod spec_bench;
