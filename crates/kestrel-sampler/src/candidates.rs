@@ -151,7 +151,7 @@ pub struct Candidates {
     data: Vec<Candidate>,
     /// `data[..sorted]` holds the `sorted` best candidates, in order.
     sorted: usize,
-    /// Reusable buffer for [`Candidates::keep_top`].
+    /// Reusable buffer of [`Candidates::best`].
     spare: Vec<Candidate>,
 }
 
@@ -275,58 +275,36 @@ impl Candidates {
         }
     }
 
-    /// Makes sure the first `k` entries are the `k` best, sorted. Only the
-    /// unsorted tail is partially selected, so growing `k` is incremental.
-    pub(crate) fn sort_prefix(&mut self, k: usize) {
+    /// The `k` best candidates, sorted (ties to the lowest id), the list itself unchanged:
+    /// its sorted prefix where that is long enough, else one pass of [`top_k_into`] into a
+    /// buffer (so a top-p over a whole vocabulary sorts nothing but what it keeps).
+    pub(crate) fn best(&mut self, k: usize) -> &[Candidate] {
         let k = k.min(self.data.len());
         if k <= self.sorted {
-            return;
+            return &self.data[..k];
         }
-        let tail = &mut self.data[self.sorted..];
-        let want = k - self.sorted;
-        if want < tail.len() && 8 * want <= tail.len() && tail.len() >= 4 * TOP_CHUNK {
-            // a few of many (top-p over a whole vocabulary): the chunked pass finds them,
-            // one sweep moves them to the front, where their sorted copy goes
-            let best = &mut self.spare;
-            top_k_into(&*tail, want, |_| false, best);
-            let kth = best[want - 1];
-            let mut w = 0;
-            for r in 0..tail.len() {
-                let c = tail[r];
-                if c.logit >= kth.logit && by_logit_desc(&c, &kth).is_le() {
-                    tail.swap(w, r);
-                    w += 1;
-                }
-            }
-            debug_assert_eq!(w, want);
-            tail[..want].copy_from_slice(best);
-        } else {
-            if want < tail.len() {
-                tail.select_nth_unstable_by(want - 1, by_logit_desc);
-            }
-            tail[..want].sort_unstable_by(by_logit_desc);
-        }
-        self.sorted = k;
+        top_k_into(&self.data[..], k, |_| false, &mut self.spare);
+        &self.spare
     }
 
-    /// Keeps only the `k` best candidates, sorted, in one pass over the
-    /// list (see [`top_k_into`]); no sort of the whole list.
-    pub(crate) fn keep_top(&mut self, k: usize) {
-        if k >= self.data.len() {
-            self.sort_prefix(k);
+    /// Keeps only the `n` best candidates, sorted; `n` at most the `k` of the last
+    /// [`Candidates::best`].
+    pub(crate) fn keep_best(&mut self, n: usize) {
+        if n <= self.sorted {
+            self.truncate(n);
             return;
         }
-        if k == 0 || self.sorted > 0 {
-            self.sort_prefix(k);
-            self.truncate(k);
-            return;
-        }
-        let buf = &mut self.spare;
-        top_k_into(&self.data[..], k, |_| false, buf);
-        // Copy back (k is small) so `data` keeps its vocabulary-sized buffer.
+        // copied back (n is small) so `data` keeps its vocabulary-sized buffer
         self.data.clear();
-        self.data.extend_from_slice(buf);
-        self.sorted = self.data.len();
+        self.data.extend_from_slice(&self.spare[..n]);
+        self.sorted = n;
+    }
+
+    /// Keeps only the `k` best candidates, sorted, in one pass over the list (see
+    /// [`top_k_into`]); no sort of the whole list.
+    pub(crate) fn keep_top(&mut self, k: usize) {
+        let n = self.best(k).len();
+        self.keep_best(n);
     }
 
     /// Keeps the first `n` candidates.
@@ -387,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn a_growing_prefix_of_a_large_list_with_ties_is_the_full_sort_s() {
+    fn the_best_of_a_large_list_with_ties_are_the_full_sort_s() {
         // values on a coarse grid (many ties), -inf among them, in a scrambled order
         let logits: Vec<f32> = (0..20_000u64)
             .map(|i| match (i * 2_654_435_761) % 97 {
@@ -398,27 +376,14 @@ mod tests {
         let mut want = Candidates::from_logits(&logits);
         want.data.sort_by(by_logit_desc);
         let mut c = Candidates::from_logits(&logits);
-        for k in [64, 512, 4096, 20_000] {
-            c.sort_prefix(k);
-            assert_eq!(c.as_slice()[..k], want.as_slice()[..k], "prefix {k}");
-            let mut ids: Vec<u32> = c.ids().collect();
-            ids.sort_unstable();
-            assert!(
-                ids.iter().enumerate().all(|(i, &id)| id == i as u32),
-                "a permutation"
-            );
+        for k in [1, 64, 512, 4096, 20_000] {
+            assert_eq!(c.best(k), &want.as_slice()[..k], "best {k}");
+            assert_eq!(c.len(), 20_000, "the list itself unchanged");
         }
-    }
-
-    #[test]
-    fn sort_prefix_is_incremental_and_correct() {
-        let logits: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32).collect();
-        let mut c = Candidates::from_logits(&logits);
-        c.sort_prefix(10);
-        c.sort_prefix(100);
-        let mut all = logits.clone();
-        all.sort_by(|a, b| b.total_cmp(a));
-        let got: Vec<f32> = c.as_slice()[..100].iter().map(|c| c.logit).collect();
-        assert_eq!(got, all[..100]);
+        c.best(512);
+        c.keep_best(100);
+        assert_eq!(c.as_slice(), &want.as_slice()[..100]);
+        assert!(c.is_sorted());
+        assert_eq!(c.best(10), &want.as_slice()[..10], "from the sorted prefix");
     }
 }

@@ -7,9 +7,9 @@ use crate::Candidates;
 /// probability adds up to at least `p` (at least one is kept). `p >= 1`
 /// disables.
 ///
-/// The list is sorted only as far as needed: the prefix grows geometrically
-/// from 64 candidates until it holds mass `p`, so on a peaked 150k vocab
-/// only a small prefix is ever sorted.
+/// Only the best candidates are ever sorted: 64 of them, then 8x as many, until they
+/// hold mass `p` (each round one chunked pass over the list), so on a
+/// peaked 150k vocabulary only a small prefix is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TopP(pub f32);
 
@@ -26,23 +26,22 @@ impl TopP {
         }
         let total = sum_weights(cands.as_slice(), max);
         let target = p * total;
+        // the best 64, then 8x as many, until their mass reaches the target
         let mut k = 64usize.min(cands.len());
-        let mut cum = 0.0f64;
-        let mut scanned = 0usize;
         loop {
-            cands.sort_prefix(k);
-            for (i, c) in cands.as_slice()[scanned..k].iter().enumerate() {
+            let mut cum = 0.0f64;
+            let cut = cands.best(k).iter().position(|c| {
                 cum += weight(c.logit, max);
-                if cum >= target {
-                    cands.truncate(scanned + i + 1);
-                    return;
-                }
+                cum >= target
+            });
+            if let Some(i) = cut {
+                cands.keep_best(i + 1);
+                return;
             }
             if k == cands.len() {
                 // Rounding left the sum a hair short of p: keep everything.
                 return;
             }
-            scanned = k;
             k = k.saturating_mul(8).min(cands.len());
         }
     }
