@@ -498,3 +498,38 @@ fn bench_measures_bandwidth_outside_its_own_memory() {
         "peak RSS {rss} holds the bandwidth buffer"
     );
 }
+
+/// `bench --scenario sampling --json`: every chain timed on the model's own logits, each at
+/// least one read of the row's cost apart from greedy (which is that read).
+#[test]
+fn sampling_scenario_times_every_chain() {
+    let model = tiny("qwen2").join("qwen2-f32.gguf");
+    let out = kestrel(&[
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "--scenario",
+        "sampling",
+        "-n",
+        "4",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["rows"].as_u64(), Some(5), "the prompt's row and 4 steps'");
+    let chains = v["chains"].as_array().expect("chains");
+    assert_eq!(chains.len(), 6);
+    for c in chains {
+        let us = c["us_per_token"].as_f64().unwrap_or(-1.0);
+        assert!(us > 0.0, "{c}");
+    }
+    assert!(v["floor_us"].as_f64().unwrap_or(-1.0) > 0.0);
+}
