@@ -121,6 +121,23 @@ pub(crate) fn top_k_into<S: Scores + ?Sized>(
 /// The largest of `xs`, NaN ignored (`-inf` when there is none); sixteen lanes, so it
 /// vectorizes.
 pub(crate) fn max_ignoring_nan(xs: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if xs.len() >= 1024 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked above).
+        return unsafe { max_avx2(xs) };
+    }
+    max_body(xs)
+}
+
+/// [`max_body`] in 8-wide vectors (a max is exact: the same result).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_avx2(xs: &[f32]) -> f32 {
+    max_body(xs)
+}
+
+#[inline(always)]
+fn max_body(xs: &[f32]) -> f32 {
     // `x > m` is false for a NaN x: one vector max a block (x86's max keeps m then)
     const LANES: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; LANES];

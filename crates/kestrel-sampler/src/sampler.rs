@@ -67,12 +67,31 @@ impl Sampler {
             // candidate list built (a 248k vocabulary costs 2 MB of writes per token).
             return greedy::argmax_logits(logits).unwrap_or(0);
         }
+        if self.draws_whole_row() {
+            // Nothing truncates: the draw reads the row as the chain would leave it, without
+            // a candidate for every entry (the same token, bit for bit; tested below).
+            self.penalize(logits, history);
+            let t = self.params.temperature;
+            let row = dist::Scaled {
+                logits,
+                penalized: &self.penalized,
+                inv_temperature: (t > 0.0 && t != 1.0).then(|| 1.0 / t),
+            };
+            return dist::sample_scaled(&row, &mut self.rng).unwrap_or(0);
+        }
         let picked = if self.process(logits, history) {
             greedy::argmax(&self.cands)
         } else {
             dist::sample(&self.cands, &mut self.rng)
         };
         picked.unwrap_or(0)
+    }
+
+    /// Whether the chain keeps every token (no top-k, top-p or min-p; sampled): an OpenAI
+    /// client's defaults.
+    fn draws_whole_row(&self) -> bool {
+        let p = &self.params;
+        !p.is_greedy() && p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0
     }
 
     /// Whether [`Sampler::sample`] is the plain argmax of the logits (greedy, no penalties):
@@ -189,6 +208,58 @@ mod tests {
             };
         }
         v
+    }
+
+    #[test]
+    fn an_untruncated_draw_from_the_row_is_the_candidate_lists() {
+        let mut state = 0x5151_7e57u64;
+        for (i, &(temperature, repeat, presence)) in [
+            (1.0, 1.0, 0.0),
+            (0.7, 1.0, 0.0),
+            (1.3, 1.2, 0.5),
+            (1.0, 0.9, -1.0),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let params = SamplingParams {
+                temperature,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                repeat_penalty: repeat,
+                presence_penalty: presence,
+                seed: Some(40 + i as u64),
+                ..SamplingParams::default()
+            };
+            for n in [1usize, 63, 300, 5000] {
+                let v = logits(n, &mut state);
+                let history: Vec<u32> = (0..50)
+                    .map(|_| (xorshift(&mut state) % n as u64) as u32)
+                    .collect();
+                let mut fast = Sampler::new(params.clone(), n).unwrap();
+                assert!(fast.draws_whole_row());
+                let mut slow = fast.clone();
+                for round in 0..40 {
+                    let a = fast.sample(&v, &history);
+                    slow.process(&v, &history);
+                    let b = dist::sample(&slow.cands, &mut slow.rng).unwrap_or(0);
+                    assert_eq!(a, b, "chain {i}, {n} logits, draw {round}");
+                }
+            }
+        }
+        let all_neg_inf = [f32::NEG_INFINITY; 7];
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..SamplingParams::default()
+            },
+            7,
+        )
+        .unwrap();
+        assert_eq!(s.sample(&all_neg_inf, &[]), 0);
     }
 
     #[test]

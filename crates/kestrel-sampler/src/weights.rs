@@ -23,10 +23,12 @@ const C5: f32 = f32::from_bits(0x3c07_2010);
 /// must weigh exactly nothing.
 const FLOOR: f32 = -87.0;
 
-/// `e^x` for `x <= 0` (within ~2 ulp; 0 below -87, `-inf` included). Branch-free.
+/// `e^x` for `x <= 0` (within ~2 ulp; 0 below -87, `-inf` and NaN included: a NaN logit
+/// weighs what `-inf` does). Branch-free.
 #[inline(always)]
 pub(crate) fn exp_nonpos(x: f32) -> f32 {
-    let xc = if x < FLOOR { FLOOR } else { x };
+    let inside = x >= FLOOR; // false for NaN
+    let xc = if inside { x } else { FLOOR };
     let z = xc * LOG2E + SHIFT;
     let n = z - SHIFT;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
@@ -36,10 +38,10 @@ pub(crate) fn exp_nonpos(x: f32) -> f32 {
     // 2^n from n's integer bits (n in [-126, 0]: a normal exponent)
     let ni = z.to_bits() as i32 - SHIFT.to_bits() as i32;
     let scale = f32::from_bits(((ni + 127) << 23) as u32);
-    if x < FLOOR {
-        0.0
-    } else {
+    if inside {
         p * scale
+    } else {
+        0.0
     }
 }
 
@@ -59,14 +61,14 @@ fn weight32(logit: f32, max: f32) -> f32 {
     }
 }
 
-/// Logits a block of the sums below takes at once: gathered into an array (a short block
-/// padded with `-inf`), weighed and summed in f32 lanes (a block's 64 weights, each <= 1, lose
-/// nothing an f32 sum would notice), the block's sum then added in f64.
+/// Logits a block of the sums below takes at once: weighed and summed in f32 lanes (a
+/// block's 64 weights, each <= 1, lose nothing an f32 sum would notice), the block's sum then
+/// added in f64, block after block.
 const BLOCK: usize = 64;
 const LANES: usize = 16;
 
 #[inline(always)]
-fn block_sum_body(logits: &[f32; BLOCK], max: f32) -> f64 {
+fn block_sum(logits: &[f32; BLOCK], max: f32) -> f64 {
     let mut lanes = [0f32; LANES];
     for quarter in logits.chunks_exact(LANES) {
         for (acc, &l) in lanes.iter_mut().zip(quarter) {
@@ -81,61 +83,72 @@ fn block_sum_body(logits: &[f32; BLOCK], max: f32) -> f64 {
     f64::from(lanes[0])
 }
 
+#[inline(always)]
+fn sum_body(values: &[f32], max: f32) -> f64 {
+    let mut total = 0f64;
+    let mut blocks = values.chunks_exact(BLOCK);
+    for b in &mut blocks {
+        if let Ok(b) = <&[f32; BLOCK]>::try_from(b) {
+            total += block_sum(b, max);
+        }
+    }
+    let rest = blocks.remainder();
+    if !rest.is_empty() {
+        let mut last = [f32::NEG_INFINITY; BLOCK];
+        last[..rest.len()].copy_from_slice(rest);
+        total += block_sum(&last, max);
+    }
+    total
+}
+
 /// The same body compiled for wider vectors where the CPU has them: plain multiplies and
 /// adds (never contracted into FMAs), so every path gives the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn block_sum_avx512(logits: &[f32; BLOCK], max: f32) -> f64 {
-    block_sum_body(logits, max)
+unsafe fn sum_avx512(values: &[f32], max: f32) -> f64 {
+    sum_body(values, max)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn block_sum_avx2(logits: &[f32; BLOCK], max: f32) -> f64 {
-    block_sum_body(logits, max)
+unsafe fn sum_avx2(values: &[f32], max: f32) -> f64 {
+    sum_body(values, max)
 }
 
-fn block_sum(logits: &[f32; BLOCK], max: f32) -> f64 {
+/// The sum of [`weight`] over `values`, block by block from its start (the order every caller
+/// shares, so equal lists give equal bits).
+pub(crate) fn sum_values(values: &[f32], max: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512 F (checked above).
-            return unsafe { block_sum_avx512(logits, max) };
+            return unsafe { sum_avx512(values, max) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked above).
-            return unsafe { block_sum_avx2(logits, max) };
+            return unsafe { sum_avx2(values, max) };
         }
     }
-    block_sum_body(logits, max)
+    sum_body(values, max)
 }
 
-/// The sum of [`weight`] over `cands`, block by block (the order every caller shares).
+/// The sum of [`weight`] over `cands`' logits, gathered 1,024 at a time.
 pub(crate) fn sum_weights(cands: &[Candidate], max: f32) -> f64 {
-    let mut total = 0f64;
-    let mut block = [f32::NEG_INFINITY; BLOCK];
-    for chunk in cands.chunks(BLOCK) {
-        for (b, c) in block.iter_mut().zip(chunk) {
-            *b = c.logit;
-        }
-        block[chunk.len()..].fill(f32::NEG_INFINITY);
-        total += block_sum(&block, max);
-    }
-    total
+    let mut buf = [0f32; 1024];
+    cands
+        .chunks(buf.len())
+        .map(|part| {
+            for (b, c) in buf.iter_mut().zip(part) {
+                *b = c.logit;
+            }
+            sum_values(&buf[..part.len()], max)
+        })
+        .sum()
 }
 
-/// The sum of [`weight`] over raw logits (NaN counts as `-inf`), as [`sum_weights`].
+/// The sum of [`weight`] over raw logits (NaN weighs nothing, as `-inf`).
 pub(crate) fn sum_logit_weights(logits: &[f32], max: f32) -> f64 {
-    let mut total = 0f64;
-    let mut block = [f32::NEG_INFINITY; BLOCK];
-    for chunk in logits.chunks(BLOCK) {
-        for (b, &l) in block.iter_mut().zip(chunk) {
-            *b = if l.is_nan() { f32::NEG_INFINITY } else { l };
-        }
-        block[chunk.len()..].fill(f32::NEG_INFINITY);
-        total += block_sum(&block, max);
-    }
-    total
+    sum_values(logits, max)
 }
 
 #[cfg(test)]
@@ -185,17 +198,19 @@ mod tests {
         let b = sum_logit_weights(&logits, max);
         assert_eq!(a, b, "the same blocks over the same values");
         assert!(((a - plain) / plain).abs() < 1e-6, "{a} {plain}");
-        let generic: f64 = logits
-            .chunks(BLOCK)
-            .map(|c| {
-                let mut block = [f32::NEG_INFINITY; BLOCK];
-                block[..c.len()].copy_from_slice(c);
-                block_sum_body(&block, max)
-            })
-            .sum();
+        let generic = sum_body(&logits, max);
         assert_eq!(
             a, generic,
             "the CPU's widest vectors give the portable path's bits"
+        );
+        let mut with_nan = logits.clone();
+        with_nan[5] = f32::NAN;
+        let mut with_inf = logits.clone();
+        with_inf[5] = f32::NEG_INFINITY;
+        assert_eq!(
+            sum_values(&with_nan, max),
+            sum_values(&with_inf, max),
+            "NaN weighs as -inf"
         );
     }
 }
