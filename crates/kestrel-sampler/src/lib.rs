@@ -18,18 +18,20 @@
 //! Every stage is a small processor in [`processors`] that works on a
 //! [`Candidates`] list and can be used and tested on its own. The RNG is a
 //! hand-written xoshiro256** seeded through splitmix64 ([`rng`]), so a seeded
-//! request gives the same tokens forever, independent of any crate version.
+//! request gives the same tokens on every machine, independent of any other crate's version
+//! (the draw's arithmetic is kestrel's own: it changed once, when the weights became f32).
 //!
-//! [`logprobs`] returns the top-k log-probabilities (log-softmax of the raw
+//! [`logprobs()`] returns the top-k log-probabilities (log-softmax of the raw
 //! logits) for the OpenAI `logprobs` option.
 //!
 //! Speed: a sampled token must cost little beside a GPU's decode step (~1-2.5 ms). A chain
 //! that keeps at most `k` tokens (top-k, or the argmax with penalties) starts from the `k`
 //! best unpenalized logits plus the penalized tokens, found in one pass that skips whole
 //! chunks by their maximum ([`Candidates::fill_top`]): the same tokens in the same order
-//! come out as from the whole vocabulary. Softmax weights over a whole vocabulary (no top-k,
-//! OpenAI's defaults) use an f32 `exp` polynomial in vector lanes, summed block by block
-//! (`weights.rs`). Qwen's 152k vocabulary, 2-vCPU Zen 4: see BENCHMARKS.md.
+//! come out as from the whole vocabulary. A chain that truncates nothing (OpenAI's defaults)
+//! draws from the row itself, without a candidate list. Softmax weights use an f32 `exp`
+//! polynomial in vector lanes, summed block by block. Qwen's 152k vocabulary on a 2-vCPU
+//! Zen 4: 20-60 us a token with a top-k, ~145 us without (BENCHMARKS.md).
 //!
 //! ```
 //! use kestrel_sampler::{Sampler, SamplingParams};
