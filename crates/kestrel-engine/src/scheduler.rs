@@ -85,6 +85,9 @@ pub(crate) struct Scheduler<'t> {
     /// The logits of the last step, kept to be reused by the next (no allocation per step), in
     /// the memory the model asked for.
     logits: Logits,
+    /// Threads a step's sampling may spread over (the machine's, asked once: on Linux the
+    /// question reads cgroup files, ~0.1 ms, which every step had paid).
+    sample_threads: usize,
 }
 
 /// `model.forward`, a panic in it turned into the step's error (the engine thread lives on).
@@ -141,6 +144,7 @@ impl<'t> Scheduler<'t> {
             reserved: 0,
             counters: EngineStats::default(),
             logits,
+            sample_threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 
@@ -464,9 +468,7 @@ impl<'t> Scheduler<'t> {
             .enumerate()
             .filter(|&(i, p)| to_sample(i, p))
             .count();
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(sampled / 2);
+        let threads = self.sample_threads.min(sampled / 2);
         if sampled < MIN_ROWS || threads < 2 {
             return;
         }
