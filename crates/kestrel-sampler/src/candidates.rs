@@ -158,6 +158,21 @@ fn max_body(xs: &[f32]) -> f32 {
     m
 }
 
+/// The largest logit of `cands` (`-inf` when empty): blocks of logits gathered for a
+/// vectorized max (a list of the whole vocabulary).
+pub(crate) fn max_of(cands: &[Candidate]) -> f32 {
+    let mut block = [f32::NEG_INFINITY; 64];
+    cands
+        .chunks(block.len())
+        .map(|chunk| {
+            for (b, c) in block.iter_mut().zip(chunk) {
+                *b = c.logit;
+            }
+            max_ignoring_nan(&block[..chunk.len()])
+        })
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
 /// A list of candidates, reusable across calls.
 ///
 /// It remembers how long a prefix is already sorted (by descending logit,
@@ -253,19 +268,7 @@ impl Candidates {
         if self.sorted > 0 {
             return self.data[0].logit;
         }
-        // blocks of logits gathered for a vectorized max (a list of the whole vocabulary)
-        let mut m = f32::NEG_INFINITY;
-        let mut block = [f32::NEG_INFINITY; 64];
-        for chunk in self.data.chunks(64) {
-            for (b, c) in block.iter_mut().zip(chunk) {
-                *b = c.logit;
-            }
-            let bm = max_ignoring_nan(&block[..chunk.len()]);
-            if bm > m {
-                m = bm;
-            }
-        }
-        m
+        max_of(&self.data)
     }
 
     fn position(&self, id: u32) -> Option<usize> {

@@ -10,6 +10,7 @@
 //! sampler chain.
 
 use crate::commands::bench::BenchArgs;
+use crate::commands::scenarios::median;
 use crate::source::ModelSource;
 use anyhow::Result;
 use kestrel_models::{KvType, LoadOptions, Logits};
@@ -73,11 +74,6 @@ fn chains() -> Vec<(&'static str, SamplingParams, Option<usize>)> {
     ]
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     let steps = args
         .gen
@@ -104,7 +100,7 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     let reps = args.reps.max(1);
     // the floor: one pass that reads every logit once
     let floor = median(
-        (0..reps)
+        &mut (0..reps)
             .map(|_| {
                 let t = Instant::now();
                 for r in &rows {
@@ -112,7 +108,7 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
                 }
                 t.elapsed().as_secs_f64() * 1e6 / rows.len() as f64
             })
-            .collect(),
+            .collect::<Vec<_>>(),
     );
     let mut out = Vec::new();
     if !args.json {
@@ -128,7 +124,7 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     for (name, params, logprobs) in chains() {
         let mut sampler = Sampler::new(params, vocab)?;
         let us = median(
-            (0..reps)
+            &mut (0..reps)
                 .map(|_| {
                     let t = Instant::now();
                     for (i, r) in rows.iter().enumerate() {
@@ -140,7 +136,7 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
                     }
                     t.elapsed().as_secs_f64() * 1e6 / rows.len() as f64
                 })
-                .collect(),
+                .collect::<Vec<_>>(),
         );
         if args.json {
             out.push(json!({"chain": name, "us_per_token": us, "floor_us": floor}));

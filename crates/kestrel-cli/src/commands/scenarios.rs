@@ -328,7 +328,8 @@ fn concurrent_round(
     })
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The middle of `v` once sorted (0 for none).
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         0.0

@@ -34,11 +34,7 @@ impl DrawList for [Candidate] {
         buf
     }
     fn max(&self) -> f32 {
-        let mut buf = Vec::with_capacity(CHUNK);
-        (0..self.len())
-            .step_by(CHUNK)
-            .map(|s| max_ignoring_nan(self.values(s..(s + CHUNK).min(self.len()), &mut buf)))
-            .fold(f32::NEG_INFINITY, f32::max)
+        crate::candidates::max_of(self)
     }
 }
 
