@@ -28,7 +28,7 @@ for REV in ${BASE_KERNELS:-}; do
 done
 rm -f "$DEST/env.sh"
 [ -z "${ENV_SH:-}" ] || cp "$ENV_SH" "$DEST/env.sh"
-cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$DEST/"
+cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$ROOT/scripts/gpu/sampled.py" "$DEST/"
 cp "$ROOT/../shared/peers/gpu/make_dense_model.py" "$ROOT/../shared/peers/gpu/make_qwen35_model.py" \
   "$ROOT/../shared/peers/gpu/ggml-vocab-qwen2.gguf" "$DEST/"
 du -sh "$DEST"/*

@@ -24,6 +24,9 @@
 # AB_ENV="VAR=value,VAR2=value+VAR3=value": tg128 again with each setting (small, big, hybrid;
 # KESTREL_CUDA_KERNELS=$B/kernels-REV: another revision's kernels, bundle.sh BASE_KERNELS="REV ...");
 # SCEN_AB (same form): the concurrent scenario again with each setting;
+# sampled = decode through `kestrel serve --device cuda` with sampling chains (OpenAI's defaults,
+# top-k, nucleus) beside greedy, and the host's time picking a token (SAMPLED_SHAPE, default
+# qwen3-8b; scripts/gpu/sampled.py);
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C); timeline = one
 # replayed decode step of each shape in TIMELINE_SHAPES (default qwen3-8b qwen2.5-1.5b) kernel
 # by kernel, stamped on the GPU's timer (KESTREL_CUDA_TIMELINE: the CSV and the summary under
@@ -89,6 +92,7 @@ for s in $STAGES; do
   case $s in
   small|serve) PRE="$PRE qwen2.5-1.5b" ;;
   big) PRE="$PRE qwen3-8b" ;;
+  sampled) PRE="$PRE ${SAMPLED_SHAPE:-qwen3-8b}" ;;
   hybrid) PRE="$PRE ${HYBRID_SHAPES:-qwen35-0.8b}" ;;
   prefill) PRE="$PRE ${PREFILL_SHAPES:-qwen3-8b qwen35-0.8b qwen2.5-1.5b}" ;;
   ncu) PRE="$PRE ${NCU_SHAPE:-qwen2.5-1.5b}" ;;
@@ -224,6 +228,10 @@ for s in $STAGES; do
       done
     done
     ;;
+  sampled)  # decode through `kestrel serve --device cuda` with sampling chains (scripts/gpu/sampled.py)
+    M=$(model ${SAMPLED_SHAPE:-qwen3-8b}) || continue
+    python3 $B/sampled.py $K $M 2>&1 | tee $OUT/sampled.log
+    ;;
   peer)  # llama.cpp on the same files, flash attention on, all layers on the GPU
     while [ ! -s $PEER/status.txt ] && [ -d $PEER/trim ]; do sleep 5; done
     cat $PEER/status.txt 2>/dev/null | tee $OUT/peer-build.txt
@@ -249,8 +257,9 @@ grep -h "perf mat-vec" $OUT/*.log 2>/dev/null | grep "decode's\|read floor" | he
 grep -h "| tg\|| pp" $OUT/bench-*.log $OUT/prefill-*.log 2>/dev/null
 grep -h "timeline\|in the kernels\|| tg" $OUT/timeline-*.log 2>/dev/null
 grep -h "tok/s\|^---" $OUT/concurrent-*.log 2>/dev/null
+grep -h "^sampled" $OUT/sampled.log 2>/dev/null
 grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null
 # everything in one file (the device tool brings back a bounded number of files)
-for f in $OUT/gpu.txt $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/timeline-*.log $OUT/peer*; do
+for f in $OUT/gpu.txt $OUT/sampled.log $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/timeline-*.log $OUT/peer*; do
   [ -f "$f" ] && { echo "=== $(basename $f)"; cat "$f"; }
 done > $OUT/summary.txt 2>/dev/null
