@@ -499,8 +499,8 @@ fn bench_measures_bandwidth_outside_its_own_memory() {
     );
 }
 
-/// `bench --scenario sampling --json`: every chain timed on the model's own logits, each at
-/// least one read of the row's cost apart from greedy (which is that read).
+/// `bench --scenario sampling --json`: every chain timed on the model's own logits and on the
+/// same rows flattened.
 #[test]
 fn sampling_scenario_times_every_chain() {
     let model = tiny("qwen2").join("qwen2-f32.gguf");
@@ -526,10 +526,11 @@ fn sampling_scenario_times_every_chain() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(v["rows"].as_u64(), Some(5), "the prompt's row and 4 steps'");
     let chains = v["chains"].as_array().expect("chains");
-    assert_eq!(chains.len(), 6);
-    for c in chains {
+    assert_eq!(chains.len(), 12);
+    for (i, c) in chains.iter().enumerate() {
         let us = c["us_per_token"].as_f64().unwrap_or(-1.0);
         assert!(us > 0.0, "{c}");
+        assert_eq!(c["logits"], ["model", "flat"][i / 6], "{c}");
     }
     assert!(v["floor_us"].as_f64().unwrap_or(-1.0) > 0.0);
 }

@@ -6,8 +6,9 @@
 //! prompt's logits and those of `-n` greedy steps after it (the model on the CPU), then each
 //! chain's sampler over every row, `-r` times, timed per token (median of the rounds), beside
 //! one read of a row (the argmax pass: the floor of anything that looks at every logit) and
-//! the CPU's own decode step. `scripts/sampling_peer.py MODEL` is the same on llama.cpp's
-//! sampler chain.
+//! the CPU's own decode step; then the same over the rows flattened (logits / 20: near-uniform,
+//! as a random-weight model's, where a nucleus holds most of the vocabulary).
+//! `scripts/sampling_peer.py MODEL` is the same on llama.cpp's sampler chain.
 
 use crate::commands::bench::BenchArgs;
 use crate::commands::scenarios::median;
@@ -121,30 +122,42 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
             "  one read of a row (argmax): {floor:.1} us; the CPU's decode step {step_us:.0} us"
         );
     }
-    for (name, params, logprobs) in chains() {
-        let mut sampler = Sampler::new(params, vocab)?;
-        let us = median(
-            &mut (0..reps)
-                .map(|_| {
-                    let t = Instant::now();
-                    for (i, r) in rows.iter().enumerate() {
-                        let h = &history[..prompt.len() + i];
-                        std::hint::black_box(sampler.sample(r, h));
-                        if let Some(n) = logprobs {
-                            std::hint::black_box(kestrel_sampler::token_logprobs(r, 0, n));
+    // the model's rows, then the same rows flattened: a near-uniform distribution (a
+    // random-weight model's, or a step the model is unsure of), where a nucleus holds most of
+    // the vocabulary
+    let flat: Vec<Vec<f32>> = rows
+        .iter()
+        .map(|r| r.iter().map(|l| l / FLATTEN).collect())
+        .collect();
+    for (rows, shape) in [(&rows, "model"), (&flat, "flat")] {
+        if !args.json && shape == "flat" {
+            println!("  the same rows flattened (logits / {FLATTEN}):");
+        }
+        for (name, params, logprobs) in chains() {
+            let mut sampler = Sampler::new(params, vocab)?;
+            let us = median(
+                &mut (0..reps)
+                    .map(|_| {
+                        let t = Instant::now();
+                        for (i, r) in rows.iter().enumerate() {
+                            let h = &history[..prompt.len() + i];
+                            std::hint::black_box(sampler.sample(r, h));
+                            if let Some(n) = logprobs {
+                                std::hint::black_box(kestrel_sampler::token_logprobs(r, 0, n));
+                            }
                         }
-                    }
-                    t.elapsed().as_secs_f64() * 1e6 / rows.len() as f64
-                })
-                .collect::<Vec<_>>(),
-        );
-        if args.json {
-            out.push(json!({"chain": name, "us_per_token": us, "floor_us": floor}));
-        } else {
-            println!(
-                "  {name:<62} {us:>8.1} us a token ({:.1}x the read)",
-                us / floor
+                        t.elapsed().as_secs_f64() * 1e6 / rows.len() as f64
+                    })
+                    .collect::<Vec<_>>(),
             );
+            if args.json {
+                out.push(json!({"chain": name, "logits": shape, "us_per_token": us, "floor_us": floor}));
+            } else {
+                println!(
+                    "  {name:<62} {us:>8.1} us a token ({:.1}x the read)",
+                    us / floor
+                );
+            }
         }
     }
     if args.json {
@@ -156,3 +169,6 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
     }
     Ok(())
 }
+
+/// What the flattened rows divide the logits by.
+const FLATTEN: f32 = 20.0;
