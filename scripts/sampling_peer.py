@@ -8,7 +8,9 @@ Runs inside the peers' virtual environment of ../shared/peers/llamacpp_bench.py 
 October 2026 llama.cpp; built there on first use). The same prompt as kestrel's scenario, then
 `-n` greedy steps; at each step every chain samples the step's logits `-r` times
 (`llama_sampler_sample`: the chain's copy of the row into its candidate array included, as in
-llama.cpp's own generation loop). Prints the median per token of each chain.
+llama.cpp's own generation loop). Prints the median per token of each chain; then the same over
+the rows flattened (logits / 20 in the context's logits buffer: near-uniform, as a random-weight
+model's), as kestrel's scenario does.
 """
 import argparse
 import os
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 PEERS = Path(os.environ.get("KESTREL_PEERS", Path.home() / ".cache" / "kestrel-peers"))
+FLATTEN = 20.0  # what the flattened rows divide the logits by (kestrel's scenario: the same)
 PROMPT = "def quicksort(items):\n    \"\"\"Sort a list of numbers in ascending order.\"\"\"\n"
 
 
@@ -73,20 +76,29 @@ def main():
     ctx = llm._ctx.ctx
     toks = llm.tokenize(PROMPT.encode(), add_bos=True, special=True)
     llm.eval(toks)
+    import numpy as np
     made = [(name, build()) for name, build in chains(lc, llm.n_vocab())]
-    times = {name: [] for name, _ in made}
+    times = {(name, flat): [] for name, _ in made for flat in (False, True)}
     greedy = made[0][1]
     for step in range(a.n + 1):
-        for name, c in made:
-            t = time.perf_counter()
-            for _ in range(a.r):
-                lc.llama_sampler_sample(c, ctx, -1)
-            times[name].append((time.perf_counter() - t) * 1e6 / a.r)
+        row = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, -1), shape=(llm.n_vocab(),))
+        model_row = row.copy()
+        for flat in (False, True):
+            row[:] = model_row / FLATTEN if flat else model_row
+            for name, c in made:
+                t = time.perf_counter()
+                for _ in range(a.r):
+                    lc.llama_sampler_sample(c, ctx, -1)
+                times[(name, flat)].append((time.perf_counter() - t) * 1e6 / a.r)
+        row[:] = model_row
         if step < a.n:
             llm.eval([lc.llama_sampler_sample(greedy, ctx, -1)])
     print(f"llama.cpp's sampler chain, {a.model} (vocabulary {llm.n_vocab()}), {a.n + 1} rows, {a.r} draws each")
-    for name, _ in made:
-        print(f"  {name:<62} {statistics.median(times[name]):>8.1f} us a token")
+    for flat in (False, True):
+        if flat:
+            print(f"  the same rows flattened (logits / {FLATTEN:g}):")
+        for name, _ in made:
+            print(f"  {name:<62} {statistics.median(times[(name, flat)]):>8.1f} us a token")
     for _, c in made:
         lc.llama_sampler_free(c)
 

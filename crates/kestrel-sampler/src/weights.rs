@@ -132,6 +132,41 @@ pub(crate) fn sum_values(values: &[f32], max: f32) -> f64 {
     sum_body(values, max)
 }
 
+#[inline(always)]
+fn weights_body(values: &[f32], max: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(values) {
+        *o = weight32(v, max);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weights_avx512(values: &[f32], max: f32, out: &mut [f32]) {
+    weights_body(values, max, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn weights_avx2(values: &[f32], max: f32, out: &mut [f32]) {
+    weights_body(values, max, out)
+}
+
+/// [`weight`] of each of `values` into `out` (as f32: the same bits), vectorized.
+pub(crate) fn weights_into(values: &[f32], max: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F (checked above).
+            return unsafe { weights_avx512(values, max, out) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked above).
+            return unsafe { weights_avx2(values, max, out) };
+        }
+    }
+    weights_body(values, max, out)
+}
+
 /// The sum of [`weight`] over `cands`' logits, gathered 1,024 at a time.
 pub(crate) fn sum_weights(cands: &[Candidate], max: f32) -> f64 {
     let mut buf = [0f32; 1024];

@@ -151,7 +151,9 @@ pub fn run(args: &BenchArgs, opts: LoadOptions) -> Result<()> {
                     .collect::<Vec<_>>(),
             );
             if args.json {
-                out.push(json!({"chain": name, "logits": shape, "us_per_token": us, "floor_us": floor}));
+                out.push(
+                    json!({"chain": name, "logits": shape, "us_per_token": us, "floor_us": floor}),
+                );
             } else {
                 println!(
                     "  {name:<62} {us:>8.1} us a token ({:.1}x the read)",
