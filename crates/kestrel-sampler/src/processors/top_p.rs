@@ -33,6 +33,12 @@ impl TopP {
         }
         let total = sum_weights(cands.as_slice(), max);
         let target = p * total;
+        // every weight is at most 1 (the max's): past SORTED_MOST at once when even that many
+        // could not reach the target
+        if target > SORTED_MOST as f64 {
+            cands.keep_mass(target, max);
+            return;
+        }
         // the best 64, then 8x as many up to 4,096, until their mass reaches the target
         let mut k = 64usize.min(cands.len());
         loop {
