@@ -323,9 +323,12 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 /// tokens on Q4_K's many rows; on many rows 4 warps of two row tiles at 32 tokens, and for Q6_K
 /// at 64 (several blocks an SM). At 8 tokens the register kernel, on 16 warps where Q4_K rows
 /// are few (4096x12288 24.6 -> 19.8 us) and 8 elsewhere (16 lost on 12,288 rows), except Q6_K's
-/// few rows of 128+ units (staged, 33.2 -> 30.4 us). The register kernels also at 16 tokens on
-/// many rows (4 warps, within 3%), and on short rows (not measured staged): 8 warps where rows
-/// are long (128+ units) or few, else 4.
+/// few rows of 128+ units (staged, 33.2 -> 30.4 us). At 16 tokens the staged kernel on many
+/// rows too (H100, 2026-12-06 09:42 call: 12288x4096 Q4_K 26.0 us against 37.7 on the 4-warp
+/// register kernel picked before, 30.4 on 8 warps; Q6_K 35.9 against 47.6 / 35.7; the 8B's
+/// aggregate decode at 12 / 16 sequences +5% / +4%, H200, 10:20 call). The register
+/// kernels on short rows (not measured staged): 8 warps where rows are long (128+ units) or
+/// few, else 4.
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     use crate::weights::Kind;
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
@@ -338,7 +341,8 @@ pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize)
         8 if few && kind == Kind::Q6K && cols / unit_cols(kind) >= 128 => staged(16, 2, 2),
         8 => regs(8),
         32 if long && few && kind == Kind::Q6K => staged(8, 2, 3),
-        16 | 32 if long && few => staged(16, 2, 2),
+        16 if long => staged(16, 2, 2),
+        32 if long && few => staged(16, 2, 2),
         32 if long => staged(4, 2, 4),
         64 if long && (few || q4k) => staged(16, 1, 2),
         64 if long => staged(4, 2, 3),
@@ -842,7 +846,8 @@ mod tests {
         assert_eq!(mmq_shape(Kind::Q4K, 4096, 12288, 32), shape(16, 2, 2));
         assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 32), shape(8, 2, 3));
         assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 32), shape(4, 2, 4));
-        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 16), shape(4, 1, 0));
+        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 16), shape(16, 2, 2));
+        assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 16), shape(16, 2, 2));
         assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64), shape(16, 1, 2));
         assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 64), shape(4, 2, 3));
         assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 64), shape(16, 1, 2));
