@@ -224,6 +224,9 @@ fn feed(
     Ok(m.forward_argmax(&[step])?.first().copied())
 }
 
+/// Replays of the last decode step that time the GPU's step alone (bench's tg lines).
+const REPLAYS: usize = 32;
+
 /// llama-bench's pp / tg / depth on the GPU: prompt-eval tok/s over P tokens and decode tok/s
 /// over N tokens (greedy: the argmax picked on the GPU, one id copied back a step, as the
 /// engine does for greedy requests), after D tokens of depth; median of
@@ -299,6 +302,8 @@ pub fn bench(
         }
         for &n in ns.iter().filter(|&&n| n > 0) {
             let mut v = Vec::new();
+            // the GPU's time a step alone (replays back to back), after each counted repetition
+            let mut alone = Vec::new();
             for r in 0..=reps {
                 if d > 0 {
                     feed(&mut m, &table, &prompt(d, 1), 0, false)?;
@@ -312,6 +317,9 @@ pub fn bench(
                 let s = t.elapsed().as_secs_f64();
                 if r > 0 {
                     v.push(n as f64 / s);
+                    if let Some(a) = m.time_replays(REPLAYS)? {
+                        alone.push(a);
+                    }
                 }
             }
             let (lo, hi) = (
@@ -319,6 +327,17 @@ pub fn bench(
                 v.iter().cloned().fold(0.0, f64::max),
             );
             let med = median(&mut v);
+            let host = if alone.is_empty() {
+                String::new()
+            } else {
+                let a = median(&mut alone);
+                format!(
+                    "; the step alone {:.0} us (graph replays back to back), {:.1}% of a token's {:.0} us between steps",
+                    a * 1e6,
+                    100.0 * (1.0 - a * med),
+                    1e6 / med
+                )
+            };
             let limit = match bw {
                 Some((bw, from)) => {
                     let limit = bw / wbytes as f64;
@@ -331,7 +350,7 @@ pub fn bench(
                 None => "the driver reports no memory bandwidth".into(),
             };
             println!(
-                "| {name} | {dev} | tg{n}{} | {med:.0} | {lo:.0} | {hi:.0} | {} per token; {limit} |",
+                "| {name} | {dev} | tg{n}{} | {med:.0} | {lo:.0} | {hi:.0} | {} per token; {limit}{host} |",
                 if d > 0 { format!(" @ d{d}") } else { String::new() },
                 human(wbytes),
             );

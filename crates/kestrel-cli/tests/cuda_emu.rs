@@ -66,11 +66,17 @@ fn kestrel_emulated(dir: &Path, args: &[&str]) -> Output {
 
 /// As [`kestrel_emulated`] on a device of compute capability `cc` ("8.6": an RTX 30x0).
 fn kestrel_emulated_as(dir: &Path, cc: &str, args: &[&str]) -> Output {
+    kestrel_emulated_with(dir, &[("KESTREL_CUDA_EMU_CC", cc)], args)
+}
+
+/// As [`kestrel_emulated`] with the variables `env` set too.
+fn kestrel_emulated_with(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kestrel"))
         .args(args)
         .env("LD_LIBRARY_PATH", dir)
         .env("XDG_CACHE_HOME", dir.join("cache"))
-        .env("KESTREL_CUDA_EMU_CC", cc)
+        .env("KESTREL_CUDA_EMU_CC", "9.0")
+        .envs(env.iter().copied())
         .output()
         .expect("kestrel runs")
 }
@@ -163,6 +169,76 @@ fn q5_k_m_files_run_on_the_emulated_device() {
         out.status.success() && checked == 2,
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The q/k/v products of one token with their epilogue in the same kernel (`mvx_1_rope`, taken
+/// by families without per-head norms over 8-bit activation types): a quantized tiny qwen2
+/// decodes the same greedy tokens with it as with the two kernels (`KESTREL_CUDA_QKV_FOLD=0`),
+/// and its step graph has one kernel fewer a layer.
+#[test]
+fn the_folded_qkv_epilogue_decodes_as_the_two_kernels() {
+    let Some(dir) = emulation() else { return };
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tiny-qwen2-q8_0.gguf");
+    let q = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .arg("quantize")
+        .arg(tiny_gguf("qwen2"))
+        .arg(&file)
+        .args(["--type", "q8_0"])
+        .output()
+        .expect("kestrel runs");
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    let model = file.to_str().unwrap();
+    let ids: Vec<String> = reference_ints("qwen2", "tokens_0")
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let ids = ids.join(",");
+    let run = |fold: &str| -> (serde_json::Value, usize) {
+        let env = [("KESTREL_CUDA_QKV_FOLD", fold)];
+        let out = kestrel_emulated_with(
+            dir,
+            &env,
+            &[
+                "run",
+                "-m",
+                model,
+                "--prompt-ids",
+                &ids,
+                "-n",
+                "24",
+                "--temp",
+                "0",
+            ]
+            .into_iter()
+            .chain(["--ignore-eos", "--json", "--device", "cuda"])
+            .collect::<Vec<_>>(),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let check =
+            kestrel_emulated_with(dir, &env, &["gpu-check", "--ops", "none", "--model", model]);
+        let stdout = String::from_utf8_lossy(&check.stdout).into_owned();
+        let edges = stdout
+            .split("programmatic edges")
+            .next()
+            .and_then(|s| s.rsplit('(').next())
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no edge count in {stdout}"));
+        (v["tokens"].clone(), edges)
+    };
+    let (folded, folded_edges) = run("1");
+    let (apart, apart_edges) = run("0");
+    assert!(folded.as_array().is_some_and(|t| t.len() == 24), "{folded}");
+    assert_eq!(folded, apart, "greedy tokens with and without the fold");
+    assert_eq!(
+        folded_edges + 4,
+        apart_edges,
+        "one kernel fewer in each of the 4 layers"
     );
 }
 

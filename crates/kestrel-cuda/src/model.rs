@@ -272,9 +272,11 @@ struct StepOut<'a> {
     picks: &'a mut Vec<Option<u32>>,
 }
 
-/// A captured decode step: (tokens, rows of logits, sequences, attention on the tensor cores)
-/// -> graph.
-struct Graphs(HashMap<(usize, usize, usize, bool), crate::graph::StepGraph>);
+/// A step graph's shape: (tokens, rows of logits, sequences, attention on the tensor cores).
+type GraphKey = (usize, usize, usize, bool);
+
+/// The captured decode steps by shape.
+struct Graphs(HashMap<GraphKey, crate::graph::StepGraph>);
 // SAFETY: graphs are launched only by the model's owner, with the context bound (Gpu::bind).
 unsafe impl Send for Graphs {}
 
@@ -294,6 +296,8 @@ pub struct CudaModel {
     pub use_graphs: bool,
     /// Programmatic edges in the last captured graph (0: plain edges; see [`crate::graph`]).
     pub programmatic_edges: usize,
+    /// The shape of the last replayed step graph ([`CudaModel::time_replays`]).
+    last_replay: Option<GraphKey>,
     /// Every matrix is of a type the int8 kernels read (batched decode steps can be graphs).
     int8_only: bool,
     /// The decode attention kernels of the model's heads: on the CUDA cores, and on the tensor
@@ -422,6 +426,7 @@ impl CudaModel {
             graphs: Graphs(HashMap::new()),
             use_graphs: true,
             programmatic_edges: 0,
+            last_replay: None,
             int8_only,
             attn,
             attn_mma,
@@ -712,6 +717,7 @@ impl CudaModel {
     /// Launches the graph of this step shape, capturing it first if it is new.
     fn replay(&mut self, t: usize, n_out: usize, n_seqs: usize, mma: bool) -> Result<()> {
         let key = (t, n_out, n_seqs, mma);
+        self.last_replay = Some(key);
         if !self.graphs.0.contains_key(&key) {
             // load every kernel before capture (module calls are not captured)
             self.run_recipe()
@@ -738,6 +744,25 @@ impl CudaModel {
             }
         }
         Ok(())
+    }
+
+    /// Seconds the GPU takes for the last replayed step alone: its graph launched `n` times back
+    /// to back with one wait after them, so no host work or copy lies between the replays
+    /// (beside decode's time a token: the share of it the host and the step's copies take).
+    /// The replays redo that step: the same K/V rows written again, but a recurrent state
+    /// (Qwen3.5) advanced `n` more times, so its sequence must start over after. None before
+    /// any replay.
+    pub fn time_replays(&mut self, n: usize) -> Result<Option<f64>> {
+        let Some(g) = self.last_replay.and_then(|k| self.graphs.0.get(&k)) else {
+            return Ok(None);
+        };
+        self.gpu.stream.synchronize()?;
+        let t0 = std::time::Instant::now();
+        for _ in 0..n {
+            g.launch(&self.gpu)?;
+        }
+        self.gpu.stream.synchronize()?;
+        Ok(Some(t0.elapsed().as_secs_f64() / n.max(1) as f64))
     }
 
     /// Copies the K/V of the first `n` positions of block `src` into block `dst`, every layer.

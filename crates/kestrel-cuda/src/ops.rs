@@ -353,10 +353,120 @@ impl CudaModel {
         }
     }
 
-    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue.
+    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue (both in
+    /// one kernel where [`CudaModel::fold_qkv_epilogue`] can).
     pub(crate) fn flush(&mut self) -> Result<()> {
+        if self.fold_qkv_epilogue()? {
+            return Ok(());
+        }
         self.flush_mm()?;
         self.flush_epilogue()
+    }
+
+    /// Whether the deferred products write only Q, K and V: they may wait for the epilogue
+    /// recorded after them (which reads them), so that both can become one kernel.
+    fn qkv_deferred(&self) -> bool {
+        !self.step.mm.is_empty()
+            && self
+                .step
+                .mm
+                .iter()
+                .all(|&(_, out)| matches!(out, Buf::Q | Buf::K | Buf::V))
+    }
+
+    /// One token's q, k and v products with their epilogue in the same warps (`mvx_1_rope`,
+    /// kernels/matvec.cu), where the deferred products are exactly q, k and v over one input of
+    /// 8-bit activation types and the epilogue is a bias, RoPE over whole heads and the cache
+    /// write, with no per-head norm (llama, qwen2): the epilogue kernel and its link go.
+    /// `KESTREL_CUDA_QKV_FOLD=0` keeps the two kernels (A/B figures). Returns whether it ran.
+    fn fold_qkv_epilogue(&mut self) -> Result<bool> {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let p = self.step.pending;
+        let c = &self.config;
+        let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
+        let Some(layer) = p.kv_layer else {
+            return Ok(false);
+        };
+        if self.step.t != 1
+            || !p.rope
+            || p.qn != 0
+            || p.kn != 0
+            || c.rope_dim != hd
+            || hd % 2 != 0
+            || !switch_on(&ON, "KESTREL_CUDA_QKV_FOLD")
+        {
+            return Ok(false);
+        }
+        let (Some(x), [(wq, Buf::Q), (wk, Buf::K), (wv, Buf::V)]) =
+            (self.step.mm_x, self.step.mm.as_slice())
+        else {
+            return Ok(false);
+        };
+        let (wq, wk, wv) = (*wq, *wk, *wv);
+        let cols = self.buf(x).1;
+        let mut mats = [(0u64, 0i32); 3];
+        let mut all = "";
+        for (i, (w, rows)) in [(wq, nh * hd), (wk, nkv * hd), (wv, nkv * hd)]
+            .into_iter()
+            .enumerate()
+        {
+            let m = self.matrix(w)?;
+            if !m.kind.int8_activations() || m.rows != rows || m.cols != cols {
+                return Ok(false);
+            }
+            if m.kind.fused_all_only() {
+                all = "_all";
+            }
+            mats[i] = (m.buf.ptr, m.kind as i32);
+        }
+        self.step.mm.clear();
+        self.step.mm_x = None;
+        self.step.pending = Pending::default();
+        self.quantize(x)?;
+        let f = self.gpu.func(&format!("mvx_1_rope{all}"))?;
+        let c = self.config.clone();
+        let kv = c.kv_layer(layer);
+        let (kc, vc) = (self.kv.k_layer(kv), self.kv.v_layer(kv));
+        let (n_heads, n_kv, hdi, ci) = (nh as i32, nkv as i32, hd as i32, cols as i32);
+        let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
+        let neox = (c.rope_layout == kestrel_models::RopeLayout::NeoX) as i32;
+        let s = &self.scratch;
+        let (xq, xd, q) = (s.xq.ptr, s.xd.ptr, s.q.ptr);
+        let (pos, kv_row) = (s.pos.ptr, s.kv_row.ptr);
+        let warps = (nh + 2 * nkv) * hd / 2;
+        // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&mats[0].0)
+                .arg(&mats[0].1)
+                .arg(&mats[1].0)
+                .arg(&mats[1].1)
+                .arg(&mats[2].0)
+                .arg(&mats[2].1)
+                .arg(&n_heads)
+                .arg(&n_kv)
+                .arg(&hdi)
+                .arg(&ci)
+                .arg(&xq)
+                .arg(&xd)
+                .arg(&p.bias[0])
+                .arg(&p.bias[1])
+                .arg(&p.bias[2])
+                .arg(&pos)
+                .arg(&theta_scale)
+                .arg(&neox)
+                .arg(&q)
+                .arg(&kc)
+                .arg(&vc)
+                .arg(&kv_row)
+                .launch(cfg((warps.div_ceil(4) as u32, 1, 1), 128))?;
+        }
+        for b in [Buf::Q, Buf::K, Buf::V] {
+            self.wrote(b);
+        }
+        Ok(true)
     }
 
     /// Runs the recorded q/k/v epilogue, if any.
@@ -416,9 +526,11 @@ impl CudaModel {
     }
 
     fn record(&mut self, stage: u8, edit: impl FnOnce(&mut Pending)) -> Result<()> {
-        self.flush_mm()?;
         if stage < self.step.pending.stage {
-            self.flush_epilogue()?;
+            self.flush()?;
+        }
+        if !self.qkv_deferred() {
+            self.flush_mm()?;
         }
         let p = &mut self.step.pending;
         edit(p);
@@ -585,7 +697,10 @@ impl Ops for CudaModel {
         if self.step.mm_x != Some(x) || self.step.mm.len() == MVX_MATS || !same_kind_class {
             self.flush_mm()?;
         }
-        self.flush_epilogue()?;
+        if self.step.pending.stage > 0 {
+            // the epilogue reads the deferred products: they run first (or with it)
+            self.flush()?;
+        }
         self.step.mm_x = Some(x);
         self.step.mm.push((w, out));
         Ok(())

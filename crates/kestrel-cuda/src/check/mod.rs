@@ -16,7 +16,7 @@ use crate::weights::Kind;
 pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
 pub use deltanet::{check_deltanet, perf_delta_rule};
-pub use matvec::{check_matvec, check_mvx, perf_matvec};
+pub use matvec::{check_matvec, check_mvx, check_qkv_rope, perf_matvec};
 pub use mmq::{check_mmq, check_mmq_group, perf_mmq};
 pub use rows::{check_argmax, check_epilogue, check_gemm_embed, check_norm};
 
@@ -264,6 +264,7 @@ const GROUPS: &[(&str, Check)] = &[
     ("flash", check_flash),
     ("deltanet", check_deltanet),
     ("gemm_embed", check_gemm_embed),
+    ("qkv_rope", check_qkv_rope),
 ];
 
 /// The groups' names.

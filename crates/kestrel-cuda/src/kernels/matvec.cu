@@ -742,3 +742,97 @@ MVXR(2, false, ) MVXR(4, false, ) MVXR(2, true, _all) MVXR(4, true, _all)
     }
 MVX(1, false, ) MVX(2, false, ) MVX(4, false, ) MVX(8, false, )
 MVX(1, true, _all) MVX(2, true, _all) MVX(4, true, _all) MVX(8, true, _all)
+
+// Rows rm[0] and rm[1] of W dotted with one token into acc[0][0], acc[1][0] (each lane its
+// units, as rows_acc's full-warp rows).
+template <int TY>
+__device__ __forceinline__ void pair_acc(const u8* __restrict__ W, int rows, int cols, const int* rm,
+                                         const i8* __restrict__ xq, const float2* __restrict__ xd,
+                                         float (*acc)[1]) {
+    int lane = threadIdx.x & 31, bpr = cols / Blk<TY>::QK, units = cols / Blk<TY>::UNIT;
+    u64 nblk = (u64)rows * bpr;
+#pragma unroll 2
+    for (int u = lane; u < units; u += 32) units_acc<TY, 1, 2, false>(W, W, rm, nblk, bpr, u, xq, xd, cols, acc);
+}
+
+// The fused q/k/v mat-vec of one token with the attention epilogue done in place (families
+// without per-head norms: llama, qwen2), where qkv_epilogue would be the next kernel. Warp g
+// takes the two rows of a head that RoPE turns together (NeoX: i and i + hd/2; the normal
+// layout: 2i and 2i + 1), pair g of the heads q, then k, then v (v's pairs not turned), so
+// bias, rotation and the cache write need no other warp: one kernel and its link fewer a layer.
+// The rows' dots are rows_acc's (the same sums in the same order), the epilogue's arithmetic
+// qkv_epilogue's: the results are those of the two kernels, bit for bit. Q goes to Q (f32),
+// K and V to the cache (f16) at row kv_row[0]. ALL as in mvx.
+template <bool ALL>
+__device__ __forceinline__ void mvx_rope_pair(const u8* Wq, int tq, const u8* Wk, int tk, const u8* Wv,
+                                              int tv, int n_heads, int n_kv, int hd, int cols,
+                                              const i8* xq, const float2* xd, const float* bq,
+                                              const float* bk, const float* bv, const int* pos,
+                                              float theta_scale, int neox, float* Q, u16* kc, u16* vc,
+                                              const int* kv_row) {
+    int lane = threadIdx.x & 31, half = hd / 2;
+    int g = blockIdx.x * 4 + (threadIdx.x >> 5);
+    int head = g / half, j = g % half;
+    int kind = head < n_heads ? 0 : (head < n_heads + n_kv ? 1 : 2);
+    int hh = kind == 0 ? head : (kind == 1 ? head - n_heads : head - n_heads - n_kv);
+    bool active = head < n_heads + 2 * n_kv;
+    const u8* W = kind == 0 ? Wq : (kind == 1 ? Wk : Wv);
+    int ty = kind == 0 ? tq : (kind == 1 ? tk : tv);
+    int rows = (kind == 0 ? n_heads : n_kv) * hd;
+    int ia = neox ? j : 2 * j, ib = neox ? j + half : 2 * j + 1;
+    int rm[2] = {hh * hd + ia, hh * hd + ib};
+    // before the wait: nothing here comes from the previous kernel
+    const float* bias = kind == 0 ? bq : (kind == 1 ? bk : bv);
+    float ba = 0.f, bb = 0.f, c = 1.f, sn = 0.f;
+    u64 crow = 0;
+    if (active) {
+        if (bias != nullptr) { ba = bias[rm[0]]; bb = bias[rm[1]]; }
+        if (kind < 2) {
+            // theta = pos * theta_scale^j, by repeated f32 products as qkv_epilogue does
+            float theta = (float)pos[0];
+            for (int k = 0; k < j; k++) theta *= theta_scale;
+            c = cosf(theta);
+            sn = sinf(theta);
+        }
+        if (kind > 0) crow = (u64)kv_row[0];
+    }
+    GRID_DEP();
+    if (!active) return;
+    float acc[2][1] = {{0.f}, {0.f}};
+    switch (ty) {
+    case T_Q4_0: pair_acc<T_Q4_0>(W, rows, cols, rm, xq, xd, acc); break;
+    case T_Q5_0: pair_acc<T_Q5_0>(W, rows, cols, rm, xq, xd, acc); break;
+    case T_Q8_0: pair_acc<T_Q8_0>(W, rows, cols, rm, xq, xd, acc); break;
+    case T_Q4_K: pair_acc<T_Q4_K>(W, rows, cols, rm, xq, xd, acc); break;
+    case T_Q6_K: pair_acc<T_Q6_K>(W, rows, cols, rm, xq, xd, acc); break;
+    case T_Q4_1: if constexpr (ALL) pair_acc<T_Q4_1>(W, rows, cols, rm, xq, xd, acc); break;
+    case T_Q5_1: if constexpr (ALL) pair_acc<T_Q5_1>(W, rows, cols, rm, xq, xd, acc); break;
+    case T_Q5_K: if constexpr (ALL) pair_acc<T_Q5_K>(W, rows, cols, rm, xq, xd, acc); break;
+    }
+    float va = warp_sum(acc[0][0]) + ba, vb = warp_sum(acc[1][0]) + bb;
+    if (lane != 0) return;
+    if (kind < 2) {
+        float x0 = va, x1 = vb;
+        va = fmaf(x0, c, -(x1 * sn));
+        vb = fmaf(x0, sn, x1 * c);
+    }
+    if (kind == 0) {
+        Q[hh * hd + ia] = va;
+        Q[hh * hd + ib] = vb;
+    } else {
+        u16* cache = (kind == 1 ? kc : vc) + crow * n_kv * hd + hh * hd;
+        cache[ia] = f2h(va);
+        cache[ib] = f2h(vb);
+    }
+}
+// mvx_1_rope, mvx_1_rope_all: 4 warps a block, (n_heads + 2 n_kv) hd / 2 warps.
+#define MVXROPE(ALL, SUF)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128, 4) mvx_1_rope##SUF(                        \
+        const u8* Wq, int tq, const u8* Wk, int tk, const u8* Wv, int tv, int n_heads, int n_kv,  \
+        int hd, int cols, const i8* xq, const float2* xd, const float* bq, const float* bk,      \
+        const float* bv, const int* pos, float theta_scale, int neox, float* Q, u16* kc,         \
+        u16* vc, const int* kv_row) {                                                            \
+        mvx_rope_pair<ALL>(Wq, tq, Wk, tk, Wv, tv, n_heads, n_kv, hd, cols, xq, xd, bq, bk, bv,  \
+                           pos, theta_scale, neox, Q, kc, vc, kv_row);                           \
+    }
+MVXROPE(false, ) MVXROPE(true, _all)
