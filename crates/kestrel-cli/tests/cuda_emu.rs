@@ -172,10 +172,11 @@ fn q5_k_m_files_run_on_the_emulated_device() {
     );
 }
 
-/// The q/k/v products of one token with their epilogue in the same kernel (`mvx_1_rope`, taken
-/// by families without per-head norms over 8-bit activation types): a quantized tiny qwen2
-/// decodes the same greedy tokens with it as with the two kernels (`KESTREL_CUDA_QKV_FOLD=0`),
-/// and its step graph has one kernel fewer a layer.
+/// The q/k/v products of one token with their epilogue in the same kernel, and the RMSNorm
+/// before them too (`mvx_1_norm_rope` / `mvx_1_rope`, taken by families without per-head norms
+/// over 8-bit activation types): a quantized tiny qwen2 decodes the same greedy tokens with
+/// both folds, with the epilogue's alone (`KESTREL_CUDA_NORM_FOLD=0`) and with neither
+/// (`KESTREL_CUDA_QKV_FOLD=0`), its step graph one kernel shorter a layer for each fold.
 #[test]
 fn the_folded_qkv_epilogue_decodes_as_the_two_kernels() {
     let Some(dir) = emulation() else { return };
@@ -194,8 +195,11 @@ fn the_folded_qkv_epilogue_decodes_as_the_two_kernels() {
         .map(|t| t.to_string())
         .collect();
     let ids = ids.join(",");
-    let run = |fold: &str| -> (serde_json::Value, usize) {
-        let env = [("KESTREL_CUDA_QKV_FOLD", fold)];
+    let run = |fold: &str, norm: &str| -> (serde_json::Value, usize) {
+        let env = [
+            ("KESTREL_CUDA_QKV_FOLD", fold),
+            ("KESTREL_CUDA_NORM_FOLD", norm),
+        ];
         let out = kestrel_emulated_with(
             dir,
             &env,
@@ -231,14 +235,24 @@ fn the_folded_qkv_epilogue_decodes_as_the_two_kernels() {
             .unwrap_or_else(|| panic!("no edge count in {stdout}"));
         (v["tokens"].clone(), edges)
     };
-    let (folded, folded_edges) = run("1");
-    let (apart, apart_edges) = run("0");
-    assert!(folded.as_array().is_some_and(|t| t.len() == 24), "{folded}");
-    assert_eq!(folded, apart, "greedy tokens with and without the fold");
+    let (both, both_edges) = run("1", "1");
+    let (epilogue, epilogue_edges) = run("1", "0");
+    let (apart, apart_edges) = run("0", "1");
+    assert!(both.as_array().is_some_and(|t| t.len() == 24), "{both}");
+    assert_eq!(both, apart, "greedy tokens with both folds and without");
     assert_eq!(
-        folded_edges + 4,
+        epilogue, apart,
+        "greedy tokens with the epilogue's fold and without"
+    );
+    assert_eq!(
+        both_edges + 4,
+        epilogue_edges,
+        "the norm: one kernel fewer a layer"
+    );
+    assert_eq!(
+        epilogue_edges + 4,
         apart_edges,
-        "one kernel fewer in each of the 4 layers"
+        "the epilogue: one kernel fewer a layer"
     );
 }
 

@@ -383,6 +383,8 @@ impl CudaModel {
         let Some(x) = self.step.mm_x.take() else {
             return Ok(());
         };
+        // a deferred norm makes the input of what waits here
+        self.flush_norm()?;
         let t = self.rows(x);
         let mmq = |m: &Self, w: W| m.matrix(w).is_ok_and(|m| takes_mmq(m.kind, t));
         if t > MATVEC_MAX || pend.iter().any(|&(w, _)| mmq(self, w)) {
@@ -521,6 +523,9 @@ impl CudaModel {
 
     /// Makes the 8-bit copy of `x` current.
     pub(crate) fn quantize(&mut self, x: Buf) -> Result<()> {
+        if self.step.norm.is_some_and(|n| n.out == x) {
+            self.flush_norm()?;
+        }
         if self.step.q8_of == Some(x) {
             return Ok(());
         }

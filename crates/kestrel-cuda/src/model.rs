@@ -228,6 +228,17 @@ pub struct StepState {
     /// Mat-vecs deferred to run as one launch, and their shared input.
     pub mm: Vec<(kestrel_models::backend::W, Buf)>,
     pub mm_x: Option<Buf>,
+    /// An RMSNorm deferred until the products that read it (`ops.rs`'s
+    /// `fold_qkv_epilogue` takes it into their kernel).
+    pub norm: Option<PendingNorm>,
+}
+
+/// A deferred RMSNorm of one row: `out = x / rms(x) * w` (weights at `w`).
+#[derive(Clone, Copy, Debug)]
+pub struct PendingNorm {
+    pub x: Buf,
+    pub w: u64,
+    pub out: Buf,
 }
 
 /// One sequence's share of a step (as the engine's `SeqStep`).
@@ -247,7 +258,7 @@ pub struct SeqIn<'a> {
 
 /// Which shared recipe the model runs.
 #[derive(Clone, Copy)]
-enum Recipe {
+pub(crate) enum Recipe {
     Dense(dense::Family),
     Hybrid,
 }
@@ -288,7 +299,7 @@ pub struct CudaModel {
     pub(crate) scratch: Scratch,
     pub(crate) step: StepState,
     pub(crate) state: StateDev,
-    recipe: Recipe,
+    pub(crate) recipe: Recipe,
     max_batch: usize,
     max_blocks_per_seq: usize,
     graphs: Graphs,

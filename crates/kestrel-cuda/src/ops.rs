@@ -359,8 +359,62 @@ impl CudaModel {
         if self.fold_qkv_epilogue()? {
             return Ok(());
         }
+        self.flush_norm()?;
         self.flush_mm()?;
         self.flush_epilogue()
+    }
+
+    /// Whether this model's attention epilogue can run in the q/k/v products' warps: a dense
+    /// family without per-head norms, RoPE over whole heads (`KESTREL_CUDA_QKV_FOLD=0`: never).
+    fn qkv_foldable(&self) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let c = &self.config;
+        matches!(self.recipe, crate::model::Recipe::Dense(f) if !f.qk_norm)
+            && c.rope_dim == c.head_dim
+            && c.head_dim % 2 == 0
+            && switch_on(&ON, "KESTREL_CUDA_QKV_FOLD")
+    }
+
+    /// Whether a one-token step's RMSNorm may wait for the q/k/v products that read it, to run
+    /// inside their kernel ([`CudaModel::fold_qkv_epilogue`]; `KESTREL_CUDA_NORM_FOLD=0`:
+    /// never, the epilogue alone folded).
+    fn norm_foldable(&self) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        self.qkv_foldable() && switch_on(&ON, "KESTREL_CUDA_NORM_FOLD")
+    }
+
+    /// Runs the deferred RMSNorm, if any: the f32 row and its 8-bit copy (`rms_norm_q`).
+    pub(crate) fn flush_norm(&mut self) -> Result<()> {
+        let Some(crate::model::PendingNorm { x, w: wp, out }) = self.step.norm.take() else {
+            return Ok(());
+        };
+        let (xp, n) = self.buf(x);
+        let (op, _) = self.buf(out);
+        let rows = self.rows(x);
+        let (q, qd) = self.quantized_output(out);
+        let (ni, eps) = (n as i32, self.config.rms_eps);
+        let f = self.gpu.func("rms_norm_q")?;
+        // SAFETY: as in flush.
+        unsafe {
+            // in place, one block per row must read the row before anyone writes it
+            let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
+            self.gpu
+                .stream
+                .launch_builder(&f)
+                .arg(&xp)
+                .arg(&wp)
+                .arg(&op)
+                .arg(&q)
+                .arg(&qd)
+                .arg(&ni)
+                .arg(&eps)
+                .launch(cfg((rows as u32, parts, 1), 256))?;
+        }
+        self.wrote(out);
+        if q != 0 {
+            self.step.q8_of = Some(out);
+        }
+        Ok(())
     }
 
     /// Whether the deferred products write only Q, K and V: they may wait for the epilogue
@@ -380,21 +434,13 @@ impl CudaModel {
     /// write, with no per-head norm (llama, qwen2): the epilogue kernel and its link go.
     /// `KESTREL_CUDA_QKV_FOLD=0` keeps the two kernels (A/B figures). Returns whether it ran.
     fn fold_qkv_epilogue(&mut self) -> Result<bool> {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let p = self.step.pending;
         let c = &self.config;
         let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
         let Some(layer) = p.kv_layer else {
             return Ok(false);
         };
-        if self.step.t != 1
-            || !p.rope
-            || p.qn != 0
-            || p.kn != 0
-            || c.rope_dim != hd
-            || hd % 2 != 0
-            || !switch_on(&ON, "KESTREL_CUDA_QKV_FOLD")
-        {
+        if self.step.t != 1 || !p.rope || p.qn != 0 || p.kn != 0 || !self.qkv_foldable() {
             return Ok(false);
         }
         let (Some(x), [(wq, Buf::Q), (wk, Buf::K), (wv, Buf::V)]) =
@@ -422,8 +468,16 @@ impl CudaModel {
         self.step.mm.clear();
         self.step.mm_x = None;
         self.step.pending = Pending::default();
-        self.quantize(x)?;
-        let f = self.gpu.func(&format!("mvx_1_rope{all}"))?;
+        // the norm that made the products' input, if it waits: in the same kernel
+        let norm = match self.step.norm.take() {
+            Some(n) if n.out == x => Some(n),
+            other => {
+                self.step.norm = other;
+                self.flush_norm()?;
+                self.quantize(x)?;
+                None
+            }
+        };
         let c = self.config.clone();
         let kv = c.kv_layer(layer);
         let (kc, vc) = (self.kv.k_layer(kv), self.kv.v_layer(kv));
@@ -434,34 +488,53 @@ impl CudaModel {
         let (xq, xd, q) = (s.xq.ptr, s.xd.ptr, s.q.ptr);
         let (pos, kv_row) = (s.pos.ptr, s.kv_row.ptr);
         let warps = (nh + 2 * nkv) * hd / 2;
+        let name = if norm.is_some() {
+            format!("mvx_1_norm_rope{all}")
+        } else {
+            format!("mvx_1_rope{all}")
+        };
+        let f = self.gpu.func(&name)?;
+        let mut b = self.gpu.stream.launch_builder(&f);
+        b.arg(&mats[0].0)
+            .arg(&mats[0].1)
+            .arg(&mats[1].0)
+            .arg(&mats[1].1)
+            .arg(&mats[2].0)
+            .arg(&mats[2].1)
+            .arg(&n_heads)
+            .arg(&n_kv)
+            .arg(&hdi)
+            .arg(&ci)
+            .arg(&p.bias[0])
+            .arg(&p.bias[1])
+            .arg(&p.bias[2])
+            .arg(&pos)
+            .arg(&theta_scale)
+            .arg(&neox)
+            .arg(&q)
+            .arg(&kc)
+            .arg(&vc)
+            .arg(&kv_row);
+        let (xp, eps) = (norm.map_or(0, |n| self.buf(n.x).0), c.rms_eps);
+        let launch = match &norm {
+            Some(n) => {
+                b.arg(&xp).arg(&n.w).arg(&eps);
+                // a block of 8 warps normalizes the row into its shared memory (int8 + scales)
+                LaunchConfig {
+                    shared_mem_bytes: (cols + cols / 4) as u32,
+                    ..cfg((warps.div_ceil(8) as u32, 1, 1), 256)
+                }
+            }
+            None => {
+                b.arg(&xq).arg(&xd);
+                cfg((warps.div_ceil(4) as u32, 1, 1), 128)
+            }
+        };
         // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&mats[0].0)
-                .arg(&mats[0].1)
-                .arg(&mats[1].0)
-                .arg(&mats[1].1)
-                .arg(&mats[2].0)
-                .arg(&mats[2].1)
-                .arg(&n_heads)
-                .arg(&n_kv)
-                .arg(&hdi)
-                .arg(&ci)
-                .arg(&xq)
-                .arg(&xd)
-                .arg(&p.bias[0])
-                .arg(&p.bias[1])
-                .arg(&p.bias[2])
-                .arg(&pos)
-                .arg(&theta_scale)
-                .arg(&neox)
-                .arg(&q)
-                .arg(&kc)
-                .arg(&vc)
-                .arg(&kv_row)
-                .launch(cfg((warps.div_ceil(4) as u32, 1, 1), 128))?;
+        unsafe { b.launch(launch) }?;
+        if let Some(n) = norm {
+            // its f32 rows and 8-bit copy were never written
+            self.wrote(n.out);
         }
         for b in [Buf::Q, Buf::K, Buf::V] {
             self.wrote(b);
@@ -620,35 +693,13 @@ impl Ops for CudaModel {
 
     fn rms_norm(&mut self, x: Buf, w: W, out: Buf) -> Result<()> {
         self.flush()?;
-        let (xp, n) = self.buf(x);
-        let (op, _) = self.buf(out);
         let wp = self.vector(w)?;
-        let rows = self.rows(x);
-        if rows == 0 {
+        if self.rows(x) == 0 {
             return Ok(());
         }
-        let (q, qd) = self.quantized_output(out);
-        let (ni, eps) = (n as i32, self.config.rms_eps);
-        let f = self.gpu.func("rms_norm_q")?;
-        // SAFETY: as in flush.
-        unsafe {
-            // in place, one block per row must read the row before anyone writes it
-            let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&xp)
-                .arg(&wp)
-                .arg(&op)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&ni)
-                .arg(&eps)
-                .launch(cfg((rows as u32, parts, 1), 256))?;
-        }
-        self.wrote(out);
-        if q != 0 {
-            self.step.q8_of = Some(out);
+        self.step.norm = Some(crate::model::PendingNorm { x, w: wp, out });
+        if !(self.step.t == 1 && x != out && self.norm_foldable()) {
+            self.flush_norm()?;
         }
         Ok(())
     }

@@ -177,6 +177,45 @@ __device__ __forceinline__ void quant32(float v, i8* q, float2* ds) {
 }
 
 
+// 1 / rms of row xr of n (+ eps) for a block of 256 threads, every thread gets it: each thread
+// sums its 16-byte pieces (four in flight), then block_sum. rms_norm_q and the norm folded into
+// the q/k/v products (mvx_1_norm_rope) share it, so both get the same bits.
+__device__ __forceinline__ float rms_scale_256(const float* __restrict__ xr, int n, float eps) {
+    float s4[4] = {0.f, 0.f, 0.f, 0.f};
+    int i = threadIdx.x;
+    if ((n & 3) == 0) {
+        const float4* x4 = (const float4*)xr;
+        const int n4 = n / 4;
+        for (; i + 3 * (int)blockDim.x < n4; i += 4 * blockDim.x) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = x4[i + j * blockDim.x];
+#pragma unroll
+            for (int j = 0; j < 4; j++) s4[j] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        }
+        for (; i < n4; i += blockDim.x) {
+            float4 v = x4[i];
+            s4[0] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (; i < n; i += blockDim.x) s4[0] += xr[i] * xr[i];
+    }
+    float ss = block_sum((s4[0] + s4[1]) + (s4[2] + s4[3]));
+    return rsqrtf(ss / (float)n + eps);
+}
+
+// The RMSNorm of row x (n a multiple of 32, weights w) as 8-bit blocks into q / qd, the whole
+// row by one block of 256 threads (warp w quantizes blocks w, w + 8, ...): rms_norm_q's values.
+__device__ __forceinline__ void norm_q_block(const float* __restrict__ x, const float* __restrict__ w, int n,
+                                             float eps, i8* q, float2* qd) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float scale = rms_scale_256(x, n, eps);
+    for (int base = warp * 32; base < n; base += 256) {
+        const int i = base + lane;
+        quant32(x[i] * scale * w[i], q + base, qd + base / 32);
+    }
+}
+
 // The warp-wide and asynchronous instructions (PTX).
 #ifndef KESTREL_EMU
 

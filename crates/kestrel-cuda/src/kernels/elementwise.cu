@@ -17,27 +17,7 @@ extern "C" __global__ void __launch_bounds__(256) rms_norm_q(const float* x, con
     GRID_DEP();
     const float* xr = x + (u64)blockIdx.x * n;
     const float x0 = first + lane < n ? xr[first + lane] : 0.f;
-    float s4[4] = {0.f, 0.f, 0.f, 0.f};
-    int i = threadIdx.x;
-    if ((n & 3) == 0) {
-        const float4* x4 = (const float4*)xr;
-        const int n4 = n / 4;
-        for (; i + 3 * (int)blockDim.x < n4; i += 4 * blockDim.x) {
-            float4 v[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) v[j] = x4[i + j * blockDim.x];
-#pragma unroll
-            for (int j = 0; j < 4; j++) s4[j] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-        }
-        for (; i < n4; i += blockDim.x) {
-            float4 v = x4[i];
-            s4[0] += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-    } else {
-        for (; i < n; i += blockDim.x) s4[0] += xr[i] * xr[i];
-    }
-    float ss = block_sum((s4[0] + s4[1]) + (s4[2] + s4[3]));
-    float scale = rsqrtf(ss / (float)n + eps);
+    const float scale = rms_scale_256(xr, n, eps);
     float* orow = out + (u64)blockIdx.x * n;
     for (int base = first; base < n; base += gridDim.y * 256) {
         int i = base + lane;
