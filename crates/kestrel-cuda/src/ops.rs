@@ -371,7 +371,7 @@ impl CudaModel {
         let c = &self.config;
         matches!(self.recipe, crate::model::Recipe::Dense(f) if !f.qk_norm)
             && c.rope_dim == c.head_dim
-            && c.head_dim % 2 == 0
+            && c.head_dim.is_multiple_of(2)
             && switch_on(&ON, "KESTREL_CUDA_QKV_FOLD")
     }
 
