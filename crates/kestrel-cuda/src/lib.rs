@@ -20,6 +20,7 @@
 
 pub mod check;
 pub mod compile;
+mod deferred;
 pub mod device;
 pub mod error;
 mod graph;

@@ -3,9 +3,10 @@
 //! ([`kestrel_models::backend::dense`]) run by [`crate::ops`]. Decode steps of up to
 //! [`MATVEC_MAX`] tokens are captured once per shape into a CUDA graph and replayed.
 
+use crate::deferred::{Pending, PendingNorm};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::ops::{AttnDecode, Pending, MATVEC_MAX, MMQ_MAX};
+use crate::ops::{AttnDecode, MATVEC_MAX, MMQ_MAX};
 pub use crate::scratch::{decode_splits, Scratch, DECODE_SPLITS, STEP_SECTIONS};
 use crate::weights::DevMatrix;
 use cudarc::driver::sys;
@@ -228,17 +229,9 @@ pub struct StepState {
     /// Mat-vecs deferred to run as one launch, and their shared input.
     pub mm: Vec<(kestrel_models::backend::W, Buf)>,
     pub mm_x: Option<Buf>,
-    /// An RMSNorm deferred until the products that read it (`ops.rs`'s
+    /// An RMSNorm deferred until the products that read it (`deferred.rs`:
     /// `fold_qkv_epilogue` takes it into their kernel).
     pub norm: Option<PendingNorm>,
-}
-
-/// A deferred RMSNorm of one row: `out = x / rms(x) * w` (weights at `w`).
-#[derive(Clone, Copy, Debug)]
-pub struct PendingNorm {
-    pub x: Buf,
-    pub w: u64,
-    pub out: Buf,
 }
 
 /// One sequence's share of a step (as the engine's `SeqStep`).

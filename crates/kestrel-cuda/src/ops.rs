@@ -6,7 +6,8 @@
 //! - RMSNorm writes the 8-bit activation blocks the next mat-vec reads (no separate pass);
 //!   attention's combine step does the same for the output projection.
 //! - Bias, q/k norm, RoPE and the KV write are recorded and run as one kernel
-//!   (`qkv_epilogue`) when the next other operation arrives.
+//!   (`qkv_epilogue`) when the next other operation arrives; one token of llama / qwen2 runs
+//!   them in the q/k/v products' warps, with the norm before them (`deferred.rs`).
 //! - The residual add is the mat-vec's epilogue (`matmul_add`), SwiGLU the gate/up mat-vec's.
 
 use crate::device::Gpu;
@@ -24,18 +25,6 @@ pub const MATVEC_MAX: usize = 8;
 /// Tokens up to which quantized matmuls take the int8 mat-mat kernel (`kernels/mmq.cu`, its own
 /// 8-bit activation layout) instead of the f16 GEMM; a multiple of its 64-token tile.
 pub const MMQ_MAX: usize = 64;
-
-/// The q/k/v epilogue ops recorded since the last other op (run as one kernel).
-#[derive(Default, Clone, Copy)]
-pub struct Pending {
-    pub bias: [u64; 3],
-    pub qn: u64,
-    pub kn: u64,
-    pub rope: bool,
-    pub kv_layer: Option<usize>,
-    /// Highest stage recorded: bias 1, norm 2, rope 3, kv write 4 (0: nothing pending).
-    pub stage: u8,
-}
 
 /// The CUDA-core decode attention kernel for a head size (`kernels/attention.cu`,
 /// `attn_decode_h<HD>`): every head size the GPU takes.
@@ -353,264 +342,6 @@ impl CudaModel {
         }
     }
 
-    /// Runs what was deferred: the mat-vecs sharing an input, then the q/k/v epilogue (both in
-    /// one kernel where [`CudaModel::fold_qkv_epilogue`] can).
-    pub(crate) fn flush(&mut self) -> Result<()> {
-        if self.fold_qkv_epilogue()? {
-            return Ok(());
-        }
-        self.flush_norm()?;
-        self.flush_mm()?;
-        self.flush_epilogue()
-    }
-
-    /// Whether this model's attention epilogue can run in the q/k/v products' warps: a dense
-    /// family without per-head norms, RoPE over whole heads (`KESTREL_CUDA_QKV_FOLD=0`: never).
-    fn qkv_foldable(&self) -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let c = &self.config;
-        matches!(self.recipe, crate::model::Recipe::Dense(f) if !f.qk_norm)
-            && c.rope_dim == c.head_dim
-            && c.head_dim.is_multiple_of(2)
-            && switch_on(&ON, "KESTREL_CUDA_QKV_FOLD")
-    }
-
-    /// Whether a one-token step's RMSNorm may wait for the q/k/v products that read it, to run
-    /// inside their kernel ([`CudaModel::fold_qkv_epilogue`]; `KESTREL_CUDA_NORM_FOLD=0`:
-    /// never, the epilogue alone folded).
-    fn norm_foldable(&self) -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        self.qkv_foldable() && switch_on(&ON, "KESTREL_CUDA_NORM_FOLD")
-    }
-
-    /// Runs the deferred RMSNorm, if any: the f32 row and its 8-bit copy (`rms_norm_q`).
-    pub(crate) fn flush_norm(&mut self) -> Result<()> {
-        let Some(crate::model::PendingNorm { x, w: wp, out }) = self.step.norm.take() else {
-            return Ok(());
-        };
-        let (xp, n) = self.buf(x);
-        let (op, _) = self.buf(out);
-        let rows = self.rows(x);
-        let (q, qd) = self.quantized_output(out);
-        let (ni, eps) = (n as i32, self.config.rms_eps);
-        let f = self.gpu.func("rms_norm_q")?;
-        // SAFETY: as in flush.
-        unsafe {
-            // in place, one block per row must read the row before anyone writes it
-            let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&xp)
-                .arg(&wp)
-                .arg(&op)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&ni)
-                .arg(&eps)
-                .launch(cfg((rows as u32, parts, 1), 256))?;
-        }
-        self.wrote(out);
-        if q != 0 {
-            self.step.q8_of = Some(out);
-        }
-        Ok(())
-    }
-
-    /// Whether the deferred products write only Q, K and V: they may wait for the epilogue
-    /// recorded after them (which reads them), so that both can become one kernel.
-    fn qkv_deferred(&self) -> bool {
-        !self.step.mm.is_empty()
-            && self
-                .step
-                .mm
-                .iter()
-                .all(|&(_, out)| matches!(out, Buf::Q | Buf::K | Buf::V))
-    }
-
-    /// One token's q, k and v products with their epilogue in the same warps (`mvx_1_rope`,
-    /// kernels/matvec.cu), where the deferred products are exactly q, k and v over one input of
-    /// 8-bit activation types and the epilogue is a bias, RoPE over whole heads and the cache
-    /// write, with no per-head norm (llama, qwen2): the epilogue kernel and its link go.
-    /// `KESTREL_CUDA_QKV_FOLD=0` keeps the two kernels (A/B figures). Returns whether it ran.
-    fn fold_qkv_epilogue(&mut self) -> Result<bool> {
-        let p = self.step.pending;
-        let c = &self.config;
-        let (nh, nkv, hd) = (c.n_heads, c.n_kv_heads, c.head_dim);
-        let Some(layer) = p.kv_layer else {
-            return Ok(false);
-        };
-        if self.step.t != 1 || !p.rope || p.qn != 0 || p.kn != 0 || !self.qkv_foldable() {
-            return Ok(false);
-        }
-        let (Some(x), [(wq, Buf::Q), (wk, Buf::K), (wv, Buf::V)]) =
-            (self.step.mm_x, self.step.mm.as_slice())
-        else {
-            return Ok(false);
-        };
-        let (wq, wk, wv) = (*wq, *wk, *wv);
-        let cols = self.buf(x).1;
-        let mut mats = [(0u64, 0i32); 3];
-        let mut all = "";
-        for (i, (w, rows)) in [(wq, nh * hd), (wk, nkv * hd), (wv, nkv * hd)]
-            .into_iter()
-            .enumerate()
-        {
-            let m = self.matrix(w)?;
-            if !m.kind.int8_activations() || m.rows != rows || m.cols != cols {
-                return Ok(false);
-            }
-            if m.kind.fused_all_only() {
-                all = "_all";
-            }
-            mats[i] = (m.buf.ptr, m.kind as i32);
-        }
-        self.step.mm.clear();
-        self.step.mm_x = None;
-        self.step.pending = Pending::default();
-        // the norm that made the products' input, if it waits: in the same kernel
-        let norm = match self.step.norm.take() {
-            Some(n) if n.out == x => Some(n),
-            other => {
-                self.step.norm = other;
-                self.flush_norm()?;
-                self.quantize(x)?;
-                None
-            }
-        };
-        let c = self.config.clone();
-        let kv = c.kv_layer(layer);
-        let (kc, vc) = (self.kv.k_layer(kv), self.kv.v_layer(kv));
-        let (n_heads, n_kv, hdi, ci) = (nh as i32, nkv as i32, hd as i32, cols as i32);
-        let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
-        let neox = (c.rope_layout == kestrel_models::RopeLayout::NeoX) as i32;
-        let s = &self.scratch;
-        let (xq, xd, q) = (s.xq.ptr, s.xd.ptr, s.q.ptr);
-        let (pos, kv_row) = (s.pos.ptr, s.kv_row.ptr);
-        let warps = (nh + 2 * nkv) * hd / 2;
-        let name = if norm.is_some() {
-            format!("mvx_1_norm_rope{all}")
-        } else {
-            format!("mvx_1_rope{all}")
-        };
-        let f = self.gpu.func(&name)?;
-        let mut b = self.gpu.stream.launch_builder(&f);
-        b.arg(&mats[0].0)
-            .arg(&mats[0].1)
-            .arg(&mats[1].0)
-            .arg(&mats[1].1)
-            .arg(&mats[2].0)
-            .arg(&mats[2].1)
-            .arg(&n_heads)
-            .arg(&n_kv)
-            .arg(&hdi)
-            .arg(&ci)
-            .arg(&p.bias[0])
-            .arg(&p.bias[1])
-            .arg(&p.bias[2])
-            .arg(&pos)
-            .arg(&theta_scale)
-            .arg(&neox)
-            .arg(&q)
-            .arg(&kc)
-            .arg(&vc)
-            .arg(&kv_row);
-        let (xp, eps) = (norm.map_or(0, |n| self.buf(n.x).0), c.rms_eps);
-        let launch = match &norm {
-            Some(n) => {
-                b.arg(&xp).arg(&n.w).arg(&eps);
-                // a block of 8 warps normalizes the row into its shared memory (int8 + scales)
-                LaunchConfig {
-                    shared_mem_bytes: (cols + cols / 4) as u32,
-                    ..cfg((warps.div_ceil(8) as u32, 1, 1), 256)
-                }
-            }
-            None => {
-                b.arg(&xq).arg(&xd);
-                cfg((warps.div_ceil(4) as u32, 1, 1), 128)
-            }
-        };
-        // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
-        unsafe { b.launch(launch) }?;
-        if let Some(n) = norm {
-            // its f32 rows and 8-bit copy were never written
-            self.wrote(n.out);
-        }
-        for b in [Buf::Q, Buf::K, Buf::V] {
-            self.wrote(b);
-        }
-        Ok(true)
-    }
-
-    /// Runs the recorded q/k/v epilogue, if any.
-    fn flush_epilogue(&mut self) -> Result<()> {
-        let p = self.step.pending;
-        if p.stage == 0 {
-            return Ok(());
-        }
-        self.step.pending = Pending::default();
-        let c = self.config.clone();
-        let f = self.gpu.func("qkv_epilogue")?;
-        let (q, k, v) = (self.scratch.q.ptr, self.scratch.k.ptr, self.scratch.v.ptr);
-        let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
-        let rope_dim = if p.rope { c.rope_dim as i32 } else { 0 };
-        let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
-        let neox = (c.rope_layout == kestrel_models::RopeLayout::NeoX) as i32;
-        let (kc, vc) = match p.kv_layer {
-            Some(l) => {
-                let kv = c.kv_layer(l);
-                (self.kv.k_layer(kv), self.kv.v_layer(kv))
-            }
-            None => (0, 0),
-        };
-        let (pos, kv_row) = (self.scratch.pos.ptr, self.scratch.kv_row.ptr);
-        let eps = c.rms_eps;
-        let heads = (c.n_heads + 2 * c.n_kv_heads) as u32;
-        let block = (c.head_dim.div_ceil(32) * 32) as u32;
-        let s = &self.gpu.stream;
-        // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
-        unsafe {
-            s.launch_builder(&f)
-                .arg(&q)
-                .arg(&k)
-                .arg(&v)
-                .arg(&n_heads)
-                .arg(&n_kv)
-                .arg(&hd)
-                .arg(&p.bias[0])
-                .arg(&p.bias[1])
-                .arg(&p.bias[2])
-                .arg(&p.qn)
-                .arg(&p.kn)
-                .arg(&eps)
-                .arg(&pos)
-                .arg(&rope_dim)
-                .arg(&theta_scale)
-                .arg(&neox)
-                .arg(&kc)
-                .arg(&vc)
-                .arg(&kv_row)
-                .launch(cfg((heads, self.step.t as u32, 1), block))?;
-        }
-        for b in [Buf::Q, Buf::K, Buf::V] {
-            self.wrote(b);
-        }
-        Ok(())
-    }
-
-    fn record(&mut self, stage: u8, edit: impl FnOnce(&mut Pending)) -> Result<()> {
-        if stage < self.step.pending.stage {
-            self.flush()?;
-        }
-        if !self.qkv_deferred() {
-            self.flush_mm()?;
-        }
-        let p = &mut self.step.pending;
-        edit(p);
-        p.stage = p.stage.max(stage);
-        Ok(())
-    }
-
     /// Prompt attention by `kernel` (`kernels/flash.cu`): Q at `qp` into `op` ([t, q_dim]),
     /// one block per (64-query tile of a sequence, head).
     fn flash_attention(
@@ -697,7 +428,7 @@ impl Ops for CudaModel {
         if self.rows(x) == 0 {
             return Ok(());
         }
-        self.step.norm = Some(crate::model::PendingNorm { x, w: wp, out });
+        self.step.norm = Some(crate::deferred::PendingNorm { x, w: wp, out });
         if !(self.step.t == 1 && x != out && self.norm_foldable()) {
             self.flush_norm()?;
         }
