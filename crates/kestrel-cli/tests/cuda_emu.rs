@@ -69,6 +69,26 @@ fn kestrel_emulated_as(dir: &Path, cc: &str, args: &[&str]) -> Output {
     kestrel_emulated_with(dir, &[("KESTREL_CUDA_EMU_CC", cc)], args)
 }
 
+/// The arguments of `kestrel run` for 24 greedy tokens after the prompt `ids` (comma-separated)
+/// on the CUDA device, printed as JSON.
+fn greedy_run_args<'a>(model: &'a str, ids: &'a str) -> [&'a str; 13] {
+    [
+        "run",
+        "-m",
+        model,
+        "--prompt-ids",
+        ids,
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--json",
+        "--device",
+        "cuda",
+    ]
+}
+
 /// As [`kestrel_emulated`] with the variables `env` set too.
 fn kestrel_emulated_with(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kestrel"))
@@ -200,24 +220,7 @@ fn the_folded_qkv_epilogue_decodes_as_the_two_kernels() {
             ("KESTREL_CUDA_QKV_FOLD", fold),
             ("KESTREL_CUDA_NORM_FOLD", norm),
         ];
-        let out = kestrel_emulated_with(
-            dir,
-            &env,
-            &[
-                "run",
-                "-m",
-                model,
-                "--prompt-ids",
-                &ids,
-                "-n",
-                "24",
-                "--temp",
-                "0",
-            ]
-            .into_iter()
-            .chain(["--ignore-eos", "--json", "--device", "cuda"])
-            .collect::<Vec<_>>(),
-        );
+        let out = kestrel_emulated_with(dir, &env, &greedy_run_args(model, &ids));
         assert!(
             out.status.success(),
             "{}",
@@ -268,24 +271,7 @@ fn run_on_the_emulated_device_reproduces_transformers_greedy() {
                 .map(|t| t.to_string())
                 .collect();
             let ids = ids.join(",");
-            let out = kestrel_emulated(
-                dir,
-                &[
-                    "run",
-                    "-m",
-                    model.to_str().unwrap(),
-                    "--prompt-ids",
-                    &ids,
-                    "-n",
-                    "24",
-                    "--temp",
-                    "0",
-                    "--ignore-eos",
-                    "--json",
-                    "--device",
-                    "cuda",
-                ],
-            );
+            let out = kestrel_emulated(dir, &greedy_run_args(model.to_str().unwrap(), &ids));
             assert!(
                 out.status.success(),
                 "{arch} case {i}: {}",
