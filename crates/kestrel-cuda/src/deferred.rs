@@ -76,7 +76,7 @@ impl CudaModel {
         let (q, qd) = self.quantized_output(out);
         let (ni, eps) = (n as i32, self.config.rms_eps);
         let f = self.gpu.func("rms_norm_q")?;
-        // SAFETY: as in flush.
+        // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
         unsafe {
             // in place, one block per row must read the row before anyone writes it
             let parts = if x == out { 1 } else { n.div_ceil(256) as u32 };
@@ -113,8 +113,10 @@ impl CudaModel {
     /// One token's q, k and v products with their epilogue in the same warps (`mvx_1_rope`,
     /// kernels/matvec.cu), where the deferred products are exactly q, k and v over one input of
     /// 8-bit activation types and the epilogue is a bias, RoPE over whole heads and the cache
-    /// write, with no per-head norm (llama, qwen2): the epilogue kernel and its link go.
-    /// `KESTREL_CUDA_QKV_FOLD=0` keeps the two kernels (A/B figures). Returns whether it ran.
+    /// write, with no per-head norm (llama, qwen2): the epilogue kernel and its link go. A
+    /// deferred norm of the products' input runs in the same kernel (`mvx_1_norm_rope`), else
+    /// first. `KESTREL_CUDA_QKV_FOLD=0` keeps the kernels apart (A/B figures). Returns whether
+    /// it ran.
     fn fold_qkv_epilogue(&mut self) -> Result<bool> {
         let p = self.step.pending;
         let c = &self.config;
