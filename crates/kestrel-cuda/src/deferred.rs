@@ -162,12 +162,10 @@ impl CudaModel {
                 None
             }
         };
-        let c = self.config.clone();
-        let kv = c.kv_layer(layer);
-        let (kc, vc) = (self.kv.k_layer(kv), self.kv.v_layer(kv));
+        let (kc, vc) = self.kv_cache(layer);
         let (n_heads, n_kv, hdi, ci) = (nh as i32, nkv as i32, hd as i32, cols as i32);
-        let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
-        let neox = (c.rope_layout == kestrel_models::RopeLayout::NeoX) as i32;
+        let (theta_scale, neox) = self.rotation();
+        let eps = self.config.rms_eps;
         let s = &self.scratch;
         let (xq, xd, q) = (s.xq.ptr, s.xd.ptr, s.q.ptr);
         let (pos, kv_row) = (s.pos.ptr, s.kv_row.ptr);
@@ -199,7 +197,7 @@ impl CudaModel {
             .arg(&kc)
             .arg(&vc)
             .arg(&kv_row);
-        let (xp, eps) = (norm.map_or(0, |n| self.buf(n.x).0), c.rms_eps);
+        let xp = norm.map_or(0, |n| self.buf(n.x).0);
         let launch = match &norm {
             Some(n) => {
                 b.arg(&xp).arg(&n.w).arg(&eps);
@@ -233,24 +231,17 @@ impl CudaModel {
             return Ok(());
         }
         self.step.pending = Pending::default();
-        let c = self.config.clone();
-        let f = self.gpu.func("qkv_epilogue")?;
-        let (q, k, v) = (self.scratch.q.ptr, self.scratch.k.ptr, self.scratch.v.ptr);
+        let c = &self.config;
         let (n_heads, n_kv, hd) = (c.n_heads as i32, c.n_kv_heads as i32, c.head_dim as i32);
         let rope_dim = if p.rope { c.rope_dim as i32 } else { 0 };
-        let theta_scale = c.rope_base.powf(-2.0 / c.rope_dim as f32);
-        let neox = (c.rope_layout == kestrel_models::RopeLayout::NeoX) as i32;
-        let (kc, vc) = match p.kv_layer {
-            Some(l) => {
-                let kv = c.kv_layer(l);
-                (self.kv.k_layer(kv), self.kv.v_layer(kv))
-            }
-            None => (0, 0),
-        };
-        let (pos, kv_row) = (self.scratch.pos.ptr, self.scratch.kv_row.ptr);
         let eps = c.rms_eps;
         let heads = (c.n_heads + 2 * c.n_kv_heads) as u32;
         let block = (c.head_dim.div_ceil(32) * 32) as u32;
+        let (theta_scale, neox) = self.rotation();
+        let (kc, vc) = p.kv_layer.map_or((0, 0), |l| self.kv_cache(l));
+        let (q, k, v) = (self.scratch.q.ptr, self.scratch.k.ptr, self.scratch.v.ptr);
+        let (pos, kv_row) = (self.scratch.pos.ptr, self.scratch.kv_row.ptr);
+        let f = self.gpu.func("qkv_epilogue")?;
         let s = &self.gpu.stream;
         // SAFETY: arguments match the kernel's signature; buffers are sized for this step.
         unsafe {
@@ -280,6 +271,20 @@ impl CudaModel {
             self.wrote(b);
         }
         Ok(())
+    }
+
+    /// RoPE's arguments to the epilogue kernels: theta's factor a dimension pair
+    /// (`base^(-2 / rope_dim)`) and whether the layout is NeoX's (1) or the normal one (0).
+    fn rotation(&self) -> (f32, i32) {
+        let c = &self.config;
+        let neox = c.rope_layout == kestrel_models::RopeLayout::NeoX;
+        (c.rope_base.powf(-2.0 / c.rope_dim as f32), neox as i32)
+    }
+
+    /// The K and V caches of layer `layer` (device addresses).
+    fn kv_cache(&self, layer: usize) -> (u64, u64) {
+        let kv = self.config.kv_layer(layer);
+        (self.kv.k_layer(kv), self.kv.v_layer(kv))
     }
 
     pub(crate) fn record(&mut self, stage: u8, edit: impl FnOnce(&mut Pending)) -> Result<()> {
