@@ -113,7 +113,7 @@ impl CudaModel {
     }
 
     /// One token's q, k and v products with their epilogue in the same warps (`mvx_1_rope`,
-    /// kernels/matvec.cu), where the deferred products are exactly q, k and v over one input of
+    /// kernels/qkv.cu), where the deferred products are exactly q, k and v over one input of
     /// 8-bit activation types and the epilogue is a bias, a per-head norm (qwen3: the head's
     /// last warp normalizes and turns it) and RoPE over whole heads and the cache write: the
     /// epilogue kernel and its link go. A
@@ -309,7 +309,7 @@ impl CudaModel {
     }
 }
 
-/// Whether `head_norm_finish` (kernels/matvec.cu) can normalize and turn a head in one warp:
+/// Whether `head_norm_finish` (kernels/qkv.cu) can normalize and turn a head in one warp:
 /// at most 128 dimensions (four a lane), RoPE partners in the same lane (NeoX, half a head a
 /// multiple of 32), the next lane (the normal layout) or a power-of-two lane apart (NeoX, heads
 /// of at most 32).
