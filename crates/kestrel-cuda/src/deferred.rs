@@ -4,10 +4,9 @@
 //! something else needs their results.
 //!
 //! - The epilogue alone: `qkv_epilogue`, one block per (token, head), after the products.
-//! - One token of the dense families (llama, qwen2, qwen3): the products and the epilogue in
-//!   the same warps (`mvx_1_rope`; a per-head norm finished by each head's last warp), and the
-//!   norm before them in the same kernel too (`mvx_1_norm_rope`): three kernels and two links
-//!   become one.
+//! - One token of a family without per-head norms (llama, qwen2): the products and the
+//!   epilogue in the same warps (`mvx_1_rope`), and the norm before them in the same kernel too
+//!   (`mvx_1_norm_rope`): three kernels and two links become one.
 
 use crate::error::Result;
 use crate::model::CudaModel;
@@ -48,12 +47,11 @@ impl CudaModel {
     }
 
     /// Whether this model's attention epilogue can run in the q/k/v products' warps: a dense
-    /// family with RoPE over whole heads, and per-head norms only where one warp can finish a
-    /// head ([`head_norm_foldable`]) (`KESTREL_CUDA_QKV_FOLD=0`: never).
+    /// family without per-head norms, RoPE over whole heads (`KESTREL_CUDA_QKV_FOLD=0`: never).
     fn qkv_foldable(&self) -> bool {
         static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let c = &self.config;
-        matches!(self.recipe, crate::model::Recipe::Dense(f) if !f.qk_norm || head_norm_foldable(c))
+        matches!(self.recipe, crate::model::Recipe::Dense(f) if !f.qk_norm)
             && c.rope_dim == c.head_dim
             && c.head_dim.is_multiple_of(2)
             && switch_on(&ON, "KESTREL_CUDA_QKV_FOLD")
@@ -114,9 +112,8 @@ impl CudaModel {
 
     /// One token's q, k and v products with their epilogue in the same warps (`mvx_1_rope`,
     /// kernels/qkv.cu), where the deferred products are exactly q, k and v over one input of
-    /// 8-bit activation types and the epilogue is a bias, a per-head norm (qwen3: the head's
-    /// last warp normalizes and turns it) and RoPE over whole heads and the cache write: the
-    /// epilogue kernel and its link go. A
+    /// 8-bit activation types and the epilogue is a bias, RoPE over whole heads and the cache
+    /// write, with no per-head norm (llama, qwen2): the epilogue kernel and its link go. A
     /// deferred norm of the products' input runs in the same kernel (`mvx_1_norm_rope`), else
     /// first. `KESTREL_CUDA_QKV_FOLD=0` keeps the kernels apart (A/B figures). Returns whether
     /// it ran.
@@ -127,7 +124,7 @@ impl CudaModel {
         let Some(layer) = p.kv_layer else {
             return Ok(false);
         };
-        if self.step.t != 1 || !p.rope || !self.qkv_foldable() {
+        if self.step.t != 1 || !p.rope || p.qn != 0 || p.kn != 0 || !self.qkv_foldable() {
             return Ok(false);
         }
         let (Some(x), [(wq, Buf::Q), (wk, Buf::K), (wv, Buf::V)]) =
@@ -170,7 +167,7 @@ impl CudaModel {
         let (theta_scale, neox) = self.rotation();
         let eps = self.config.rms_eps;
         let s = &self.scratch;
-        let (xq, xd, q, k, count) = (s.xq.ptr, s.xd.ptr, s.q.ptr, s.k.ptr, s.counts.ptr);
+        let (xq, xd, q) = (s.xq.ptr, s.xd.ptr, s.q.ptr);
         let (pos, kv_row) = (s.pos.ptr, s.kv_row.ptr);
         let warps = (nh + 2 * nkv) * hd / 2;
         let name = if norm.is_some() {
@@ -193,22 +190,17 @@ impl CudaModel {
             .arg(&p.bias[0])
             .arg(&p.bias[1])
             .arg(&p.bias[2])
-            .arg(&p.qn)
-            .arg(&p.kn)
-            .arg(&eps)
             .arg(&pos)
             .arg(&theta_scale)
             .arg(&neox)
             .arg(&q)
             .arg(&kc)
             .arg(&vc)
-            .arg(&k)
-            .arg(&count)
             .arg(&kv_row);
         let xp = norm.map_or(0, |n| self.buf(n.x).0);
         let launch = match &norm {
             Some(n) => {
-                b.arg(&xp).arg(&n.w);
+                b.arg(&xp).arg(&n.w).arg(&eps);
                 // a block of 8 warps normalizes the row into its shared memory (int8 + scales)
                 LaunchConfig {
                     shared_mem_bytes: (cols + cols / 4) as u32,
@@ -307,14 +299,4 @@ impl CudaModel {
         p.stage = p.stage.max(stage);
         Ok(())
     }
-}
-
-/// Whether `head_norm_finish` (kernels/qkv.cu) can normalize and turn a head in one warp:
-/// at most 128 dimensions (four a lane), RoPE partners in the same lane (NeoX, half a head a
-/// multiple of 32), the next lane (the normal layout) or a power-of-two lane apart (NeoX, heads
-/// of at most 32).
-pub(crate) fn head_norm_foldable(c: &kestrel_models::ModelConfig) -> bool {
-    let (hd, half) = (c.head_dim, c.head_dim / 2);
-    let neox = c.rope_layout == kestrel_models::RopeLayout::NeoX;
-    hd <= 128 && (!neox || half.is_multiple_of(32) || (hd <= 32 && half.is_power_of_two()))
 }

@@ -537,7 +537,7 @@ impl Ops for CudaModel {
         );
         let s = &self.scratch;
         let (pos, off, tables) = (s.pos.ptr, s.tbl_off.ptr, s.tables.ptr);
-        let (part, count) = (s.partial.ptr, s.counts.ptr);
+        let (part, count) = (s.partial.ptr, s.attn_count.ptr);
         let (ns, scale) = (n_splits as i32, 1.0 / (c.head_dim as f32).sqrt());
         // the kernel quantizes whole heads for the output projection: 32-wide blocks
         let quant = t <= MATVEC_MAX && c.head_dim.is_multiple_of(32);

@@ -41,10 +41,8 @@ pub struct Scratch {
     pub wf16: DevBuf,
     pub wf16_elems: usize,
     pub partial: DevBuf,
-    /// Counters of the kernels whose last block or warp of a group finishes the group's work:
-    /// decode attention's finished context ranges per (token, head group), the folded q/k/v
-    /// epilogue's finished pairs per head (its per-head norm). Each kernel leaves them at zero.
-    pub counts: DevBuf,
+    /// Finished context ranges per (token, head group) of decode attention; zero between steps.
+    pub attn_count: DevBuf,
     /// The step's inputs, one upload: [ids | pos | kv_row | tbl_off | pick | seq_t0 | seq_len |
     /// seq_slot] (max_batch i32 each; the last three per sequence) then the block tables
     /// (tables_cap i32); the fields below point into it.
@@ -142,7 +140,8 @@ impl Scratch {
                 + hybrid_floats(cfg)) as u64;
         let q8 = (MATVEC_MAX + MMQ_MAX) as u64 * widest * 3;
         let act16 = t * widest * 2;
-        let partial = (Self::partial_floats(cfg) + Self::counts(cfg, max_batch)) as u64 * 4;
+        let partial =
+            (Self::partial_floats(cfg) + max_batch.max(MATVEC_MAX) * cfg.n_heads) as u64 * 4;
         4 * f32s
             + t * crate::ops::argmax_bytes_per_row()
             + q8
@@ -156,12 +155,6 @@ impl Scratch {
     /// [`mma_decode_splits`]) of them at most [`SPLIT_SLOTS`]), `head_dim + 4` floats each.
     fn partial_floats(cfg: &ModelConfig) -> usize {
         SPLIT_SLOTS * cfg.n_heads * (cfg.head_dim + 4)
-    }
-
-    /// [`Scratch::counts`]' entries: decode attention's (token, head group) pairs, or the
-    /// folded epilogue's q and k heads.
-    fn counts(cfg: &ModelConfig, max_batch: usize) -> usize {
-        (max_batch.max(MATVEC_MAX) * cfg.n_heads).max(cfg.n_heads + cfg.n_kv_heads)
     }
 
     pub(crate) fn new(
@@ -208,7 +201,7 @@ impl Scratch {
             wf16: gpu.alloc(WF16_ELEMS * 2)?,
             wf16_elems: WF16_ELEMS,
             partial: f(Self::partial_floats(cfg))?,
-            counts: f(Self::counts(cfg, t))?,
+            attn_count: f(t.max(MATVEC_MAX) * cfg.n_heads)?,
             step_in: f(STEP_SECTIONS * t + max_table)?,
             ids: Sub { ptr: 0 },
             pos: Sub { ptr: 0 },
