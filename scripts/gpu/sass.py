@@ -14,8 +14,14 @@ disassembly tools are fetched from PyPI into target/cuda-tools on first use."""
 import argparse, ctypes, os, re, subprocess, sys, zipfile
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
-FILES = ["common.cuh", "matvec.cu", "mmq.cu", "elementwise.cu", "attention.cu", "flash.cu", "deltanet.cu"]
 KDIR = "crates/kestrel-cuda/src/kernels/"
+
+
+def files(compile_rs):
+    """The translation unit's files in compile.rs's order (its FILES table)."""
+    return re.findall(r'\("([\w.]+)", include_str!', compile_rs)
+
+
 TOOLS = os.path.join(ROOT, "target", "cuda-tools")
 PKGS = ["nvidia-cuda-cuobjdump==13.5.37", "nvidia-cuda-nvdisasm==13.5.37"]
 
@@ -25,10 +31,12 @@ def source(rev):
     KESTREL_CUDA_TIMELINE set: the time-stamped build)."""
     head = "#define KESTREL_TIMELINE 1\n" if os.environ.get("KESTREL_CUDA_TIMELINE") else ""
     if rev is None:
-        return head + "\n".join(open(os.path.join(ROOT, KDIR, f)).read() for f in FILES)
-    show = lambda f: subprocess.run(["git", "-C", ROOT, "show", f"{rev}:{KDIR}{f}"], check=True,
-                                    capture_output=True, text=True).stdout
-    return head + "\n".join(show(f) for f in FILES)
+        names = files(open(os.path.join(ROOT, KDIR, "..", "compile.rs")).read())
+        return head + "\n".join(open(os.path.join(ROOT, KDIR, f)).read() for f in names)
+    show = lambda path: subprocess.run(["git", "-C", ROOT, "show", f"{rev}:{path}"], check=True,
+                                       capture_output=True, text=True).stdout
+    names = files(show("crates/kestrel-cuda/src/compile.rs"))
+    return head + "\n".join(show(KDIR + f) for f in names)
 
 
 def cubin(src, arch):
