@@ -91,7 +91,7 @@ __device__ __forceinline__ Raw<TY> unit_load(const u8* __restrict__ W, u64 nblk,
     if constexpr (Small<TY>::V) {
         u64 blk = (u64)row * bpr + u;
         const u8* a = W + blk * Blk<TY>::A;
-        small_scale<TY>(r, W, nblk, blk);
+        small_scale<TY>(r, W + nblk * Blk<TY>::A, blk);
         if constexpr (TY == T_Q8_0) r.v = ((const int2*)a)[tid];
         else if constexpr (TY == T_Q4_0 || TY == T_Q4_1) r.v = ((const int*)a)[tid];
         else {  // Q5_0 / Q5_1: qh (4 bytes) then qs (16 bytes)
