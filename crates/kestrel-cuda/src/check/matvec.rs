@@ -284,7 +284,7 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         let shapes: &[(usize, usize)] = if kquant {
             // the 8B's four decode shapes, then two of a 1024-wide model (16 units per row):
             // the gate/up and the output's rows; then the down projections of the 1.5B and
-            // the 0.8B shapes (few rows, long ones); then (Q6_K only) the 8B's, the 9B's and the
+            // the 0.8B shapes (few rows, long ones) and the 1.5B's o projection; then (Q6_K only) the 8B's, the 9B's and the
             // 1.5B's output projections
             &[
                 (12288, 4096),
@@ -295,6 +295,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
                 (65536, 1024),
                 (1536, 8960),
                 (1024, 3584),
+                // the 1.5B's o projection (24 units a row: one round of a warp's lanes)
+                (1536, 1536),
                 // the output projections of the 8B and the 9B (Q6_K in a Q4_K_M file), and the
                 // 1.5B's (24 units a row: one a lane, a warp's rows one round trip)
                 (151936, 4096),
