@@ -284,8 +284,8 @@ pub fn perf_matvec(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
         let shapes: &[(usize, usize)] = if kquant {
             // the 8B's four decode shapes, then two of a 1024-wide model (16 units per row):
             // the gate/up and the output's rows; then the down projections of the 1.5B and
-            // the 0.8B shapes (few rows, long ones) and the 1.5B's o projection; then (Q6_K only) the 8B's, the 9B's and the
-            // 1.5B's output projections
+            // the 0.8B shapes (few rows, long ones) and the 1.5B's o projection; then (Q6_K
+            // only) the 8B's, the 9B's and the 1.5B's output projections
             &[
                 (12288, 4096),
                 (4096, 12288),
