@@ -194,18 +194,18 @@ __device__ __forceinline__ RawU<TY> unit_raw(const u8* __restrict__ W, u64 nblk,
 // for each unit. The row kernels (mv_*_r / _h: rows_acc's PRE) take it: Q6_K rows of 4096
 // columns 11-17% faster on an H100 (thirty-second session); the fused q/k/v and warps-per-row
 // kernels keep unit_raw.
-template <int TY> struct RowPtr {
+struct RowPtr {
     const u8* q;
     const u8* s;
 };
 template <int TY>
-__device__ __forceinline__ RowPtr<TY> row_ptr(const u8* W, u64 nblk, int row, int bpr) {
+__device__ __forceinline__ RowPtr row_ptr(const u8* W, u64 nblk, int row, int bpr) {
     constexpr int SB = WithMin<TY>::V ? 4 : 2;  // scale bytes a block
     u64 b0 = (u64)row * bpr;
     return {W + b0 * Blk<TY>::A, W + nblk * Blk<TY>::A + b0 * SB};
 }
 template <int TY>
-__device__ __forceinline__ RawU<TY> row_raw(RowPtr<TY> p, int u) {
+__device__ __forceinline__ RawU<TY> row_raw(RowPtr p, int u) {
     return unit_raw_from<TY>(p.q, p.s, 0, u);
 }
 
@@ -378,7 +378,7 @@ __device__ __forceinline__ void units_acc(const u8* __restrict__ W, const u8* __
 
 // units_acc over M rows found by their RowPtr (the SwiGLU's: W's rows, then W2's).
 template <int TY, int NT, int M>
-__device__ __forceinline__ void units_acc_p(const RowPtr<TY>* rp, int u, const i8* __restrict__ xq,
+__device__ __forceinline__ void units_acc_p(const RowPtr* rp, int u, const i8* __restrict__ xq,
                                             const float2* __restrict__ xd, int xld, float (*acc)[NT]) {
     RawU<TY> raw[M];
 #pragma unroll
@@ -473,7 +473,7 @@ __device__ __forceinline__ void rows_acc(const u8* __restrict__ W, const u8* __r
     }
     if constexpr (PRE) {
         constexpr int M = EPI == 2 ? 2 * R : R;
-        RowPtr<TY> rp[M];
+        RowPtr rp[M];
 #pragma unroll
         for (int m = 0; m < M; m++) rp[m] = row_ptr<TY>(m < R ? W : W2, nblk, rm[m % R], bpr);
 #pragma unroll 2
