@@ -138,6 +138,12 @@ inline float h2f(uint16_t h) {
     memcpy(&v, &h, 2);
     return (float)v;
 }
+inline uint16_t f2h_d(double f) {
+    _Float16 v = (_Float16)f;  // round to nearest even, once
+    uint16_t h;
+    memcpy(&h, &v, 2);
+    return h;
+}
 inline uint16_t f2h(float f) {
     _Float16 v = (_Float16)f;  // round to nearest even, as cvt.rn
     uint16_t h;
@@ -563,6 +569,29 @@ inline void cp_async16(void* dst, const void* src, bool ok = true) {
     else memset(dst, 0, 16);
 }
 inline void cp_async8(void* dst, const void* src) { memcpy(dst, src, 8); }
+// f16 pairs: each half computed exactly in double (products of halves are exact there) and
+// rounded once to f16, as sub / mul / fma.rn.f16x2
+inline uint32_t f16_pair(double lo, double hi) {
+    return (uint32_t)f2h_d(lo) | ((uint32_t)f2h_d(hi) << 16);
+}
+inline uint32_t hsub2(uint32_t a, uint32_t b) {
+    return f16_pair((double)emu::lo_half(a) - emu::lo_half(b), (double)emu::hi_half(a) - emu::hi_half(b));
+}
+inline uint32_t hmul2(uint32_t a, uint32_t b) {
+    return f16_pair((double)emu::lo_half(a) * emu::lo_half(b), (double)emu::hi_half(a) * emu::hi_half(b));
+}
+inline uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
+    return f16_pair((double)emu::lo_half(a) * emu::lo_half(b) + emu::lo_half(c),
+                    (double)emu::hi_half(a) * emu::hi_half(b) + emu::hi_half(c));
+}
+// prmt.b32 (default mode) for selectors whose nibbles are 0-7: byte i of the result is byte
+// (s >> 4 i) & 7 of {x, y}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    uint64_t v = (uint64_t)x | ((uint64_t)y << 32);
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+}
 inline void cp_async4(void* dst, const void* src) { memcpy(dst, src, 4); }
 inline void cp_async_commit() {}
 // copies land at once here: a kernel must not tell (it may not on a GPU either)

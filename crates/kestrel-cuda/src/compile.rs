@@ -19,11 +19,12 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 /// The kernel files, in the order they form one translation unit.
-const FILES: [(&str, &str); 8] = [
+const FILES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("qkv.cu", include_str!("kernels/qkv.cu")),
     ("mmq.cu", include_str!("kernels/mmq.cu")),
+    ("mmh.cu", include_str!("kernels/mmh.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("flash.cu", include_str!("kernels/flash.cu")),

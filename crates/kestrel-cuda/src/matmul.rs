@@ -158,6 +158,17 @@ pub struct MmqLaunch {
     pub smem: u32,
     /// The step's tokens rounded up to the tile (the padded count of its activation layout).
     pub t8: usize,
+    /// The f16 kernel (`kernels/mmh.cu`): it reads the f16 copy of the activations, not the
+    /// 8-bit one.
+    pub f16: bool,
+}
+
+/// The activations a mat-mat launch reads: the 8-bit copy in the mat-mat's layout (quants,
+/// scales), or the f16 copy (`[t, cols]`) for the f16 kernels.
+#[derive(Clone, Copy, Debug)]
+pub enum MmqInput {
+    Int8 { q: u64, d: u64 },
+    F16(u64),
 }
 
 impl MmqLaunch {
@@ -167,14 +178,14 @@ impl MmqLaunch {
     }
 
     /// Enqueues `out_i (+)= W_i · x` for 1 to [`MMQ_GROUP`] matrices of this launch's kind and
-    /// `cols` columns (the add epilogue takes one), `x` the mat-mat's 8-bit copy of `t` tokens
-    /// (`(quants, scales)` of `self.t8`).
+    /// `cols` columns (the add epilogue takes one), `x` the copy of `t` tokens this launch
+    /// reads (the 8-bit one padded to `self.t8` tokens, or the f16 one).
     pub fn launch(
         &self,
         gpu: &mut crate::device::Gpu,
         mats: &[MmqMat],
         cols: usize,
-        x: (u64, u64),
+        x: MmqInput,
         t: usize,
     ) -> Result<()> {
         if mats.is_empty() || mats.len() > MMQ_GROUP {
@@ -200,10 +211,28 @@ impl MmqLaunch {
         for (w, r, o) in &m {
             b.arg(w).arg(r).arg(o);
         }
-        b.arg(&c).arg(&x.0).arg(&x.1).arg(&t8).arg(&ti);
+        b.arg(&c);
+        let (q, d, f16);
+        match (x, self.f16) {
+            (MmqInput::Int8 { q: xq, d: xd }, false) => {
+                (q, d) = (xq, xd);
+                b.arg(&q).arg(&d).arg(&t8);
+            }
+            (MmqInput::F16(p), true) => {
+                f16 = p;
+                b.arg(&f16);
+            }
+            _ => {
+                return Err(CudaError::Other(format!(
+                    "{}: activations of the other form ({x:?})",
+                    self.name
+                )))
+            }
+        }
+        b.arg(&ti);
         // SAFETY: each W_i holds rows_i x cols of the kernel's type in the device layout, x holds
-        // t8 tokens of cols in the mat-mat's 8-bit layout, out_i t rows of rows_i floats; unused
-        // entries have 0 rows and are never read.
+        // t tokens of cols (the 8-bit copy: t8, in the mat-mat's layout; the f16 copy: t rows),
+        // out_i t rows of rows_i floats; unused entries have 0 rows and are never read.
         unsafe { b.launch(config) }?;
         Ok(())
     }
@@ -226,12 +255,15 @@ pub fn mmq_kernel(
 /// A mat-mat block: `warps` warps splitting the units of `tiles` x 16 rows (each warp takes
 /// every tile: an activation fragment feeds `tiles` mma); `stages` > 0: the staged kernel
 /// (K-quants), each warp streaming its units through a ring of that many stages of shared
-/// memory.
+/// memory. `f16`: the f16 kernel (Q4_K, Q6_K), whose warps each take their own `tiles` x 16
+/// rows over every column (a block of `warps` x `tiles` x 16 rows) and share the block's
+/// ring of `stages` stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MmqShape {
     pub warps: usize,
     pub tiles: usize,
     pub stages: usize,
+    pub f16: bool,
 }
 
 /// [`mmq_kernel`] in block shape `shape` (one of [`mmq_block_shapes`]).
@@ -241,9 +273,23 @@ pub fn mmq_launch(kind: crate::weights::Kind, t: usize, epi: u32, shape: MmqShap
         warps,
         tiles,
         stages,
+        f16,
     } = shape;
     let nj = tile / 8;
-    let (name, smem) = if stages > 0 {
+    let (name, smem, block_rows) = if f16 {
+        // kernels/mmh.cu's HStage: the rows' planes, then the tokens at a pitch of 272 bytes
+        let rows = warps * tiles * 16;
+        let record = if kind == crate::weights::Kind::Q4K {
+            80
+        } else {
+            108
+        };
+        (
+            format!("mmh_{}_{nj}_{epi}_w{warps}_r{tiles}_s{stages}", kind.name()),
+            (stages * (rows * record + tile * 272)) as u32,
+            rows,
+        )
+    } else if stages > 0 {
         // kernels/mmq.cu's Stage: the rows' records, then two pieces of activations
         let record = if kind == crate::weights::Kind::Q4K {
             48
@@ -258,18 +304,20 @@ pub fn mmq_launch(kind: crate::weights::Kind, t: usize, epi: u32, shape: MmqShap
                 kind.name()
             ),
             (warps * stages * stage).max(reduce) as u32,
+            16 * tiles,
         )
     } else {
         debug_assert_eq!(tiles, 1, "the register kernels take one row tile");
-        (format!("mmq_{}_{nj}_{epi}_w{warps}", kind.name()), 0)
+        (format!("mmq_{}_{nj}_{epi}_w{warps}", kind.name()), 0, 16)
     };
     MmqLaunch {
         name,
-        block_rows: 16 * tiles,
+        block_rows,
         token_tiles: t.div_ceil(tile) as u32,
         block: 32 * warps as u32,
         smem,
         t8: t.next_multiple_of(tile),
+        f16,
     }
 }
 
@@ -280,6 +328,7 @@ impl MmqShape {
             warps,
             tiles: 1,
             stages: 0,
+            f16: false,
         }
     }
 
@@ -289,14 +338,49 @@ impl MmqShape {
             warps,
             tiles,
             stages,
+            f16: false,
+        }
+    }
+
+    /// The f16 kernel's block (`warps` x `tiles` x 16 rows).
+    const fn half(warps: usize, tiles: usize, stages: usize) -> Self {
+        Self {
+            warps,
+            tiles,
+            stages,
+            f16: true,
         }
     }
 }
 
 /// The block shapes a mat-mat of `kind` for `t` tokens comes in (`kernels/mmq.cu` builds these):
 /// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; for the K-quants the staged kernels at 16-64
-/// tokens instead of the register kernel's 8 warps at 64.
+/// tokens instead of the register kernel's 8 warps at 64; for Q4_K and Q6_K at 16-64 tokens
+/// also the f16 kernel's blocks of 128, 64 and 32 rows (`kernels/mmh.cu`).
 pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
+    let mut shapes = int8_block_shapes(kind, t);
+    if takes_f16(kind, t) {
+        shapes.extend(F16_SHAPES);
+    }
+    shapes
+}
+
+/// The f16 kernel's blocks (`kernels/mmh.cu`'s `MMH_NJ`): 4 warps of two tiles or 8 of one
+/// (128 rows, 3 stages), 4 of one (64 rows) and 2 of one (32 rows, 4 stages).
+const F16_SHAPES: [MmqShape; 4] = [
+    MmqShape::half(4, 2, 3),
+    MmqShape::half(8, 1, 3),
+    MmqShape::half(4, 1, 4),
+    MmqShape::half(2, 1, 4),
+];
+
+/// Whether the f16 kernel is built for `kind` at `t` tokens: Q4_K and Q6_K, tiles of 16-64.
+fn takes_f16(kind: crate::weights::Kind, t: usize) -> bool {
+    use crate::weights::Kind;
+    matches!(kind, Kind::Q4K | Kind::Q6K) && mmq_tile(t) >= 16
+}
+
+fn int8_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
     let k_quant = kind.k_quant();
     match mmq_tile(t) {
@@ -329,7 +413,40 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 /// aggregate decode at 12 / 16 sequences +5% / +4%, H200, 10:20 call). The register
 /// kernels on short rows (not measured staged): 8 warps where rows are long (128+ units) or
 /// few, else 4.
+///
+/// The f16 kernel (`kernels/mmh.cu`) on Q4_K and Q6_K rows of 4,096+ columns at 9-64 tokens:
+/// blocks of 128 rows where rows are 8,192+ (the 8B's gate / up pair, the heads), of 32 rows
+/// from 2,048, with `KESTREL_CUDA_MMH=1`: off by default until a GPU has timed it against
+/// the int8 kernels (docs/cuda.md, lab book).
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
+    match f16_shape(kind, rows, cols, t) {
+        Some(s) if f16_on() => s,
+        _ => int8_shape(kind, rows, cols, t),
+    }
+}
+
+/// Whether the f16 mat-mat is asked for (`KESTREL_CUDA_MMH=1`).
+fn f16_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_MMH").is_ok_and(|v| v == "1"))
+}
+
+/// The f16 kernel's block for a mat-mat, where it takes one ([`mmq_shape`]).
+fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
+    let long = cols / unit_cols(kind) >= 64;
+    if !(long && takes_f16(kind, t)) {
+        None
+    } else if rows >= 8192 {
+        Some(MmqShape::half(4, 2, 3))
+    } else if rows >= 2048 {
+        Some(MmqShape::half(2, 1, 4))
+    } else {
+        None
+    }
+}
+
+/// The int8 kernels' block for a mat-mat ([`mmq_shape`]'s measured picks).
+fn int8_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     use crate::weights::Kind;
     let (regs, staged) = (MmqShape::regs, MmqShape::staged);
     let long = kind.k_quant() && cols / unit_cols(kind) >= 64;
@@ -697,9 +814,17 @@ impl CudaModel {
         let t = self.rows(x);
         let rows = mats.iter().map(|m| m.rows).sum();
         let launch = mmq_kernel(kind, rows, cols, t, add as u32);
-        self.quantize_t(x, launch.t8)?;
-        let q = (self.scratch.xqt.ptr, self.scratch.xdt.ptr);
-        launch.launch(&mut self.gpu, mats, cols, q, t)
+        let input = if launch.f16 {
+            self.f16_copy(x)?;
+            MmqInput::F16(self.scratch.act16.ptr)
+        } else {
+            self.quantize_t(x, launch.t8)?;
+            MmqInput::Int8 {
+                q: self.scratch.xqt.ptr,
+                d: self.scratch.xdt.ptr,
+            }
+        };
+        launch.launch(&mut self.gpu, mats, cols, input, t)
     }
 
     /// Makes the mat-mat's 8-bit copy of `x` (its own layout, `t8` tokens: `kernels/mmq.cu`)
@@ -833,11 +958,13 @@ mod tests {
             for rows in [896, 1024, 1536, 4096, 6144, 12288, 151_936] {
                 for cols in [1024, 4096, 12288] {
                     for t in MMQ_MIN..=MMQ_MAX {
-                        let s = mmq_shape(kind, rows, cols, t);
-                        assert!(
-                            mmq_block_shapes(kind, t).contains(&s),
-                            "{kind:?} {rows}x{cols} t {t}: {s:?}"
-                        );
+                        let f16 = f16_shape(kind, rows, cols, t);
+                        for s in [int8_shape(kind, rows, cols, t)].into_iter().chain(f16) {
+                            assert!(
+                                mmq_block_shapes(kind, t).contains(&s),
+                                "{kind:?} {rows}x{cols} t {t}: {s:?}"
+                            );
+                        }
                     }
                 }
             }
@@ -847,20 +974,33 @@ mod tests {
             warps,
             tiles,
             stages,
+            f16: false,
         };
-        assert_eq!(mmq_shape(Kind::Q4K, 4096, 12288, 32), shape(16, 2, 2));
-        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 32), shape(8, 2, 3));
-        assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 32), shape(4, 2, 4));
-        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 16), shape(16, 2, 2));
-        assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 16), shape(16, 2, 2));
-        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 64), shape(16, 1, 2));
-        assert_eq!(mmq_shape(Kind::Q6K, 12288, 4096, 64), shape(4, 2, 3));
-        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 64), shape(16, 1, 2));
-        assert_eq!(mmq_shape(Kind::Q4K, 4096, 4096, 8), shape(16, 1, 0));
-        assert_eq!(mmq_shape(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
-        assert_eq!(mmq_shape(Kind::Q6K, 4096, 12288, 8), shape(16, 2, 2));
-        assert_eq!(mmq_shape(Kind::Q6K, 4096, 4096, 8), shape(8, 1, 0));
+        let half = MmqShape::half;
+        assert_eq!(int8_shape(Kind::Q4K, 4096, 12288, 32), shape(16, 2, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 4096, 12288, 32), shape(8, 2, 3));
+        assert_eq!(int8_shape(Kind::Q6K, 12288, 4096, 32), shape(4, 2, 4));
+        assert_eq!(int8_shape(Kind::Q4K, 12288, 4096, 16), shape(16, 2, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 12288, 4096, 16), shape(16, 2, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 4096, 12288, 64), shape(16, 1, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 12288, 4096, 64), shape(4, 2, 3));
+        assert_eq!(int8_shape(Kind::Q4K, 12288, 4096, 64), shape(16, 1, 2));
+        assert_eq!(int8_shape(Kind::Q4K, 4096, 4096, 8), shape(16, 1, 0));
+        assert_eq!(int8_shape(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
+        assert_eq!(int8_shape(Kind::Q6K, 4096, 12288, 8), shape(16, 2, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 4096, 4096, 8), shape(8, 1, 0));
         // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
-        assert_eq!(mmq_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
+        assert_eq!(int8_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
+        // the f16 kernel (when asked for): Q4_K / Q6_K rows of 4,096+ columns at 9-64 tokens,
+        // 2,048+ rows
+        let f16 = |k, r, c, t| f16_shape(k, r, c, t).unwrap_or_else(|| int8_shape(k, r, c, t));
+        assert_eq!(f16(Kind::Q4K, 24576, 4096, 32), half(4, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 9), half(4, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 4096, 12288, 64), half(2, 1, 4));
+        assert_eq!(f16(Kind::Q4K, 4096, 4096, 16), half(2, 1, 4));
+        assert_eq!(f16(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
+        assert_eq!(f16(Kind::Q4K, 1024, 4096, 32), shape(16, 2, 2));
+        assert_eq!(f16(Kind::Q5K, 12288, 4096, 32), shape(4, 2, 4));
+        assert_eq!(f16(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
     }
 }

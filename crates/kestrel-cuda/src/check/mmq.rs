@@ -1,11 +1,13 @@
-//! The int8 mat-mat cases (`kernels/mmq.cu`): every quantized type, token counts across the
-//! four tile widths and past one tile, both epilogues, every block shape of each tile, a row count that leaves the last
-//! 16-row block partial; and its speed lines.
+//! The mat-mat cases (`kernels/mmq.cu`, int8; `kernels/mmh.cu`, f16): every quantized type,
+//! token counts across the four tile widths and past one tile, both epilogues, every block
+//! shape of each tile, a row count that leaves the last block partial; and its speed lines.
 
 use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::matmul::{mmq_block_shapes, mmq_kernel, mmq_launch, MmqLaunch, MmqMat, MMQ_GROUP};
+use crate::matmul::{
+    mmq_block_shapes, mmq_kernel, mmq_launch, MmqInput, MmqLaunch, MmqMat, MMQ_GROUP,
+};
 use crate::weights::{to_device_layout, Kind};
 use cudarc::driver::PushKernelArg;
 
@@ -36,8 +38,37 @@ fn quantize(
     Ok((dq, dd))
 }
 
+/// The copy of `t` rows of `x` (`cols` wide) that `launch` reads, made by the kernels the model
+/// runs (`quantize_q_t`, `to_f16`); the buffers live as long as the input is used.
+fn activations(
+    gpu: &mut Gpu,
+    launch: &MmqLaunch,
+    x: &DevBuf,
+    t: usize,
+    cols: usize,
+) -> Result<(MmqInput, Vec<DevBuf>)> {
+    if !launch.f16 {
+        let (q, d) = quantize(gpu, x, t, launch.t8, cols)?;
+        return Ok((MmqInput::Int8 { q: q.ptr, d: d.ptr }, vec![q, d]));
+    }
+    let x16 = gpu.alloc(t * cols * 2)?;
+    let f = gpu.func("to_f16")?;
+    let n = (t * cols) as u64;
+    // SAFETY: `x` holds t rows of cols floats, x16 as many halves.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&x.ptr)
+            .arg(&x16.ptr)
+            .arg(&n)
+            .launch(cfg((n.div_ceil(256) as u32, 1, 1), 256))?;
+    }
+    Ok((MmqInput::F16(x16.ptr), vec![x16]))
+}
+
 /// The mat-mat against f64 dot products of the dequantized weights with the f32 activations
-/// (the 8-bit activations cost about 0.5%, as in the mat-vec cases: tolerance 1e-2). Outputs
+/// (the 8-bit activations cost about 0.5%, as in the mat-vec cases, the f16 ones less: tolerance
+/// 1e-2). Outputs
 /// start as NaN for the store epilogue (a row or token left unwritten fails) and as random
 /// values for the add.
 pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
@@ -78,13 +109,13 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                     for shape in mmq_block_shapes(kind, t) {
                         let mmq = mmq_launch(kind, t, epi, shape);
                         let dout = gpu.upload_f32(&base)?;
-                        let q = quantize(gpu, &dx, t, mmq.t8, cols)?;
+                        let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                         let mat = MmqMat {
                             w: dw.ptr,
                             rows,
                             out: dout.ptr,
                         };
-                        mmq.launch(gpu, &[mat], cols, (q.0.ptr, q.1.ptr), t)?;
+                        mmq.launch(gpu, &[mat], cols, input, t)?;
                         let got = gpu.read_f32(dout.ptr, t * rows)?;
                         out.push(CaseResult {
                             op: format!(
@@ -132,7 +163,7 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
         for t in [5usize, 16, 32, 64] {
             for shape in mmq_block_shapes(kind, t) {
                 let mmq = mmq_launch(kind, t, 0, shape);
-                let q = quantize(gpu, &dx, t, mmq.t8, cols)?;
+                let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                 let outs: Vec<DevBuf> = mats
                     .iter()
                     .map(|(_, r, _)| gpu.upload_f32(&vec![f32::NAN; t * r]))
@@ -146,7 +177,7 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
                         out: o.ptr,
                     })
                     .collect();
-                mmq.launch(gpu, &group, cols, (q.0.ptr, q.1.ptr), t)?;
+                mmq.launch(gpu, &group, cols, input, t)?;
                 for ((_, r, want), o) in mats.iter().zip(&outs) {
                     let got = gpu.read_f32(o.ptr, t * r)?;
                     let expect: Vec<f32> = want[..t * r].iter().map(|&v| v as f32).collect();
@@ -212,7 +243,6 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
             for t in [8usize, 16, 32, 64, 512] {
                 let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
                 let shipped = mmq_kernel(kind, rows, cols, t, 0);
-                let q = quantize(gpu, &dx, t, shipped.t8, cols)?;
                 let dout = gpu.alloc(t * rows * 4)?;
                 // every block shape, the shipped one first
                 let mut variants: Vec<MmqLaunch> = mmq_block_shapes(kind, t)
@@ -221,13 +251,14 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                     .collect();
                 variants.sort_by_key(|v| v.name != shipped.name);
                 for mmq in variants {
+                    let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                     let go = |gpu: &mut Gpu, i: usize| {
                         let mat = MmqMat {
                             w: copies[i % copies.len()].ptr,
                             rows,
                             out: dout.ptr,
                         };
-                        mmq.launch(gpu, &[mat], cols, (q.0.ptr, q.1.ptr), t)
+                        mmq.launch(gpu, &[mat], cols, input, t)
                     };
                     let us = super::time_us(gpu, 8, 50, true, go)?;
                     let ops = 2.0 * (rows * cols * t) as f64;

@@ -248,6 +248,23 @@ __device__ __forceinline__ void norm_q_block(const float* __restrict__ x, const 
 // The warp-wide and asynchronous instructions (PTX).
 #ifndef KESTREL_EMU
 
+// f16 pairs (two halves a register): a - b, a * b, a * b + c, each rounded once.
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b) {
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
 // A shared-memory pointer as the 32-bit address that ldmatrix / cp.async take.
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;

@@ -1,0 +1,249 @@
+// The f16 mat-mat for batched decode over Q4_K and Q6_K matrices of many rows:
+// out[t][row] (+)= W[row] . x[t] on the f16 tensor cores (mma m16n8k16, f32 sums).
+//
+// Where the int8 staged kernel (mmq.cu) has each warp copy its own units' activations and scale
+// every 32-weight piece's int32 dot into its accumulators, here a block's WK warps take
+// different rows (MR tiles of 16 each: a block of 16 WK MR rows) over the same columns. The
+// block streams the matrix in stages of 128 columns (half a K-quant block) through a ring of S
+// stages of shared memory by cp.async: every row's record of that half and the tokens' f16
+// activations over its columns, copied once for all the block's rows. Each lane turns its
+// rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64), less 1024
+// or 1056 exactly, times the scale plus the min) and the mma sums the products in f32 along
+// the whole row: nothing is done after an mma.
+//
+// k slots: in the mma over k-chunk kk = 4 nib + w of a stage, lane tid's four slots (2tid,
+// 2tid + 1, 8 + 2tid, 9 + 2tid) stand for the stage's columns 64 nib + 16 tid + 4 w + 0..3. A
+// lane's rows then come from 16 bytes of their quants (Q6_K: ql bytes 16 tid .., both nibbles;
+// Q4_K: qs bytes 32 nib + 16 (tid % 2) .., the nibble tid / 2), and a token's B words for two
+// k-chunks are one 16-byte load of 8 consecutive activations.
+//
+// A stage: planes of the block's R rows (Q4_K: qs R x 64, header R x 16; Q6_K: ql R x 64, qh
+// R x 32, scales R x 8, the 4-byte word holding d R x 4), then the TW tokens' 128 f16
+// activations at a pitch of 272 bytes (a quarter-warp's 16-byte loads hit distinct banks).
+// Rows past the end re-read the last one and tokens past T the last token; neither is stored.
+
+#define MMH_PITCH 272
+
+template <int TY, int NJ, int WK, int MR>
+struct HStage {
+    enum {
+        R = 16 * WK * MR,
+        TW = 8 * NJ,
+        // plane offsets
+        QS = 0,                                    // Q4_K qs / Q6_K ql: R x 64
+        HD = 64 * R,                               // Q4_K header: R x 16 / Q6_K qh: R x 32
+        SC = TY == T_Q4_K ? 80 * R : 96 * R,       // Q6_K scales: R x 8
+        DW = 104 * R,                              // Q6_K d's word: R x 4
+        X = TY == T_Q4_K ? 80 * R : 108 * R,       // activations: TW x MMH_PITCH
+        BYTES = X + TW * MMH_PITCH,
+    };
+};
+
+// The block's copies of stage s (columns 128 s ..) into `st`: rows r0.. (clamped), tokens t0..
+// (clamped to T - 1); the weights and the activations apart (the weights need not wait for
+// the kernel before).
+template <int TY, int NJ, int WK, int MR>
+__device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__ W, u64 nblk, int r0, int rows,
+                                                  int bpr, int s) {
+    using G = HStage<TY, NJ, WK, MR>;
+    int b = s >> 1, h = s & 1;
+    for (int i = threadIdx.x; i < G::R * 4; i += WK * 32) {  // 64 quant bytes a row: 4 copies
+        int rec = i >> 2, part = i & 3;
+        u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
+        const u8* blk = W + bi * (TY == T_Q4_K ? 144 : 208);
+        cp_async16(st + G::QS + 64 * rec + 16 * part, blk + (TY == T_Q4_K ? 16 : 0) + 64 * h + 16 * part);
+    }
+    if constexpr (TY == T_Q4_K) {
+        for (int i = threadIdx.x; i < G::R; i += WK * 32) {  // the block's header (d, dmin, scales)
+            u64 bi = (u64)min(r0 + i, rows - 1) * bpr + b;
+            cp_async16(st + G::HD + 16 * i, W + bi * 144);
+        }
+    } else {
+        for (int i = threadIdx.x; i < G::R * 2; i += WK * 32) {  // the half's 32 qh bytes
+            int rec = i >> 1, part = i & 1;
+            u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
+            cp_async16(st + G::HD + 32 * rec + 16 * part, W + bi * 208 + 128 + 32 * h + 16 * part);
+        }
+        for (int i = threadIdx.x; i < G::R * 2; i += WK * 32) {  // the half's 8 scales; d's word
+            int rec = i >> 1;
+            u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
+            if (i & 1) cp_async4(st + G::DW + 4 * rec, W + nblk * 208 + ((2 * bi) & ~(u64)3));
+            else cp_async8(st + G::SC + 8 * rec, W + bi * 208 + 192 + 8 * h);
+        }
+    }
+}
+
+template <int TY, int NJ, int WK, int MR>
+__device__ __forceinline__ void mmh_stage_acts(u8* st, const u16* __restrict__ x, int cols, int t0, int T, int s) {
+    using G = HStage<TY, NJ, WK, MR>;
+    for (int i = threadIdx.x; i < G::TW * 16; i += WK * 32) {  // 256 bytes a token: 16 copies
+        int t = i >> 4, part = i & 15;
+        const u16* src = x + (u64)min(t0 + t, T - 1) * cols + 128 * s + 8 * part;
+        cp_async16(st + G::X + t * MMH_PITCH + 16 * part, src);
+    }
+}
+
+__device__ __forceinline__ u32 half2_of(float v) {
+    u32 h = f2h(v);
+    return h | (h << 16);
+}
+
+// One row's share of a stage for this lane: its 16 quant bytes for k-chunks 4 nib .. 4 nib + 3
+// and the scale (Q6_K) or scale and min (Q4_K) of those columns, each as two equal halves.
+struct HRow {
+    uint4 q, qh;
+    u32 s, m;
+};
+
+template <int TY>
+__device__ __forceinline__ HRow mmh_row(const u8* st, int R, int rec, int nib, int h, int tid, int dhi) {
+    HRow r;
+    if constexpr (TY == T_Q4_K) {
+        r.q = *(const uint4*)(st + 64 * rec + 32 * nib + 16 * (tid & 1));
+        uint4 hd = *(const uint4*)(st + 64 * R + 16 * rec);
+        int sc, mn;
+        scale_min_k4_word(2 * h + nib, tid >> 1, hd.y, hd.z, hd.w, sc, mn);
+        r.s = half2_of(h2f((u16)(hd.x & 0xFFFF)) * (float)sc);
+        r.m = half2_of(-h2f((u16)(hd.x >> 16)) * (float)mn);
+    } else {
+        r.q = *(const uint4*)(st + 64 * rec + 16 * tid);
+        r.qh = *(const uint4*)(st + 64 * R + 32 * rec + 16 * (tid & 1));
+        int sc = (int)(i8)st[96 * R + 8 * rec + 4 * nib + tid];
+        u32 dw = *(const u32*)(st + 104 * R + 4 * rec);
+        r.s = half2_of(h2f((u16)(dhi ? dw >> 16 : dw & 0xFFFF)) * (float)sc);
+    }
+    return r;
+}
+
+// The A words (a[0]: columns 4w, 4w + 1 of the lane's run; a[1]: 4w + 2, 4w + 3) of one row:
+// the quants' bytes next to 0x64 make 1024 + q as f16, and the exact difference to q (Q6_K: q -
+// 32) times the scale (plus the min) is the weight with one rounding.
+template <int TY>
+__device__ __forceinline__ void mmh_weights(const HRow& r, int w, int nib, int tid, u32& lo, u32& hi) {
+    u32 word = w == 0 ? r.q.x : w == 1 ? r.q.y : w == 2 ? r.q.z : r.q.w;
+    u32 q;
+    if constexpr (TY == T_Q4_K) {
+        q = (word >> (4 * (tid >> 1))) & 0x0F0F0F0Fu;
+    } else {
+        u32 hw = w == 0 ? r.qh.x : w == 1 ? r.qh.y : w == 2 ? r.qh.z : r.qh.w;
+        // weight c of the half (c = 64 nib + 16 tid + ..) has its high bits at 2 (c / 32)
+        int sh = 2 * (2 * nib + (tid >> 1));
+        q = ((word >> (4 * nib)) & 0x0F0F0F0Fu) | (((hw >> sh) & 0x03030303u) << 4);
+    }
+    u32 h0 = __byte_perm(q, 0x64646464u, 0x5140), h1 = __byte_perm(q, 0x64646464u, 0x5342);
+    if constexpr (TY == T_Q4_K) {
+        lo = hfma2(hsub2(h0, 0x64006400u), r.s, r.m);
+        hi = hfma2(hsub2(h1, 0x64006400u), r.s, r.m);
+    } else {
+        lo = hmul2(hsub2(h0, 0x64206420u), r.s);
+        hi = hmul2(hsub2(h1, 0x64206420u), r.s);
+    }
+}
+
+template <int TY, int NJ, int WK, int MR, int S, int EPI>
+__device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols, const u16* __restrict__ x, int T,
+                                    float* __restrict__ out, int rblk) {
+    using G = HStage<TY, NJ, WK, MR>;
+    extern __shared__ __align__(16) u8 smem[];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+    int r0 = rblk * G::R, t0 = blockIdx.y * G::TW;
+    int bpr = cols / 256, n = cols / 128;
+    u64 nblk = (u64)rows * bpr;
+    // the weights first: no kernel writes them, so they need not wait for the one before
+#pragma unroll
+    for (int s = 0; s < S - 1; s++)
+        if (s < n) mmh_stage_weights<TY, NJ, WK, MR>(smem + s * G::BYTES, W, nblk, r0, rows, bpr, s);
+    GRID_DEP();
+#pragma unroll
+    for (int s = 0; s < S - 1; s++) {
+        if (s < n) mmh_stage_acts<TY, NJ, WK, MR>(smem + s * G::BYTES, x, cols, t0, T, s);
+        cp_async_commit();
+    }
+    // this lane's row records (rows gid and gid + 8 of each tile) and, for Q6_K, the parity of
+    // their first block (two d to a word)
+    int rec[MR][2], par[MR][2];
+#pragma unroll
+    for (int m = 0; m < MR; m++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            rec[m][e] = 16 * (warp * MR + m) + gid + 8 * e;
+            par[m][e] = (int)(((u64)min(r0 + rec[m][e], rows - 1) * bpr) & 1);
+        }
+    float acc[NJ][MR][4];
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int m = 0; m < MR; m++) acc[j][m][0] = acc[j][m][1] = acc[j][m][2] = acc[j][m][3] = 0.f;
+    for (int i = 0; i < n; i++) {
+        cp_async_wait<S - 2>();
+        __syncthreads();  // stage i has landed for every thread, and stage i - 1 is done with
+        int nx = i + S - 1;
+        if (nx < n) {
+            u8* d = smem + (nx % S) * G::BYTES;
+            mmh_stage_weights<TY, NJ, WK, MR>(d, W, nblk, r0, rows, bpr, nx);
+            mmh_stage_acts<TY, NJ, WK, MR>(d, x, cols, t0, T, nx);
+        }
+        cp_async_commit();
+        const u8* st = smem + (i % S) * G::BYTES;
+        int h = i & 1, bodd = (i >> 1) & 1;
+#pragma unroll
+        for (int nib = 0; nib < 2; nib++) {
+            HRow rw[MR][2];
+#pragma unroll
+            for (int m = 0; m < MR; m++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    rw[m][e] = mmh_row<TY>(st, G::R, rec[m][e], nib, h, tid, par[m][e] ^ bodd);
+#pragma unroll
+            for (int q2 = 0; q2 < 2; q2++) {
+                // the B words of k-chunks 4 nib + 2 q2 (x, y) and the next (z, w) for every token tile
+                uint4 bv[NJ];
+#pragma unroll
+                for (int j = 0; j < NJ; j++)
+                    bv[j] = *(const uint4*)(st + G::X + (8 * j + gid) * MMH_PITCH + 128 * nib + 32 * tid + 16 * q2);
+#pragma unroll
+                for (int m = 0; m < MR; m++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        u32 a[4];
+                        mmh_weights<TY>(rw[m][0], 2 * q2 + e, nib, tid, a[0], a[2]);
+                        mmh_weights<TY>(rw[m][1], 2 * q2 + e, nib, tid, a[1], a[3]);
+#pragma unroll
+                        for (int j = 0; j < NJ; j++)
+                            mma_f16(acc[j][m], a, e ? bv[j].z : bv[j].x, e ? bv[j].w : bv[j].y);
+                    }
+            }
+        }
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int m = 0; m < MR; m++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                int row = r0 + rec[m][c >> 1], t = t0 + 8 * j + 2 * tid + (c & 1);
+                if (row < rows && t < T) {
+                    float* o = out + (u64)t * rows + row;
+                    if (EPI == 0) *o = acc[j][m][c];
+                    else *o += acc[j][m][c];
+                }
+            }
+}
+
+// mmh_<type>_<NJ>_<epi>_w<WK>_r<MR>_s<S>: tiles of 8 NJ tokens, epi 0 store / 1 add, blocks of
+// 16 WK MR rows, S stages (dynamic shared memory S HStage::BYTES, as matmul::mmq_launch sizes it).
+#define MMH1(NAME, TY, NJ, EPI, WK, MR, S)                                                             \
+    extern "C" __global__ void __launch_bounds__(WK * 32) mmh_##NAME##_##NJ##_##EPI##_w##WK##_r##MR##_s##S( \
+        MMQ_MATS_ARGS, int cols, const u16* x, int T) {                                               \
+        MmqPick p = mmq_pick(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, 16 * WK * MR);           \
+        mmh<TY, NJ, WK, MR, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk);                          \
+    }
+#define MMH(NAME, TY, NJ, WK, MR, S) MMH1(NAME, TY, NJ, 0, WK, MR, S) MMH1(NAME, TY, NJ, 1, WK, MR, S)
+// the shapes matmul::mmq_block_shapes lists: blocks of 128 rows (4 warps of two tiles, or 8 of
+// one), 64 (4 of one) and 32 (2 of one), at 16, 32 and 64 tokens
+#define MMH_NJ(NAME, TY, NJ) MMH(NAME, TY, NJ, 4, 2, 3) MMH(NAME, TY, NJ, 8, 1, 3) MMH(NAME, TY, NJ, 4, 1, 4) \
+    MMH(NAME, TY, NJ, 2, 1, 4)
+#define MMH_ALL(NAME, TY) MMH_NJ(NAME, TY, 2) MMH_NJ(NAME, TY, 4) MMH_NJ(NAME, TY, 8)
+MMH_ALL(q4_k, T_Q4_K)
+MMH_ALL(q6_k, T_Q6_K)
