@@ -52,17 +52,7 @@ fn activations(
         return Ok((MmqInput::Int8 { q: q.ptr, d: d.ptr }, vec![q, d]));
     }
     let x16 = gpu.alloc(t * cols * 2)?;
-    let f = gpu.func("to_f16")?;
-    let n = (t * cols) as u64;
-    // SAFETY: `x` holds t rows of cols floats, x16 as many halves.
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(&x.ptr)
-            .arg(&x16.ptr)
-            .arg(&n)
-            .launch(cfg((n.div_ceil(256) as u32, 1, 1), 256))?;
-    }
+    super::f16_rows(gpu, x.ptr, x16.ptr, t * cols)?;
     Ok((MmqInput::F16(x16.ptr), vec![x16]))
 }
 

@@ -198,6 +198,23 @@ pub(super) fn quantize_rows(
     Ok(())
 }
 
+/// `n` floats at `x` as f16 at `out` (the `to_f16` kernel the GEMM and f16 mat-mat paths run).
+pub(super) fn f16_rows(gpu: &mut Gpu, x: u64, out: u64, n: usize) -> Result<()> {
+    use cudarc::driver::PushKernelArg;
+    let f = gpu.func("to_f16")?;
+    let n = n as u64;
+    // SAFETY: the caller sized x (n f32) and out (n f16); the arguments match the kernel.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&x)
+            .arg(&out)
+            .arg(&n)
+            .launch(cfg((n.div_ceil(256) as u32, 1, 1), 256))?;
+    }
+    Ok(())
+}
+
 /// One launch of a mat-vec kernel (`mv_*` in kernels/matvec.cu): `w` (and `w2`, the SwiGLU's
 /// up) of `rows` x `cols`, the 8-bit copy `q` = (quants, scales) and the f32 rows `xf` of the
 /// input, `out` rows floats a token.

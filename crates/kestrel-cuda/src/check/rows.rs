@@ -276,17 +276,7 @@ pub fn check_gemm_embed(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>)
             gpu.alloc(rows * cols * 2)?,
             gpu.alloc(t * rows * 4)?,
         );
-        let tof = gpu.func("to_f16")?;
-        let n_x = (t * cols) as u64;
-        // SAFETY: as in check_matvec.
-        unsafe {
-            gpu.stream
-                .launch_builder(&tof)
-                .arg(&dx.ptr)
-                .arg(&dx16.ptr)
-                .arg(&n_x)
-                .launch(cfg((n_x.div_ceil(256) as u32, 1, 1), 256))?;
-        }
+        super::f16_rows(gpu, dx.ptr, dx16.ptr, t * cols)?;
         crate::matmul::dequant_f16(gpu, kind, dw.ptr, rows, cols, 0, rows, dw16.ptr)?;
         gpu.gemm_f16(rows, t, cols, dw16.ptr, dx16.ptr, dout.ptr, rows, 0.0)?;
         let got = gpu.read_f32(dout.ptr, t * rows)?;
