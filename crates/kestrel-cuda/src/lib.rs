@@ -26,6 +26,7 @@ pub mod error;
 mod graph;
 mod hybrid_ops;
 mod matmul;
+mod mmq;
 pub mod model;
 pub mod ops;
 pub mod plan;

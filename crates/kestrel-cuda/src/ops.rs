@@ -461,7 +461,7 @@ impl Ops for CudaModel {
         let (cols, t) = (self.buf(x).1, self.rows(x));
         let m = self.matrix(w)?;
         let fusable = (1..=MMQ_MAX).contains(&t)
-            && (t <= MATVEC_MAX || crate::matmul::takes_mmq(m.kind, t))
+            && (t <= MATVEC_MAX || crate::mmq::takes_mmq(m.kind, t))
             && m.cols == cols
             && m.rows == self.buf(out).1
             && matches!(

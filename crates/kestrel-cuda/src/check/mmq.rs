@@ -5,7 +5,7 @@
 use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::matmul::{
+use crate::mmq::{
     mmq_block_shapes, mmq_kernel, mmq_launch, MmqInput, MmqLaunch, MmqMat, MMQ_GROUP,
 };
 use crate::weights::{to_device_layout, Kind};

@@ -2,11 +2,12 @@
 // out[t][row] (+)= W[row] . x[t] on the f16 tensor cores (mma m16n8k16, f32 sums).
 //
 // Where the int8 staged kernel (mmq.cu) has each warp copy its own units' activations and scale
-// every 32-weight piece's int32 dot into its accumulators, here a block's WK warps take
-// different rows (MR tiles of 16 each: a block of 16 WK MR rows) over the same columns. The
-// block streams the matrix in stages of 128 columns (half a K-quant block) through a ring of S
-// stages of shared memory by cp.async: every row's record of that half and the tokens' f16
-// activations over its columns, copied once for all the block's rows. Each lane turns its
+// every 32-weight piece's int32 dot into its accumulators, here a block's warps are RG row
+// groups (MR tiles of 16 rows each: a block of 16 RG MR rows) times KP parts of the columns.
+// The block streams the matrix in stages of KP halves of K-quant blocks (128 columns each)
+// through a ring of S stages of shared memory by cp.async: every row's record of each half and
+// the tokens' f16 activations over its columns, copied once for all the block's rows; the
+// warps of column part p take half p of every stage, and add their sums at the end. Each lane turns its
 // rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64), less 1024
 // or 1056 exactly, times the scale plus the min) and the mma sums the products in f32 along
 // the whole row: nothing is done after an mma.
@@ -17,69 +18,80 @@
 // Q4_K: qs bytes 32 nib + 16 (tid % 2) .., the nibble tid / 2), and a token's B words for two
 // k-chunks are one 16-byte load of 8 consecutive activations.
 //
-// A stage: planes of the block's R rows (Q4_K: qs R x 64, header R x 16; Q6_K: ql R x 64, qh
-// R x 32, scales R x 8, the 4-byte word holding d R x 4), then the TW tokens' 128 f16
-// activations at a pitch of 272 bytes (a quarter-warp's 16-byte loads hit distinct banks).
-// Rows past the end re-read the last one and tokens past T the last token; neither is stored.
+// A stage: for each of its KP halves, planes of the block's R rows (Q4_K: qs R x 64, header
+// R x 16; Q6_K: ql R x 64, qh R x 32, scales R x 8, the 4-byte word holding d R x 4), then the
+// TW tokens' 128 KP f16 activations at a pitch of 256 KP + 16 bytes (a quarter-warp's 16-byte
+// loads hit distinct banks). Rows past the end re-read the last one and tokens past T the last
+// token; neither is stored. Halves past the row's end (KP not dividing them) are skipped.
 
-#define MMH_PITCH 272
-
-template <int TY, int NJ, int WK, int MR>
+template <int TY, int NJ, int RG, int MR, int KP>
 struct HStage {
     enum {
-        R = 16 * WK * MR,
+        R = 16 * RG * MR,
         TW = 8 * NJ,
-        // plane offsets
-        QS = 0,                                    // Q4_K qs / Q6_K ql: R x 64
-        HD = 64 * R,                               // Q4_K header: R x 16 / Q6_K qh: R x 32
-        SC = TY == T_Q4_K ? 80 * R : 96 * R,       // Q6_K scales: R x 8
-        DW = 104 * R,                              // Q6_K d's word: R x 4
-        X = TY == T_Q4_K ? 80 * R : 108 * R,       // activations: TW x MMH_PITCH
-        BYTES = X + TW * MMH_PITCH,
+        WARPS = RG * KP,
+        // plane offsets within a half's records
+        QS = 0,                          // Q4_K qs / Q6_K ql: R x 64
+        HD = 64 * R,                     // Q4_K header: R x 16 / Q6_K qh: R x 32
+        SC = 96 * R,                     // Q6_K scales: R x 8
+        DW = 104 * R,                    // Q6_K d's word: R x 4
+        HALF = TY == T_Q4_K ? 80 * R : 108 * R,
+        X = KP * HALF,                   // activations: TW x PITCH
+        PITCH = 256 * KP + 16,
+        BYTES = X + TW * PITCH,
     };
 };
 
 // The block's copies of stage s (columns 128 s ..) into `st`: rows r0.. (clamped), tokens t0..
 // (clamped to T - 1); the weights and the activations apart (the weights need not wait for
 // the kernel before).
-template <int TY, int NJ, int WK, int MR>
+template <int TY, int NJ, int RG, int MR, int KP>
 __device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__ W, u64 nblk, int r0, int rows,
                                                   int bpr, int s) {
-    using G = HStage<TY, NJ, WK, MR>;
-    int b = s >> 1, h = s & 1;
-    for (int i = threadIdx.x; i < G::R * 4; i += WK * 32) {  // 64 quant bytes a row: 4 copies
-        int rec = i >> 2, part = i & 3;
-        u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
-        const u8* blk = W + bi * (TY == T_Q4_K ? 144 : 208);
-        cp_async16(st + G::QS + 64 * rec + 16 * part, blk + (TY == T_Q4_K ? 16 : 0) + 64 * h + 16 * part);
-    }
-    if constexpr (TY == T_Q4_K) {
-        for (int i = threadIdx.x; i < G::R; i += WK * 32) {  // the block's header (d, dmin, scales)
-            u64 bi = (u64)min(r0 + i, rows - 1) * bpr + b;
-            cp_async16(st + G::HD + 16 * i, W + bi * 144);
-        }
-    } else {
-        for (int i = threadIdx.x; i < G::R * 2; i += WK * 32) {  // the half's 32 qh bytes
-            int rec = i >> 1, part = i & 1;
+    using G = HStage<TY, NJ, RG, MR, KP>;
+    constexpr int NT = G::WARPS * 32;
+    int halves = 2 * bpr;
+#pragma unroll
+    for (int p = 0; p < KP; p++) {
+        int hx = s * KP + p, b = hx >> 1, h = hx & 1;
+        if (hx >= halves) break;
+        u8* hs = st + p * G::HALF;
+        for (int i = threadIdx.x; i < G::R * 4; i += NT) {  // 64 quant bytes a row: 4 copies
+            int rec = i >> 2, part = i & 3;
             u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
-            cp_async16(st + G::HD + 32 * rec + 16 * part, W + bi * 208 + 128 + 32 * h + 16 * part);
+            const u8* blk = W + bi * (TY == T_Q4_K ? 144 : 208);
+            cp_async16(hs + G::QS + 64 * rec + 16 * part, blk + (TY == T_Q4_K ? 16 : 0) + 64 * h + 16 * part);
         }
-        for (int i = threadIdx.x; i < G::R * 2; i += WK * 32) {  // the half's 8 scales; d's word
-            int rec = i >> 1;
-            u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
-            if (i & 1) cp_async4(st + G::DW + 4 * rec, W + nblk * 208 + ((2 * bi) & ~(u64)3));
-            else cp_async8(st + G::SC + 8 * rec, W + bi * 208 + 192 + 8 * h);
+        if constexpr (TY == T_Q4_K) {
+            for (int i = threadIdx.x; i < G::R; i += NT) {  // the block's header (d, dmin, scales)
+                u64 bi = (u64)min(r0 + i, rows - 1) * bpr + b;
+                cp_async16(hs + G::HD + 16 * i, W + bi * 144);
+            }
+        } else {
+            for (int i = threadIdx.x; i < G::R * 2; i += NT) {  // the half's 32 qh bytes
+                int rec = i >> 1, part = i & 1;
+                u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
+                cp_async16(hs + G::HD + 32 * rec + 16 * part, W + bi * 208 + 128 + 32 * h + 16 * part);
+            }
+            for (int i = threadIdx.x; i < G::R * 2; i += NT) {  // the half's 8 scales; d's word
+                int rec = i >> 1;
+                u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
+                if (i & 1) cp_async4(hs + G::DW + 4 * rec, W + nblk * 208 + ((2 * bi) & ~(u64)3));
+                else cp_async8(hs + G::SC + 8 * rec, W + bi * 208 + 192 + 8 * h);
+            }
         }
     }
 }
 
-template <int TY, int NJ, int WK, int MR>
+template <int TY, int NJ, int RG, int MR, int KP>
 __device__ __forceinline__ void mmh_stage_acts(u8* st, const u16* __restrict__ x, int cols, int t0, int T, int s) {
-    using G = HStage<TY, NJ, WK, MR>;
-    for (int i = threadIdx.x; i < G::TW * 16; i += WK * 32) {  // 256 bytes a token: 16 copies
-        int t = i >> 4, part = i & 15;
-        const u16* src = x + (u64)min(t0 + t, T - 1) * cols + 128 * s + 8 * part;
-        cp_async16(st + G::X + t * MMH_PITCH + 16 * part, src);
+    using G = HStage<TY, NJ, RG, MR, KP>;
+    int left = cols - 128 * KP * s;  // columns from this stage's first
+    for (int i = threadIdx.x; i < G::TW * 16 * KP; i += G::WARPS * 32) {  // 256 bytes a half: 16 copies
+        int t = i / (16 * KP), part = i % (16 * KP);
+        if (8 * part >= left) continue;
+        const u16* src = x + (u64)min(t0 + t, T - 1) * cols + 128 * KP * s + 8 * part;
+        cp_async16(st + G::X + t * G::PITCH + 16 * part, src);
     }
 }
 
@@ -100,7 +112,7 @@ __device__ __forceinline__ HRow mmh_row(const u8* st, int R, int rec, int nib, i
     HRow r;
     if constexpr (TY == T_Q4_K) {
         r.q = *(const uint4*)(st + 64 * rec + 32 * nib + 16 * (tid & 1));
-        uint4 hd = *(const uint4*)(st + 64 * R + 16 * rec);
+        uint4 hd = *(const uint4*)(st + 64 * R + 16 * rec);  // HStage::HD
         int sc, mn;
         scale_min_k4_word(2 * h + nib, tid >> 1, hd.y, hd.z, hd.w, sc, mn);
         r.s = half2_of(h2f((u16)(hd.x & 0xFFFF)) * (float)sc);
@@ -140,23 +152,24 @@ __device__ __forceinline__ void mmh_weights(const HRow& r, int w, int nib, int t
     }
 }
 
-template <int TY, int NJ, int WK, int MR, int S, int EPI>
+template <int TY, int NJ, int RG, int MR, int KP, int S, int EPI>
 __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols, const u16* __restrict__ x, int T,
                                     float* __restrict__ out, int rblk) {
-    using G = HStage<TY, NJ, WK, MR>;
+    using G = HStage<TY, NJ, RG, MR, KP>;
     extern __shared__ __align__(16) u8 smem[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
+    int rg = warp % RG, kp = warp / RG;  // this warp's row group and column part
     int r0 = rblk * G::R, t0 = blockIdx.y * G::TW;
-    int bpr = cols / 256, n = cols / 128;
+    int bpr = cols / 256, halves = 2 * bpr, n = (halves + KP - 1) / KP;
     u64 nblk = (u64)rows * bpr;
     // the weights first: no kernel writes them, so they need not wait for the one before
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
-        if (s < n) mmh_stage_weights<TY, NJ, WK, MR>(smem + s * G::BYTES, W, nblk, r0, rows, bpr, s);
+        if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, nblk, r0, rows, bpr, s);
     GRID_DEP();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < n) mmh_stage_acts<TY, NJ, WK, MR>(smem + s * G::BYTES, x, cols, t0, T, s);
+        if (s < n) mmh_stage_acts<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, x, cols, t0, T, s);
         cp_async_commit();
     }
     // this lane's row records (rows gid and gid + 8 of each tile) and, for Q6_K, the parity of
@@ -166,7 +179,7 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
     for (int m = 0; m < MR; m++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            rec[m][e] = 16 * (warp * MR + m) + gid + 8 * e;
+            rec[m][e] = 16 * (rg * MR + m) + gid + 8 * e;
             par[m][e] = (int)(((u64)min(r0 + rec[m][e], rows - 1) * bpr) & 1);
         }
     float acc[NJ][MR][4];
@@ -180,12 +193,16 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
         int nx = i + S - 1;
         if (nx < n) {
             u8* d = smem + (nx % S) * G::BYTES;
-            mmh_stage_weights<TY, NJ, WK, MR>(d, W, nblk, r0, rows, bpr, nx);
-            mmh_stage_acts<TY, NJ, WK, MR>(d, x, cols, t0, T, nx);
+            mmh_stage_weights<TY, NJ, RG, MR, KP>(d, W, nblk, r0, rows, bpr, nx);
+            mmh_stage_acts<TY, NJ, RG, MR, KP>(d, x, cols, t0, T, nx);
         }
         cp_async_commit();
+        int hx = i * KP + kp;  // this warp's half of the stage
+        if (hx >= halves) continue;
         const u8* st = smem + (i % S) * G::BYTES;
-        int h = i & 1, bodd = (i >> 1) & 1;
+        const u8* hs = st + kp * G::HALF;
+        const u8* xs = st + G::X + 256 * kp;
+        int h = hx & 1, bodd = (hx >> 1) & 1;
 #pragma unroll
         for (int nib = 0; nib < 2; nib++) {
             HRow rw[MR][2];
@@ -193,14 +210,14 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
             for (int m = 0; m < MR; m++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    rw[m][e] = mmh_row<TY>(st, G::R, rec[m][e], nib, h, tid, par[m][e] ^ bodd);
+                    rw[m][e] = mmh_row<TY>(hs, G::R, rec[m][e], nib, h, tid, par[m][e] ^ bodd);
 #pragma unroll
             for (int q2 = 0; q2 < 2; q2++) {
                 // the B words of k-chunks 4 nib + 2 q2 (x, y) and the next (z, w) for every token tile
                 uint4 bv[NJ];
 #pragma unroll
                 for (int j = 0; j < NJ; j++)
-                    bv[j] = *(const uint4*)(st + G::X + (8 * j + gid) * MMH_PITCH + 128 * nib + 32 * tid + 16 * q2);
+                    bv[j] = *(const uint4*)(xs + (8 * j + gid) * G::PITCH + 128 * nib + 32 * tid + 16 * q2);
 #pragma unroll
                 for (int m = 0; m < MR; m++)
 #pragma unroll
@@ -216,6 +233,22 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
         }
     }
     cp_async_wait_all();
+    if constexpr (KP > 1) {
+        // the column parts' sums into part 0's warps through shared memory (the ring is free
+        // once every warp is past its last stage): entry ((kp - 1) RG + rg) E + e, lane-major
+        constexpr int E = NJ * MR * 4;
+        float* red = (float*)smem;
+        __syncthreads();
+        if (kp > 0)
+#pragma unroll
+            for (int e = 0; e < E; e++) red[(((kp - 1) * RG + rg) * E + e) * 32 + lane] = (&acc[0][0][0])[e];
+        __syncthreads();
+        if (kp > 0) return;
+#pragma unroll
+        for (int p = 1; p < KP; p++)
+#pragma unroll
+            for (int e = 0; e < E; e++) (&acc[0][0][0])[e] += red[(((p - 1) * RG + rg) * E + e) * 32 + lane];
+    }
 #pragma unroll
     for (int j = 0; j < NJ; j++)
 #pragma unroll
@@ -231,19 +264,21 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
             }
 }
 
-// mmh_<type>_<NJ>_<epi>_w<WK>_r<MR>_s<S>: tiles of 8 NJ tokens, epi 0 store / 1 add, blocks of
-// 16 WK MR rows, S stages (dynamic shared memory S HStage::BYTES, as matmul::mmq_launch sizes it).
-#define MMH1(NAME, TY, NJ, EPI, WK, MR, S)                                                             \
-    extern "C" __global__ void __launch_bounds__(WK * 32) mmh_##NAME##_##NJ##_##EPI##_w##WK##_r##MR##_s##S( \
-        MMQ_MATS_ARGS, int cols, const u16* x, int T) {                                               \
-        MmqPick p = mmq_pick(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, 16 * WK * MR);           \
-        mmh<TY, NJ, WK, MR, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk);                          \
+// mmh_<type>_<NJ>_<epi>_w<RG>_r<MR>_k<KP>_s<S>: tiles of 8 NJ tokens, epi 0 store / 1 add,
+// blocks of 16 RG MR rows and RG KP warps, S stages (dynamic shared memory: the larger of S
+// HStage::BYTES and the column parts' sums, as mmq::mmq_launch sizes it).
+#define MMH1(NAME, TY, NJ, EPI, RG, MR, KP, S)                                                           \
+    extern "C" __global__ void __launch_bounds__(RG * KP * 32)                                          \
+        mmh_##NAME##_##NJ##_##EPI##_w##RG##_r##MR##_k##KP##_s##S(MMQ_MATS_ARGS, int cols, const u16* x, int T) { \
+        MmqPick p = mmq_pick(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, 16 * RG * MR);              \
+        mmh<TY, NJ, RG, MR, KP, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk);                         \
     }
-#define MMH(NAME, TY, NJ, WK, MR, S) MMH1(NAME, TY, NJ, 0, WK, MR, S) MMH1(NAME, TY, NJ, 1, WK, MR, S)
-// the shapes matmul::mmq_block_shapes lists: blocks of 128 rows (4 warps of two tiles, or 8 of
-// one), 64 (4 of one) and 32 (2 of one), at 16, 32 and 64 tokens
-#define MMH_NJ(NAME, TY, NJ) MMH(NAME, TY, NJ, 4, 2, 3) MMH(NAME, TY, NJ, 8, 1, 3) MMH(NAME, TY, NJ, 4, 1, 4) \
-    MMH(NAME, TY, NJ, 2, 1, 4)
+#define MMH(NAME, TY, NJ, RG, MR, KP, S) MMH1(NAME, TY, NJ, 0, RG, MR, KP, S) MMH1(NAME, TY, NJ, 1, RG, MR, KP, S)
+// the shapes mmq::F16_SHAPES lists, at 16, 32 and 64 tokens: blocks of 128 rows (4 row
+// groups of two tiles, alone or twice over halves of the columns; 8 of one), 64 (4 of one; 2
+// of two over 4 parts of the columns) and 32 (2 of one)
+#define MMH_NJ(NAME, TY, NJ) MMH(NAME, TY, NJ, 4, 2, 1, 3) MMH(NAME, TY, NJ, 4, 2, 2, 3) MMH(NAME, TY, NJ, 8, 1, 1, 3) \
+    MMH(NAME, TY, NJ, 4, 1, 1, 4) MMH(NAME, TY, NJ, 2, 2, 4, 2) MMH(NAME, TY, NJ, 2, 1, 1, 4)
 #define MMH_ALL(NAME, TY) MMH_NJ(NAME, TY, 2) MMH_NJ(NAME, TY, 4) MMH_NJ(NAME, TY, 8)
 MMH_ALL(q4_k, T_Q4_K)
 MMH_ALL(q6_k, T_Q6_K)

@@ -548,7 +548,7 @@ __device__ __forceinline__ void mmq_staged(const u8* __restrict__ W, int rows, i
     mmq_reduce<NJ, WK, MR, EPI>(acc, (float*)smem, r0, t0, rows, T, out);
 }
 
-// The matrices of one launch (matmul::MMQ_GROUP, the projections sharing an input): block x of
+// The matrices of one launch (mmq::MMQ_GROUP, the projections sharing an input): block x of
 // the grid takes row block x of the first, then the second's, ...; unused entries have 0 rows.
 #define MMQ_MATS_ARGS const u8 *W0, int r0, float *o0, const u8 *W1, int r1, float *o1, const u8 *W2, int r2, \
     float *o2, const u8 *W3, int r3, float *o3
@@ -596,7 +596,7 @@ MMQ_NJ(q6_k, T_Q6_K, 1, 16)
 MMQ_NJ(q5_k, T_Q5_K, 1, 16)
 
 // mmqs_<type>_<NJ>_<epi>_w<WK>_r<MR>_s<S>: the staged mat-mat (dynamic shared memory:
-// max(WK S Stage::BYTES, the reduction's WK NJ MR 512 bytes), as matmul::mmq_launch sizes it).
+// max(WK S Stage::BYTES, the reduction's WK NJ MR 512 bytes), as mmq::mmq_launch sizes it).
 #define MMQS1(NAME, TY, NJ, EPI, WK, MR, S)                                                           \
     extern "C" __global__ void __launch_bounds__(WK * 32) mmqs_##NAME##_##NJ##_##EPI##_w##WK##_r##MR##_s##S( \
         MMQ_MATS_ARGS, int cols, const i8* xq, const float2* xd, int T8, int T) {                   \
@@ -604,7 +604,7 @@ MMQ_NJ(q5_k, T_Q5_K, 1, 16)
         mmq_staged<TY, NJ, WK, MR, S, EPI>(p.W, p.rows, cols, xq, xd, T8, T, p.out, p.rblk);        \
     }
 #define MMQS(NAME, TY, NJ, WK, MR, S) MMQS1(NAME, TY, NJ, 0, WK, MR, S) MMQS1(NAME, TY, NJ, 1, WK, MR, S)
-// the shapes matmul::mmq_block_shapes lists: 16 warps of 2 stages (8-64 tokens), 8 warps of 3
+// the shapes mmq::mmq_block_shapes lists: 16 warps of 2 stages (8-64 tokens), 8 warps of 3
 // (32), 4 warps of 4 (32) and of 3 (64)
 #define MMQS_ALL(NAME, TY) MMQS(NAME, TY, 1, 16, 2, 2) MMQS(NAME, TY, 2, 16, 2, 2) MMQS(NAME, TY, 4, 16, 2, 2) \
     MMQS(NAME, TY, 4, 8, 2, 3) MMQS(NAME, TY, 4, 4, 2, 4) MMQS(NAME, TY, 8, 16, 1, 2) MMQS(NAME, TY, 8, 4, 2, 3)

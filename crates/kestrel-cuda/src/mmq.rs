@@ -1,0 +1,446 @@
+//! The quantized mat-mat's launches (batched decode of [`MMQ_MIN`] to [`MMQ_MAX`] tokens):
+//! which kernel and block shape a matrix takes (`kernels/mmq.cu`, int8 on the tensor cores;
+//! `kernels/mmh.cu`, f16 for Q4_K and Q6_K), its shared memory, and its launch over one to
+//! [`MMQ_GROUP`] matrices sharing an input.
+
+use crate::error::{CudaError, Result};
+use crate::matmul::unit_cols;
+use crate::ops::MMQ_MAX;
+use cudarc::driver::PushKernelArg;
+
+/// Matrices one mat-mat launch takes at most (`kernels/mmq.cu`'s `MMQ_MATS_ARGS`, `mmq_pick`): the projections
+/// that share an input (q / gate / k / v, a DeltaNet layer's four) in one grid, so the small ones
+/// (k and v of 1,024 rows, alpha and beta of 32) do not each leave most SMs idle.
+pub const MMQ_GROUP: usize = 4;
+
+/// One matrix of a mat-mat launch: its device weights, rows, and the output (`[t, rows]` f32).
+#[derive(Clone, Copy, Debug)]
+pub struct MmqMat {
+    pub w: u64,
+    pub rows: usize,
+    pub out: u64,
+}
+
+/// One launch of the quantized mat-mat (`kernels/mmq.cu`).
+pub struct MmqLaunch {
+    pub name: String,
+    /// Rows a block takes (16 a row tile).
+    pub block_rows: usize,
+    /// Blocks along the tokens (tiles of the step).
+    pub token_tiles: u32,
+    /// Threads a block: 32 per warp splitting the rows' units.
+    pub block: u32,
+    /// Dynamic shared memory a block (the staged kernels' rings), bytes.
+    pub smem: u32,
+    /// The step's tokens rounded up to the tile (the padded count of its activation layout).
+    pub t8: usize,
+    /// The f16 kernel (`kernels/mmh.cu`): it reads the f16 copy of the activations, not the
+    /// 8-bit one.
+    pub f16: bool,
+}
+
+/// The activations a mat-mat launch reads: the 8-bit copy in the mat-mat's layout (quants,
+/// scales), or the f16 copy (`[t, cols]`) for the f16 kernels.
+#[derive(Clone, Copy, Debug)]
+pub enum MmqInput {
+    Int8 { q: u64, d: u64 },
+    F16(u64),
+}
+
+impl MmqLaunch {
+    /// The kernel, allowed the dynamic shared memory it takes (above the default 48 KiB).
+    pub fn func(&self, gpu: &mut crate::device::Gpu) -> Result<cudarc::driver::CudaFunction> {
+        gpu.func_with_smem(&self.name, self.smem)
+    }
+
+    /// Enqueues `out_i (+)= W_i · x` for 1 to [`MMQ_GROUP`] matrices of this launch's kind and
+    /// `cols` columns (the add epilogue takes one), `x` the copy of `t` tokens this launch
+    /// reads (the 8-bit one padded to `self.t8` tokens, or the f16 one).
+    pub fn launch(
+        &self,
+        gpu: &mut crate::device::Gpu,
+        mats: &[MmqMat],
+        cols: usize,
+        x: MmqInput,
+        t: usize,
+    ) -> Result<()> {
+        if mats.is_empty() || mats.len() > MMQ_GROUP {
+            return Err(CudaError::Other(format!(
+                "a mat-mat launch takes 1 to {MMQ_GROUP} matrices, not {}",
+                mats.len()
+            )));
+        }
+        let f = self.func(gpu)?;
+        let m: Vec<(u64, i32, u64)> = (0..MMQ_GROUP)
+            .map(|i| {
+                mats.get(i)
+                    .map_or((0, 0, 0), |m| (m.w, m.rows as i32, m.out))
+            })
+            .collect();
+        let blocks: usize = mats.iter().map(|m| m.rows.div_ceil(self.block_rows)).sum();
+        let config = cudarc::driver::LaunchConfig {
+            shared_mem_bytes: self.smem,
+            ..crate::ops::cfg((blocks as u32, self.token_tiles, 1), self.block)
+        };
+        let (c, t8, ti) = (cols as i32, self.t8 as i32, t as i32);
+        let mut b = gpu.stream.launch_builder(&f);
+        for (w, r, o) in &m {
+            b.arg(w).arg(r).arg(o);
+        }
+        b.arg(&c);
+        let (q, d, f16);
+        match (x, self.f16) {
+            (MmqInput::Int8 { q: xq, d: xd }, false) => {
+                (q, d) = (xq, xd);
+                b.arg(&q).arg(&d).arg(&t8);
+            }
+            (MmqInput::F16(p), true) => {
+                f16 = p;
+                b.arg(&f16);
+            }
+            _ => {
+                return Err(CudaError::Other(format!(
+                    "{}: activations of the other form ({x:?})",
+                    self.name
+                )))
+            }
+        }
+        b.arg(&ti);
+        // SAFETY: each W_i holds rows_i x cols of the kernel's type in the device layout, x holds
+        // t tokens of cols (the 8-bit copy: t8, in the mat-mat's layout; the f16 copy: t rows),
+        // out_i t rows of rows_i floats; unused entries have 0 rows and are never read.
+        unsafe { b.launch(config) }?;
+        Ok(())
+    }
+}
+
+/// The quantized mat-mat for a step of `t` tokens over a `rows` x `cols` matrix with epilogue
+/// `epi` (0 store, 1 add): token tiles of 8, 16, 32 or 64 (the smallest that holds the step;
+/// longer steps take several tiles of 64), blocks of 16 or 32 rows whose warps split the row
+/// ([`mmq_shape`]).
+pub fn mmq_kernel(
+    kind: crate::weights::Kind,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    epi: u32,
+) -> MmqLaunch {
+    mmq_launch(kind, t, epi, mmq_shape(kind, rows, cols, t))
+}
+
+/// A mat-mat block: `warps` warps splitting the units of `tiles` x 16 rows (each warp takes
+/// every tile: an activation fragment feeds `tiles` mma); `stages` > 0: the staged kernel
+/// (K-quants), each warp streaming its units through a ring of that many stages of shared
+/// memory. `f16`: the f16 kernel (Q4_K, Q6_K), whose `warps` are `warps / kparts` row groups
+/// of `tiles` x 16 rows each (a block of that many rows) times `kparts` parts of the columns,
+/// sharing the block's ring of `stages` stages (int8 shapes: `kparts` 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmqShape {
+    pub warps: usize,
+    pub tiles: usize,
+    pub stages: usize,
+    pub f16: bool,
+    pub kparts: usize,
+}
+
+/// [`mmq_kernel`] in block shape `shape` (one of [`mmq_block_shapes`]).
+pub fn mmq_launch(kind: crate::weights::Kind, t: usize, epi: u32, shape: MmqShape) -> MmqLaunch {
+    let tile = mmq_tile(t);
+    let MmqShape {
+        warps,
+        tiles,
+        stages,
+        f16,
+        kparts,
+    } = shape;
+    let nj = tile / 8;
+    let (name, smem, block_rows) = if f16 {
+        // kernels/mmh.cu's HStage: each half's row planes, then the tokens at a pitch of 256
+        // kparts + 16 bytes; the column parts' sums reuse the ring
+        let groups = warps / kparts;
+        let rows = groups * tiles * 16;
+        let record = if kind == crate::weights::Kind::Q4K {
+            80
+        } else {
+            108
+        };
+        let stage = kparts * rows * record + tile * (256 * kparts + 16);
+        let reduce = (kparts - 1) * groups * nj * tiles * 4 * 32 * 4;
+        (
+            format!(
+                "mmh_{}_{nj}_{epi}_w{groups}_r{tiles}_k{kparts}_s{stages}",
+                kind.name()
+            ),
+            (stages * stage).max(reduce) as u32,
+            rows,
+        )
+    } else if stages > 0 {
+        // kernels/mmq.cu's Stage: the rows' records, then two pieces of activations
+        let record = if kind == crate::weights::Kind::Q4K {
+            48
+        } else {
+            80
+        };
+        let stage = tiles * 16 * record + 2 * tile * 32 + 2 * tile * 8;
+        let reduce = warps * nj * tiles * 128 * 4;
+        (
+            format!(
+                "mmqs_{}_{nj}_{epi}_w{warps}_r{tiles}_s{stages}",
+                kind.name()
+            ),
+            (warps * stages * stage).max(reduce) as u32,
+            16 * tiles,
+        )
+    } else {
+        debug_assert_eq!(tiles, 1, "the register kernels take one row tile");
+        (format!("mmq_{}_{nj}_{epi}_w{warps}", kind.name()), 0, 16)
+    };
+    MmqLaunch {
+        name,
+        block_rows,
+        token_tiles: t.div_ceil(tile) as u32,
+        block: 32 * warps as u32,
+        smem,
+        t8: t.next_multiple_of(tile),
+        f16,
+    }
+}
+
+impl MmqShape {
+    /// The register kernel's block (one row tile).
+    const fn regs(warps: usize) -> Self {
+        Self {
+            warps,
+            tiles: 1,
+            stages: 0,
+            f16: false,
+            kparts: 1,
+        }
+    }
+
+    /// The staged kernel's block.
+    const fn staged(warps: usize, tiles: usize, stages: usize) -> Self {
+        Self {
+            warps,
+            tiles,
+            stages,
+            f16: false,
+            kparts: 1,
+        }
+    }
+
+    /// The f16 kernel's block: `groups` x `tiles` x 16 rows, `groups` x `kparts` warps.
+    const fn half(groups: usize, tiles: usize, kparts: usize, stages: usize) -> Self {
+        Self {
+            warps: groups * kparts,
+            tiles,
+            stages,
+            f16: true,
+            kparts,
+        }
+    }
+}
+
+/// The block shapes a mat-mat of `kind` for `t` tokens comes in (`kernels/mmq.cu` builds these):
+/// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; for the K-quants the staged kernels at 16-64
+/// tokens instead of the register kernel's 8 warps at 64; for Q4_K and Q6_K at 16-64 tokens
+/// also the f16 kernel's blocks of 128, 64 and 32 rows (`kernels/mmh.cu`).
+pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
+    let mut shapes = int8_block_shapes(kind, t);
+    if takes_f16(kind, t) {
+        shapes.extend(F16_SHAPES);
+    }
+    shapes
+}
+
+/// The f16 kernel's blocks (`kernels/mmh.cu`'s `MMH_NJ`): 128 rows as 4 row groups of two
+/// tiles (alone, or twice over halves of the columns) or 8 of one, 3 stages; 64 rows as 4
+/// groups of one (4 stages) or 2 of two over quarters of the columns (2 stages); 32 rows as 2
+/// groups of one (4 stages).
+const F16_SHAPES: [MmqShape; 6] = [
+    MmqShape::half(4, 2, 1, 3),
+    MmqShape::half(4, 2, 2, 3),
+    MmqShape::half(8, 1, 1, 3),
+    MmqShape::half(4, 1, 1, 4),
+    MmqShape::half(2, 2, 4, 2),
+    MmqShape::half(2, 1, 1, 4),
+];
+
+/// Whether the f16 kernel is built for `kind` at `t` tokens: Q4_K and Q6_K, tiles of 16-64.
+fn takes_f16(kind: crate::weights::Kind, t: usize) -> bool {
+    use crate::weights::Kind;
+    matches!(kind, Kind::Q4K | Kind::Q6K) && mmq_tile(t) >= 16
+}
+
+fn int8_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
+    let (regs, staged) = (MmqShape::regs, MmqShape::staged);
+    let k_quant = kind.k_quant();
+    match mmq_tile(t) {
+        8 if k_quant => vec![regs(8), regs(16), staged(16, 2, 2)],
+        8 => vec![regs(8)],
+        16 if k_quant => vec![regs(4), regs(8), staged(16, 2, 2)],
+        32 if k_quant => vec![
+            regs(4),
+            regs(8),
+            staged(16, 2, 2),
+            staged(8, 2, 3),
+            staged(4, 2, 4),
+        ],
+        64 if k_quant => vec![regs(4), staged(16, 1, 2), staged(4, 2, 3)],
+        64 => vec![regs(4)],
+        _ => vec![regs(4), regs(8)],
+    }
+}
+
+/// The block shape of a mat-mat (`gpu-check --perf`, H200, 2026-12-03 17:42 and 12-03 19:47
+/// calls: docs/cuda.md has the tables). On rows of 4,096+ columns (64+ units of a K-quant: the
+/// shapes measured) the staged kernels, each warp streaming its units through shared memory:
+/// where rows are few (<= 4,096, one block an SM) 16 warps (Q6_K at 32 tokens: 8), and at 64
+/// tokens on Q4_K's many rows; on many rows 4 warps of two row tiles at 32 tokens, and for Q6_K
+/// at 64 (several blocks an SM). At 8 tokens the register kernel, on 16 warps where Q4_K rows
+/// are few (4096x12288 24.6 -> 19.8 us) and 8 elsewhere (16 lost on 12,288 rows), except Q6_K's
+/// few rows of 128+ units (staged, 33.2 -> 30.4 us). At 16 tokens the staged kernel on many
+/// rows too (H100, 2026-12-06 09:42 call: 12288x4096 Q4_K 26.0 us against 37.7 on the 4-warp
+/// register kernel picked before, 30.4 on 8 warps; Q6_K 35.9 against 47.6 / 35.7; the 8B's
+/// aggregate decode at 12 / 16 sequences +5% / +4%, H200, 10:20 call). The register
+/// kernels on short rows (not measured staged): 8 warps where rows are long (128+ units) or
+/// few, else 4.
+///
+/// The f16 kernel (`kernels/mmh.cu`) on Q4_K and Q6_K rows of 4,096+ columns at 9-64 tokens:
+/// blocks of 128 rows where rows are 8,192+ (the 8B's gate / up pair, the heads), of 32 rows
+/// from 2,048, with `KESTREL_CUDA_MMH=1`: off by default until a GPU has timed it against
+/// the int8 kernels (docs/cuda.md, lab book).
+pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
+    match f16_shape(kind, rows, cols, t) {
+        Some(s) if f16_on() => s,
+        _ => int8_shape(kind, rows, cols, t),
+    }
+}
+
+/// Whether the f16 mat-mat is asked for (`KESTREL_CUDA_MMH=1`).
+fn f16_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_MMH").is_ok_and(|v| v == "1"))
+}
+
+/// The f16 kernel's block for a mat-mat, where it takes one ([`mmq_shape`]).
+fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
+    let long = cols / unit_cols(kind) >= 64;
+    if !(long && takes_f16(kind, t)) {
+        None
+    } else if rows >= 8192 {
+        Some(MmqShape::half(4, 2, 1, 3))
+    } else if rows >= 2048 {
+        Some(MmqShape::half(2, 1, 1, 4))
+    } else {
+        None
+    }
+}
+
+/// The int8 kernels' block for a mat-mat ([`mmq_shape`]'s measured picks).
+fn int8_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
+    use crate::weights::Kind;
+    let (regs, staged) = (MmqShape::regs, MmqShape::staged);
+    let long = kind.k_quant() && cols / unit_cols(kind) >= 64;
+    let few = rows <= 4096;
+    // Q5_K (not measured on its own) takes Q4_K's picks: the same units and their qh bytes
+    let q4k = matches!(kind, Kind::Q4K | Kind::Q5K);
+    match mmq_tile(t) {
+        8 if long && few && q4k => regs(16),
+        8 if few && kind == Kind::Q6K && cols / unit_cols(kind) >= 128 => staged(16, 2, 2),
+        8 => regs(8),
+        32 if long && few && kind == Kind::Q6K => staged(8, 2, 3),
+        16 if long => staged(16, 2, 2),
+        32 if long && few => staged(16, 2, 2),
+        32 if long => staged(4, 2, 4),
+        64 if long && (few || q4k) => staged(16, 1, 2),
+        64 if long => staged(4, 2, 3),
+        64 => regs(4),
+        _ if cols / unit_cols(kind) >= 128 || few => regs(8),
+        _ => regs(4),
+    }
+}
+
+/// Fewest tokens for which a quantized matmul takes the mat-mat: from 5 tokens the mat-vecs run
+/// their 8-token form, which the mat-mat's 8-token tile beats (`gpu-check --perf`, H200: Q4_K
+/// 12288x4096 22 against 67 us, 4096x12288 44 against 67; Q6_K 53 against 77, 76 against 73).
+pub const MMQ_MIN: usize = 5;
+
+/// Whether a matmul of `t` tokens over a `kind` matrix takes the int8 mat-mat.
+pub fn takes_mmq(kind: crate::weights::Kind, t: usize) -> bool {
+    kind.int8_activations() && (MMQ_MIN..=MMQ_MAX).contains(&t)
+}
+
+/// Tokens per tile of the mat-mat for a step of `t` tokens.
+fn mmq_tile(t: usize) -> usize {
+    if t <= 8 {
+        8
+    } else if t <= 16 {
+        16
+    } else if t <= 32 {
+        32
+    } else {
+        64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Kind;
+
+    /// Every shape the mat-mat picks is one `kernels/mmq.cu` builds (and the harness checks):
+    /// a picked shape outside the list would be a kernel missing at run time.
+    #[test]
+    fn picked_mmq_shapes_are_built_ones() {
+        for kind in Kind::QUANTIZED {
+            for rows in [896, 1024, 1536, 4096, 6144, 12288, 151_936] {
+                for cols in [1024, 4096, 12288] {
+                    for t in MMQ_MIN..=MMQ_MAX {
+                        let f16 = f16_shape(kind, rows, cols, t);
+                        for s in [int8_shape(kind, rows, cols, t)].into_iter().chain(f16) {
+                            assert!(
+                                mmq_block_shapes(kind, t).contains(&s),
+                                "{kind:?} {rows}x{cols} t {t}: {s:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // the measured picks (the 8B's shapes)
+        let shape = |warps, tiles, stages| MmqShape {
+            warps,
+            tiles,
+            stages,
+            f16: false,
+            kparts: 1,
+        };
+        let half = MmqShape::half;
+        assert_eq!(int8_shape(Kind::Q4K, 4096, 12288, 32), shape(16, 2, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 4096, 12288, 32), shape(8, 2, 3));
+        assert_eq!(int8_shape(Kind::Q6K, 12288, 4096, 32), shape(4, 2, 4));
+        assert_eq!(int8_shape(Kind::Q4K, 12288, 4096, 16), shape(16, 2, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 12288, 4096, 16), shape(16, 2, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 4096, 12288, 64), shape(16, 1, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 12288, 4096, 64), shape(4, 2, 3));
+        assert_eq!(int8_shape(Kind::Q4K, 12288, 4096, 64), shape(16, 1, 2));
+        assert_eq!(int8_shape(Kind::Q4K, 4096, 4096, 8), shape(16, 1, 0));
+        assert_eq!(int8_shape(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
+        assert_eq!(int8_shape(Kind::Q6K, 4096, 12288, 8), shape(16, 2, 2));
+        assert_eq!(int8_shape(Kind::Q6K, 4096, 4096, 8), shape(8, 1, 0));
+        // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
+        assert_eq!(int8_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
+        // the f16 kernel (when asked for): Q4_K / Q6_K rows of 4,096+ columns at 9-64 tokens,
+        // 2,048+ rows
+        let f16 = |k, r, c, t| f16_shape(k, r, c, t).unwrap_or_else(|| int8_shape(k, r, c, t));
+        assert_eq!(f16(Kind::Q4K, 24576, 4096, 32), half(4, 2, 1, 3));
+        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 9), half(4, 2, 1, 3));
+        assert_eq!(f16(Kind::Q6K, 4096, 12288, 64), half(2, 1, 1, 4));
+        assert_eq!(f16(Kind::Q4K, 4096, 4096, 16), half(2, 1, 1, 4));
+        assert_eq!(f16(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
+        assert_eq!(f16(Kind::Q4K, 1024, 4096, 32), shape(16, 2, 2));
+        assert_eq!(f16(Kind::Q5K, 12288, 4096, 32), shape(4, 2, 4));
+        assert_eq!(f16(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
+    }
+}
