@@ -1,6 +1,8 @@
 //! The mat-mat cases (`kernels/mmq.cu`, int8; `kernels/mmh.cu`, f16): every quantized type,
 //! token counts across the four tile widths and past one tile, both epilogues, every block
-//! shape of each tile, a row count that leaves the last block partial; and its speed lines.
+//! shape of each tile, a row count that leaves the last block partial and a row length (1,280:
+//! ten halves of K-quant blocks) that leaves the f16 kernel's last stage partial; and its speed
+//! lines.
 
 use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
@@ -64,7 +66,7 @@ fn activations(
 pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     let token_counts = [5usize, 8, 9, 16, 17, 32, 33, 64, 100];
     let most = 100;
-    for (rows, cols) in [(1536usize, 4096usize), (1533, 1024)] {
+    for (rows, cols) in [(1536usize, 4096usize), (1533, 1280)] {
         for kind in Kind::QUANTIZED {
             let (file, w) = random_matrix(kind, rows, cols, rng)?;
             let dw = gpu.upload(&to_device_layout(kind, &file))?;
