@@ -244,7 +244,7 @@ impl MmqShape {
 /// The block shapes a mat-mat of `kind` for `t` tokens comes in (`kernels/mmq.cu` builds these):
 /// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; for the K-quants the staged kernels at 16-64
 /// tokens instead of the register kernel's 8 warps at 64; for Q4_K and Q6_K at 16-64 tokens
-/// also the f16 kernel's blocks of 128, 64 and 32 rows (`kernels/mmh.cu`).
+/// also the f16 kernel's blocks (`kernels/mmh.cu`).
 pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
     let mut shapes = int8_block_shapes(kind, t);
     if takes_f16(kind, t) {
@@ -254,17 +254,11 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 }
 
 /// The f16 kernel's blocks (`kernels/mmh.cu`'s `MMH_NJ`): 128 rows as 4 row groups of two
-/// tiles (alone, or twice over halves of the columns) or 8 of one, 3 stages; 64 rows as 4
-/// groups of one (4 stages) or 2 of two over quarters of the columns (2 stages); 32 rows as 2
-/// groups of one (4 stages).
-const F16_SHAPES: [MmqShape; 6] = [
-    MmqShape::half(4, 2, 1, 3),
-    MmqShape::half(4, 2, 2, 3),
-    MmqShape::half(8, 1, 1, 3),
-    MmqShape::half(4, 1, 1, 4),
-    MmqShape::half(2, 2, 4, 2),
-    MmqShape::half(2, 1, 1, 4),
-];
+/// tiles over halves of the columns (8 warps, 3 stages), 64 rows as 2 groups of two tiles over
+/// quarters of the columns (8 warps, 2 stages). The fastest two of six timed on an H100
+/// (2026-12-07, docs/cuda.md lab book): without column parts (4 warps a block) every shape was
+/// slower.
+const F16_SHAPES: [MmqShape; 2] = [MmqShape::half(4, 2, 2, 3), MmqShape::half(2, 2, 4, 2)];
 
 /// Whether the f16 kernel is built for `kind` at `t` tokens: Q4_K and Q6_K, tiles of 16-64.
 fn takes_f16(kind: crate::weights::Kind, t: usize) -> bool {
@@ -306,10 +300,8 @@ fn int8_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 /// kernels on short rows (not measured staged): 8 warps where rows are long (128+ units) or
 /// few, else 4.
 ///
-/// The f16 kernel (`kernels/mmh.cu`) on Q4_K and Q6_K rows of 4,096+ columns at 9-64 tokens:
-/// blocks of 128 rows where rows are 8,192+ (the 8B's gate / up pair, the heads), of 32 rows
-/// from 2,048, with `KESTREL_CUDA_MMH=1`: off by default until a GPU has timed it against
-/// the int8 kernels (docs/cuda.md, lab book).
+/// The f16 kernel (`kernels/mmh.cu`) where it was faster ([`f16_shape`]: Q6_K heads at 9-64
+/// tokens); `KESTREL_CUDA_MMH=0` keeps the int8 kernels (A/B).
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     match f16_shape(kind, rows, cols, t) {
         Some(s) if f16_on() => s,
@@ -317,23 +309,27 @@ pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize)
     }
 }
 
-/// Whether the f16 mat-mat is asked for (`KESTREL_CUDA_MMH=1`).
+/// Whether the f16 mat-mat may be picked (`KESTREL_CUDA_MMH=0`: the int8 kernels only).
 fn f16_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_MMH").is_ok_and(|v| v == "1"))
+    crate::ops::switch_on(&ON, "KESTREL_CUDA_MMH")
 }
 
-/// The f16 kernel's block for a mat-mat, where it takes one ([`mmq_shape`]).
+/// The f16 kernel's block for a mat-mat, where it beat the int8 kernels ([`mmq_shape`]): Q6_K
+/// rows of 4,096+ columns, 8,192+ of them (the heads), at 9-64 tokens. H100, `gpu-check
+/// --perf` (2026-12-07): 12288x4096 Q6_K at 16 / 32 / 64 tokens 31.9 / 40.9 / 52.6 us against
+/// the int8 picks' 36.6 / 44.7 / 63.4. Q4_K's rows tied or lost (12288x4096 at 32 tokens 35.1
+/// against 30.0), and so did every shape of 4,096 rows (too few blocks: 4096x12288 Q6_K at 32
+/// tokens 81.7 against 40.9).
 fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
+    use crate::weights::Kind;
     let long = cols / unit_cols(kind) >= 64;
-    if !(long && takes_f16(kind, t)) {
+    if !(kind == Kind::Q6K && long && rows >= 8192 && takes_f16(kind, t)) {
         None
-    } else if rows >= 8192 {
-        Some(MmqShape::half(4, 2, 1, 3))
-    } else if rows >= 2048 {
-        Some(MmqShape::half(2, 1, 1, 4))
+    } else if mmq_tile(t) == 16 {
+        Some(MmqShape::half(2, 2, 4, 2))
     } else {
-        None
+        Some(MmqShape::half(4, 2, 2, 3))
     }
 }
 
@@ -431,16 +427,15 @@ mod tests {
         assert_eq!(int8_shape(Kind::Q6K, 4096, 4096, 8), shape(8, 1, 0));
         // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
         assert_eq!(int8_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
-        // the f16 kernel (when asked for): Q4_K / Q6_K rows of 4,096+ columns at 9-64 tokens,
-        // 2,048+ rows
+        // the f16 kernel: Q6_K rows of 4,096+ columns, 8,192+ of them, at 9-64 tokens
         let f16 = |k, r, c, t| f16_shape(k, r, c, t).unwrap_or_else(|| int8_shape(k, r, c, t));
-        assert_eq!(f16(Kind::Q4K, 24576, 4096, 32), half(4, 2, 1, 3));
-        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 9), half(4, 2, 1, 3));
-        assert_eq!(f16(Kind::Q6K, 4096, 12288, 64), half(2, 1, 1, 4));
-        assert_eq!(f16(Kind::Q4K, 4096, 4096, 16), half(2, 1, 1, 4));
-        assert_eq!(f16(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
-        assert_eq!(f16(Kind::Q4K, 1024, 4096, 32), shape(16, 2, 2));
+        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 9), half(2, 2, 4, 2));
+        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 32), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 12288, 4096, 64), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 8), shape(8, 1, 0));
+        assert_eq!(f16(Kind::Q6K, 4096, 12288, 32), shape(8, 2, 3));
+        assert_eq!(f16(Kind::Q4K, 24576, 4096, 32), shape(4, 2, 4));
         assert_eq!(f16(Kind::Q5K, 12288, 4096, 32), shape(4, 2, 4));
-        assert_eq!(f16(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
+        assert_eq!(f16(Kind::Q6K, 151_936, 1024, 32), shape(4, 1, 0));
     }
 }

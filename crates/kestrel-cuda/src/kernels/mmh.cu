@@ -275,10 +275,8 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
     }
 #define MMH(NAME, TY, NJ, RG, MR, KP, S) MMH1(NAME, TY, NJ, 0, RG, MR, KP, S) MMH1(NAME, TY, NJ, 1, RG, MR, KP, S)
 // the shapes mmq::F16_SHAPES lists, at 16, 32 and 64 tokens: blocks of 128 rows (4 row
-// groups of two tiles, alone or twice over halves of the columns; 8 of one), 64 (4 of one; 2
-// of two over 4 parts of the columns) and 32 (2 of one)
-#define MMH_NJ(NAME, TY, NJ) MMH(NAME, TY, NJ, 4, 2, 1, 3) MMH(NAME, TY, NJ, 4, 2, 2, 3) MMH(NAME, TY, NJ, 8, 1, 1, 3) \
-    MMH(NAME, TY, NJ, 4, 1, 1, 4) MMH(NAME, TY, NJ, 2, 2, 4, 2) MMH(NAME, TY, NJ, 2, 1, 1, 4)
+// groups of two tiles over halves of the columns) and 64 (2 of two over quarters)
+#define MMH_NJ(NAME, TY, NJ) MMH(NAME, TY, NJ, 4, 2, 2, 3) MMH(NAME, TY, NJ, 2, 2, 4, 2)
 #define MMH_ALL(NAME, TY) MMH_NJ(NAME, TY, 2) MMH_NJ(NAME, TY, 4) MMH_NJ(NAME, TY, 8)
 MMH_ALL(q4_k, T_Q4_K)
 MMH_ALL(q6_k, T_Q6_K)
