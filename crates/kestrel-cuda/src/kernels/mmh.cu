@@ -1,5 +1,7 @@
 // The f16 mat-mat for batched decode over Q4_K and Q6_K matrices of many rows:
-// out[t][row] (+)= W[row] . x[t] on the f16 tensor cores (mma m16n8k16, f32 sums).
+// out[t][row] (+)= W[row] . x[t] on the f16 tensor cores (mma m16n8k16, f32 sums). Picked for
+// the Q6_K heads only (mmq::f16_shape: on an H100 it beat the int8 kernels there and lost on
+// 4,096-row matrices, whose few blocks leave SMs idle; docs/cuda.md lab book, 2026-12-07).
 //
 // Where the int8 staged kernel (mmq.cu) has each warp copy its own units' activations and scale
 // every 32-weight piece's int32 dot into its accumulators, here a block's warps are RG row
@@ -7,10 +9,10 @@
 // The block streams the matrix in stages of KP halves of K-quant blocks (128 columns each)
 // through a ring of S stages of shared memory by cp.async: every row's record of each half and
 // the tokens' f16 activations over its columns, copied once for all the block's rows; the
-// warps of column part p take half p of every stage, and add their sums at the end. Each lane turns its
-// rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64), less 1024
-// or 1056 exactly, times the scale plus the min) and the mma sums the products in f32 along
-// the whole row: nothing is done after an mma.
+// warps of column part p take half p of every stage, and add their sums at the end. Each lane
+// turns its rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64),
+// less 1024 or 1056 exactly, times the scale plus the min) and the mma sums the products in
+// f32 along the whole row: nothing is done after an mma.
 //
 // k slots: in the mma over k-chunk kk = 4 nib + w of a stage, lane tid's four slots (2tid,
 // 2tid + 1, 8 + 2tid, 9 + 2tid) stand for the stage's columns 64 nib + 16 tid + 4 w + 0..3. A
@@ -42,7 +44,7 @@ struct HStage {
     };
 };
 
-// The block's copies of stage s (columns 128 s ..) into `st`: rows r0.. (clamped), tokens t0..
+// The block's copies of stage s (halves KP s ..) into `st`: rows r0.. (clamped), tokens t0..
 // (clamped to T - 1); the weights and the activations apart (the weights need not wait for
 // the kernel before).
 template <int TY, int NJ, int RG, int MR, int KP>
