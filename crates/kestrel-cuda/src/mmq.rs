@@ -116,8 +116,7 @@ impl MmqLaunch {
 
 /// The quantized mat-mat for a step of `t` tokens over a `rows` x `cols` matrix with epilogue
 /// `epi` (0 store, 1 add): token tiles of 8, 16, 32 or 64 (the smallest that holds the step;
-/// longer steps take several tiles of 64), blocks of 16 or 32 rows whose warps split the row
-/// ([`mmq_shape`]).
+/// longer steps take several tiles of 64), in the block shape [`mmq_shape`] picks.
 pub fn mmq_kernel(
     kind: crate::weights::Kind,
     rows: usize,

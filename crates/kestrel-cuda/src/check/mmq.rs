@@ -59,10 +59,9 @@ fn activations(
 }
 
 /// The mat-mat against f64 dot products of the dequantized weights with the f32 activations
-/// (the 8-bit activations cost about 0.5%, as in the mat-vec cases, the f16 ones less: tolerance
-/// 1e-2). Outputs
-/// start as NaN for the store epilogue (a row or token left unwritten fails) and as random
-/// values for the add.
+/// (the 8-bit activations cost about 0.5%, as in the mat-vec cases, the f16 ones less:
+/// tolerance 1e-2). Outputs start as NaN for the store epilogue (a row or token left unwritten
+/// fails) and as random values for the add.
 pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
     let token_counts = [5usize, 8, 9, 16, 17, 32, 33, 64, 100];
     let most = 100;
