@@ -189,77 +189,86 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
 
 /// The mat-mat's speed on the 8B's decode shapes at 8, 16, 32 and 64 tokens (batched decode of
 /// that many sequences) and 512 (a prefill chunk's worth, for the comparison), Q4_K and Q6_K,
-/// in every block shape of the tile (the shipped one first),
+/// and on its Q6_K head (151,936 x 4,096, the f16 kernel's pick) at 8-64 tokens, in every
+/// block shape of the tile (the shipped one first),
 /// as 50 launches replayed from one CUDA graph with 8 copies of the weights rotating (the 50 MB
 /// L2 never holds them); beside it the GEMM path it replaces (the whole matrix dequantized to
 /// f16, then cuBLAS) at 32 and 512 tokens, as stream launches. Each line: (label, us per
 /// launch, GB/s of weights, TOPS).
 pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f64)>> {
     let mut res = Vec::new();
-    for kind in [Kind::Q4K, Kind::Q6K] {
-        for (rows, cols) in [(12288usize, 4096usize), (4096, 12288), (4096, 4096)] {
-            let rb = kestrel_quant::row_bytes(kind.ggml(), cols)
-                .map_err(|e| CudaError::Other(e.to_string()))?;
-            let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
-            let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;
-            if kind == Kind::Q4K {
-                for t in [32usize, 512] {
-                    let us = gemm_path_us(gpu, kind, &copies, rows, cols, t, rng)?;
-                    let ops = 2.0 * (rows * cols * t) as f64;
-                    res.push((
-                        format!(
-                            "{} {rows}x{cols}, {t} tokens (dequantize + cuBLAS f16)",
-                            kind.name()
-                        ),
-                        us,
-                        dev.len() as f64 / us / 1e3,
-                        ops / us / 1e6,
-                    ));
-                }
-            }
-            if kind == Kind::Q4K || kind == Kind::Q6K {
-                // the mat-vec of 8 tokens (decode of 8 sequences) beside the mat-mat's 8-token tile
-                let (name, grid) = crate::matmul::matvec_kernel(kind, rows, cols, 8, 0);
-                let us = matvec8_us(gpu, &name, grid, &copies, rows, cols, rng)?;
+    let layers = [(12288usize, 4096usize), (4096, 12288), (4096, 4096)];
+    let shapes = layers
+        .map(|s| (Kind::Q4K, s))
+        .into_iter()
+        .chain(layers.map(|s| (Kind::Q6K, s)))
+        .chain([(Kind::Q6K, (151_936, 4096))]);
+    for (kind, (rows, cols)) in shapes {
+        let rb = kestrel_quant::row_bytes(kind.ggml(), cols)
+            .map_err(|e| CudaError::Other(e.to_string()))?;
+        let dev: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
+        let copies: Vec<_> = (0..8).map(|_| gpu.upload(&dev)).collect::<Result<_>>()?;
+        if kind == Kind::Q4K {
+            for t in [32usize, 512] {
+                let us = gemm_path_us(gpu, kind, &copies, rows, cols, t, rng)?;
+                let ops = 2.0 * (rows * cols * t) as f64;
                 res.push((
                     format!(
-                        "{} {rows}x{cols}, 8 tokens ({name}, the mat-vec)",
+                        "{} {rows}x{cols}, {t} tokens (dequantize + cuBLAS f16)",
                         kind.name()
                     ),
                     us,
                     dev.len() as f64 / us / 1e3,
-                    2.0 * (rows * cols * 8) as f64 / us / 1e6,
+                    ops / us / 1e6,
                 ));
             }
-            for t in [8usize, 16, 32, 64, 512] {
-                let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
-                let shipped = mmq_kernel(kind, rows, cols, t, 0);
-                let dout = gpu.alloc(t * rows * 4)?;
-                // every block shape, the shipped one first
-                let mut variants: Vec<MmqLaunch> = mmq_block_shapes(kind, t)
-                    .into_iter()
-                    .map(|shape| mmq_launch(kind, t, 0, shape))
-                    .collect();
-                variants.sort_by_key(|v| v.name != shipped.name);
-                for mmq in variants {
-                    let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
-                    let go = |gpu: &mut Gpu, i: usize| {
-                        let mat = MmqMat {
-                            w: copies[i % copies.len()].ptr,
-                            rows,
-                            out: dout.ptr,
-                        };
-                        mmq.launch(gpu, &[mat], cols, input, t)
+        }
+        if kind == Kind::Q4K || kind == Kind::Q6K {
+            // the mat-vec of 8 tokens (decode of 8 sequences) beside the mat-mat's 8-token tile
+            let (name, grid) = crate::matmul::matvec_kernel(kind, rows, cols, 8, 0);
+            let us = matvec8_us(gpu, &name, grid, &copies, rows, cols, rng)?;
+            res.push((
+                format!(
+                    "{} {rows}x{cols}, 8 tokens ({name}, the mat-vec)",
+                    kind.name()
+                ),
+                us,
+                dev.len() as f64 / us / 1e3,
+                2.0 * (rows * cols * 8) as f64 / us / 1e6,
+            ));
+        }
+        let head = rows > 100_000;
+        for t in [8usize, 16, 32, 64, 512] {
+            if head && t > 64 {
+                continue;
+            }
+            let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
+            let shipped = mmq_kernel(kind, rows, cols, t, 0);
+            let dout = gpu.alloc(t * rows * 4)?;
+            // every block shape, the shipped one first
+            let mut variants: Vec<MmqLaunch> = mmq_block_shapes(kind, t)
+                .into_iter()
+                .map(|shape| mmq_launch(kind, t, 0, shape))
+                .collect();
+            variants.sort_by_key(|v| v.name != shipped.name);
+            for mmq in variants {
+                let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
+                let go = |gpu: &mut Gpu, i: usize| {
+                    let mat = MmqMat {
+                        w: copies[i % copies.len()].ptr,
+                        rows,
+                        out: dout.ptr,
                     };
-                    let us = super::time_us(gpu, 8, 50, true, go)?;
-                    let ops = 2.0 * (rows * cols * t) as f64;
-                    res.push((
-                        format!("{} {rows}x{cols}, {t} tokens ({})", kind.name(), mmq.name),
-                        us,
-                        dev.len() as f64 / us / 1e3,
-                        ops / us / 1e6,
-                    ));
-                }
+                    mmq.launch(gpu, &[mat], cols, input, t)
+                };
+                let us = super::time_us(gpu, 8, 50, true, go)?;
+                let ops = 2.0 * (rows * cols * t) as f64;
+                res.push((
+                    format!("{} {rows}x{cols}, {t} tokens ({})", kind.name(), mmq.name),
+                    us,
+                    dev.len() as f64 / us / 1e3,
+                    ops / us / 1e6,
+                ));
             }
         }
     }
