@@ -316,10 +316,11 @@ fn f16_on() -> bool {
 
 /// The f16 kernel's block for a mat-mat, where it beat the int8 kernels ([`mmq_shape`]): Q6_K
 /// rows of 4,096+ columns, 8,192+ of them (the heads), at 9-64 tokens. H100, `gpu-check
-/// --perf` (2026-12-07): 12288x4096 Q6_K at 16 / 32 / 64 tokens 31.9 / 40.9 / 52.6 us against
-/// the int8 picks' 36.6 / 44.7 / 63.4. Q4_K's rows tied or lost (12288x4096 at 32 tokens 35.1
-/// against 30.0), and so did every shape of 4,096 rows (too few blocks: 4096x12288 Q6_K at 32
-/// tokens 81.7 against 40.9).
+/// --perf` (2026-12-07): the 8B's head (151,936 x 4,096) at 16 / 32 / 64 tokens 286 / 362 /
+/// 469 us against the int8 picks' 422 / 456 / 702; 12288x4096 Q6_K 31.9 / 40.9 / 52.6 against
+/// 36.6 / 44.7 / 63.4. Q4_K's rows tied or lost (12288x4096 at 32 tokens 35.1 against 30.0),
+/// and so did every shape of 4,096 rows (too few blocks: 4096x12288 Q6_K at 32 tokens 81.7
+/// against 40.9).
 fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
     use crate::weights::Kind;
     let long = cols / unit_cols(kind) >= 64;
