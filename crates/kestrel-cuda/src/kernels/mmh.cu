@@ -102,28 +102,28 @@ __device__ __forceinline__ u32 half2_of(float v) {
     return h | (h << 16);
 }
 
-// One row's share of a stage for this lane: its 16 quant bytes for k-chunks 4 nib .. 4 nib + 3
+// One row's share of a stage for this lane (`st`: the half's planes, HStage G): its 16 quant bytes for k-chunks 4 nib .. 4 nib + 3
 // and the scale (Q6_K) or scale and min (Q4_K) of those columns, each as two equal halves.
 struct HRow {
     uint4 q, qh;
     u32 s, m;
 };
 
-template <int TY>
-__device__ __forceinline__ HRow mmh_row(const u8* st, int R, int rec, int nib, int h, int tid, int dhi) {
+template <int TY, class G>
+__device__ __forceinline__ HRow mmh_row(const u8* st, int rec, int nib, int h, int tid, int dhi) {
     HRow r;
     if constexpr (TY == T_Q4_K) {
-        r.q = *(const uint4*)(st + 64 * rec + 32 * nib + 16 * (tid & 1));
-        uint4 hd = *(const uint4*)(st + 64 * R + 16 * rec);  // HStage::HD
+        r.q = *(const uint4*)(st + G::QS + 64 * rec + 32 * nib + 16 * (tid & 1));
+        uint4 hd = *(const uint4*)(st + G::HD + 16 * rec);
         int sc, mn;
         scale_min_k4_word(2 * h + nib, tid >> 1, hd.y, hd.z, hd.w, sc, mn);
         r.s = half2_of(h2f((u16)(hd.x & 0xFFFF)) * (float)sc);
         r.m = half2_of(-h2f((u16)(hd.x >> 16)) * (float)mn);
     } else {
-        r.q = *(const uint4*)(st + 64 * rec + 16 * tid);
-        r.qh = *(const uint4*)(st + 64 * R + 32 * rec + 16 * (tid & 1));
-        int sc = (int)(i8)st[96 * R + 8 * rec + 4 * nib + tid];
-        u32 dw = *(const u32*)(st + 104 * R + 4 * rec);
+        r.q = *(const uint4*)(st + G::QS + 64 * rec + 16 * tid);
+        r.qh = *(const uint4*)(st + G::HD + 32 * rec + 16 * (tid & 1));
+        int sc = (int)(i8)st[G::SC + 8 * rec + 4 * nib + tid];
+        u32 dw = *(const u32*)(st + G::DW + 4 * rec);
         r.s = half2_of(h2f((u16)(dhi ? dw >> 16 : dw & 0xFFFF)) * (float)sc);
     }
     return r;
@@ -212,7 +212,7 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
             for (int m = 0; m < MR; m++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    rw[m][e] = mmh_row<TY>(hs, G::R, rec[m][e], nib, h, tid, par[m][e] ^ bodd);
+                    rw[m][e] = mmh_row<TY, G>(hs, rec[m][e], nib, h, tid, par[m][e] ^ bodd);
 #pragma unroll
             for (int q2 = 0; q2 < 2; q2++) {
                 // the B words of k-chunks 4 nib + 2 q2 (x, y) and the next (z, w) for every token tile
