@@ -102,8 +102,9 @@ __device__ __forceinline__ u32 half2_of(float v) {
     return h | (h << 16);
 }
 
-// One row's share of a stage for this lane (`st`: the half's planes, HStage G): its 16 quant bytes for k-chunks 4 nib .. 4 nib + 3
-// and the scale (Q6_K) or scale and min (Q4_K) of those columns, each as two equal halves.
+// One row's share of a stage for this lane (`st`: the half's planes, HStage G): its 16 quant
+// bytes for k-chunks 4 nib .. 4 nib + 3 and the scale (Q6_K) or scale and min (Q4_K) of those
+// columns, each as two equal halves.
 struct HRow {
     uint4 q, qh;
     u32 s, m;
