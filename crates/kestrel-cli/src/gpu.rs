@@ -395,15 +395,17 @@ fn gpu_greedy(m: &mut CudaModel, table: &[u32], prompt: &[u32], n: usize) -> Res
 /// `kestrel gpu-check`: the op harness, mat-vec speed, and for each model the GPU's logits and
 /// greedy tokens against the CPU path of this binary (and against the fixture's reference
 /// logits when a `reference.safetensors` sits beside it). `ops`: the op harness's groups
-/// (all when empty, none with `none`). Exit status 1 when a check fails.
+/// (all when empty, none with `none`); `perf`: the speed groups to time (all when empty).
+/// Exit status 1 when a check fails.
 pub fn check(
     ordinal: usize,
     models: &[std::path::PathBuf],
     prompt_len: usize,
     gen: usize,
-    perf: bool,
+    perf: Option<&[String]>,
     ops: &[String],
 ) -> Result<()> {
+    let timed = |group: &str| perf.is_some_and(|g| g.is_empty() || g.iter().any(|n| n == group));
     let mut failed = 0usize;
     {
         let mut gpu = Gpu::open(ordinal)?;
@@ -439,34 +441,44 @@ pub fn check(
             );
             failed += bad;
         }
-        if perf {
-            // a rate in GB/s as a share of the card's bandwidth
-            let bw = gpu.mem_bandwidth;
-            let share = |gbs: f64| match bw {
-                Some((bw, _)) => format!(" ({:.0}% of {:.0})", 1e11 * gbs / bw, bw / 1e9),
-                None => String::new(),
-            };
-            let mut rng = kestrel_cuda::check::Rng::new(7);
+        // a rate in GB/s as a share of the card's bandwidth
+        let bw = gpu.mem_bandwidth;
+        let share = |gbs: f64| match bw {
+            Some((bw, _)) => format!(" ({:.0}% of {:.0})", 1e11 * gbs / bw, bw / 1e9),
+            None => String::new(),
+        };
+        let mut rng = kestrel_cuda::check::Rng::new(7);
+        if timed("matvec") {
             for (ty, us, gbs) in kestrel_cuda::check::perf_matvec(&mut gpu, &mut rng)? {
                 let shape = if ty.contains(' ') { "" } else { " 12288x4096" };
                 println!("perf mat-vec {ty:<5}{shape}, 1 token: {us:7.1} us, {gbs:6.0} GB/s of weights{}", share(gbs));
             }
+        }
+        if timed("mmq") {
             for (what, us, gbs, tops) in kestrel_cuda::check::perf_mmq(&mut gpu, &mut rng)? {
                 println!("perf mat-mat {what}: {us:7.1} us, {gbs:6.0} GB/s of weights{}, {tops:6.1} TOPS", share(gbs));
             }
+        }
+        if timed("decode") {
             for (what, us, gbs) in kestrel_cuda::check::perf_decode(&mut gpu, &mut rng)? {
                 println!(
                     "perf decode attention {what}: {us:7.1} us, {gbs:6.0} GB/s of K/V{}",
                     share(gbs)
                 );
             }
+        }
+        if timed("delta") {
             for (what, us, gbs) in kestrel_cuda::check::perf_delta_rule(&mut gpu, &mut rng)? {
                 println!("perf delta rule {what}: {us:7.1} us, {gbs:6.0} GB/s of state");
             }
+        }
+        if timed("flash") {
             for (what, split, flash, tflops) in kestrel_cuda::check::perf_flash(&mut gpu, &mut rng)?
             {
                 println!("perf prompt attention {what}: decode kernel {split:8.1} us, tensor cores {flash:8.1} us ({tflops:.0} TFLOP/s)");
             }
+        }
+        if timed("download") {
             for (way, ms, gbs) in kestrel_cuda::check::perf_download(&gpu)? {
                 println!("perf download {way}: {ms:.2} ms, {gbs:.1} GB/s");
             }

@@ -119,9 +119,10 @@ enum Command {
         prompt_len: usize,
         #[arg(long, default_value_t = 32)]
         gen: usize,
-        /// Also time the mat-vec kernels.
-        #[arg(long)]
-        perf: bool,
+        /// Also time the kernels: every group, or those named, comma-separated (matvec, mmq,
+        /// decode, delta, flash, download).
+        #[arg(long, num_args = 0.., value_delimiter = ',')]
+        perf: Option<Vec<String>>,
         /// The op harness's groups to run, comma-separated (matvec, mvx, mmq, mmq_group, norm,
         /// argmax, epilogue, attention, flash, deltanet, gemm_embed), or none; default all.
         #[arg(long, value_delimiter = ',')]
@@ -217,7 +218,7 @@ fn main() -> ExitCode {
             ops,
             compile_only: None,
         } => match gpu::Device::parse(&device) {
-            Ok(gpu::Device::Cuda(n)) => gpu::check(n, &model, prompt_len, gen, perf, &ops),
+            Ok(gpu::Device::Cuda(n)) => gpu::check(n, &model, prompt_len, gen, perf.as_deref(), &ops),
             Ok(_) => Err(anyhow::anyhow!("gpu-check needs --device cuda or cuda:N")),
             Err(e) => Err(e),
         },

@@ -409,6 +409,14 @@ CUresult cuFuncGetAttribute(int* v, int, void*) {
     return OK;
 }
 CUresult cuFuncSetCacheConfig(void*, int) { return OK; }
+// Blocks an SM holds: by shared memory (1 KiB reserved a block) and 2,048 threads an SM; the
+// emulation has no registers to count.
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* n, void*, int block, size_t smem, unsigned) {
+    if (block <= 0 || block > 1024) return INVALID_VALUE;
+    int by_smem = smem_optin(true) / (int)(smem + 1024), by_threads = 2048 / block;
+    *n = by_smem < by_threads ? by_smem : by_threads;
+    return OK;
+}
 
 CUresult cuLaunchKernel(void* fp, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void* s, void** params, void** extra) {

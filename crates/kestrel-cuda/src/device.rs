@@ -78,6 +78,9 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
+    /// Blocks a launch shape fills the GPU with at once ([`Gpu::wave`]), by (kernel, threads,
+    /// dynamic shared memory).
+    waves: HashMap<(String, u32, u32), usize>,
     blas: bsys::cublasHandle_t,
     pub name: String,
     pub arch: String,
@@ -187,6 +190,7 @@ impl Gpu {
             stream,
             module,
             funcs: HashMap::new(),
+            waves: HashMap::new(),
             blas,
             arch,
             sms,
@@ -229,6 +233,21 @@ impl Gpu {
             )?;
         }
         Ok(f)
+    }
+
+    /// Blocks of kernel `name` in blocks of `block` threads with `smem` bytes of dynamic shared
+    /// memory that the GPU runs at once (its SMs times what one holds by registers, shared
+    /// memory and threads): one wave of the launch.
+    pub fn wave(&mut self, name: &str, block: u32, smem: u32) -> Result<usize> {
+        let key = (name.to_string(), block, smem);
+        if let Some(&n) = self.waves.get(&key) {
+            return Ok(n);
+        }
+        let f = self.func_with_smem(name, smem)?;
+        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
+        let n = self.sms as usize * per_sm.max(1) as usize;
+        self.waves.insert(key, n);
+        Ok(n)
     }
 
     /// The kernels loaded so far, as function handles (addresses): what a captured graph's

@@ -6,7 +6,7 @@
 //! dequantized to f16 in row chunks and multiplied by cuBLAS.
 
 use crate::error::{CudaError, Result};
-use crate::mmq::{mmq_kernel, takes_mmq, MmqInput, MmqMat, MMQ_GROUP};
+use crate::mmq::{mmq_kernel, takes_mmq, MmqInput, MmqMat, SplitBufs, MMQ_GROUP};
 use crate::model::CudaModel;
 use crate::ops::{cfg, MATVEC_MAX};
 use cudarc::driver::PushKernelArg;
@@ -456,7 +456,13 @@ impl CudaModel {
         let launch = mmq_kernel(kind, rows, cols, t, add as u32);
         let input = if launch.f16 {
             self.f16_copy(x)?;
-            MmqInput::F16(self.scratch.act16.ptr)
+            MmqInput::F16 {
+                x: self.scratch.act16.ptr,
+                splits: SplitBufs {
+                    part: self.scratch.mmq_part.ptr,
+                    count: self.scratch.mmq_count.ptr,
+                },
+            }
         } else {
             self.quantize_t(x, launch.t8)?;
             MmqInput::Int8 {

@@ -37,17 +37,63 @@ pub struct MmqLaunch {
     /// The f16 kernel (`kernels/mmh.cu`): it reads the f16 copy of the activations, not the
     /// 8-bit one.
     pub f16: bool,
+    /// The f16 kernel's column parts (a block's warps split a stage's halves) and token tile.
+    kparts: usize,
+    tile: usize,
+    /// The f16 kernel's column splits (blocks along the columns, their sums added by the last
+    /// of them): 0 picks them at launch ([`f16_splits`]), else this many (`gpu-check --perf`).
+    pub splits: usize,
 }
 
 /// The activations a mat-mat launch reads: the 8-bit copy in the mat-mat's layout (quants,
-/// scales), or the f16 copy (`[t, cols]`) for the f16 kernels.
+/// scales), or the f16 copy (`[t, cols]`) for the f16 kernels, with the buffers of their
+/// column splits.
 #[derive(Clone, Copy, Debug)]
 pub enum MmqInput {
     Int8 { q: u64, d: u64 },
-    F16(u64),
+    F16 { x: u64, splits: SplitBufs },
+}
+
+/// Where the f16 kernel's column splits leave their sums (`kernels/mmh.cu`,
+/// `mmh_splits_sum`): `part` holds [`SPLIT_FLOATS`] floats, `count` [`SPLIT_TILES`] i32
+/// counters, zero between launches (the last block of each tile zeroes its own).
+#[derive(Clone, Copy, Debug)]
+pub struct SplitBufs {
+    pub part: u64,
+    pub count: u64,
+}
+
+/// Floats of the column splits' partial sums: a launch's tiles x splits x the block's rows x
+/// its token tile stay within them (16 MiB).
+pub const SPLIT_FLOATS: usize = 4 << 20;
+
+/// (row block, token tile) tiles of a launch that may split its columns.
+pub const SPLIT_TILES: usize = 8192;
+
+/// Stages a column split takes at least (the ring's first stages are its start-up).
+const MIN_SPLIT_STAGES: usize = 2;
+
+/// Column splits of an f16 launch of `tiles` blocks (row blocks x token tiles), each `stages`
+/// stages long and `slot` floats of sums: `want` (the wave's blocks over the tiles, or a
+/// forced count), at most one split per [`MIN_SPLIT_STAGES`] stages and as many as the
+/// partial sums' buffer holds, evened out so that none is empty.
+pub fn f16_splits(tiles: usize, stages: usize, want: usize, slot: usize) -> usize {
+    if tiles == 0 || tiles > SPLIT_TILES {
+        return 1;
+    }
+    let most = want
+        .min(stages / MIN_SPLIT_STAGES)
+        .min(SPLIT_FLOATS / (tiles * slot).max(1))
+        .max(1);
+    stages.div_ceil(stages.div_ceil(most).max(1)).max(1)
 }
 
 impl MmqLaunch {
+    /// This launch with `n` column splits forced (the f16 kernel; 0: picked at launch).
+    pub fn with_splits(self, n: usize) -> Self {
+        Self { splits: n, ..self }
+    }
+
     /// The kernel, allowed the dynamic shared memory it takes (above the default 48 KiB).
     pub fn func(&self, gpu: &mut crate::device::Gpu) -> Result<cudarc::driver::CudaFunction> {
         gpu.func_with_smem(&self.name, self.smem)
@@ -78,9 +124,20 @@ impl MmqLaunch {
             })
             .collect();
         let blocks: usize = mats.iter().map(|m| m.rows.div_ceil(self.block_rows)).sum();
+        let splits = if self.f16 {
+            let tiles = blocks * self.token_tiles as usize;
+            let want = match self.splits {
+                0 => gpu.wave(&self.name, self.block, self.smem)? / tiles.max(1),
+                n => n,
+            };
+            let stages = cols.div_ceil(128).div_ceil(self.kparts);
+            f16_splits(tiles, stages, want, self.block_rows * self.tile)
+        } else {
+            1
+        };
         let config = cudarc::driver::LaunchConfig {
             shared_mem_bytes: self.smem,
-            ..crate::ops::cfg((blocks as u32, self.token_tiles, 1), self.block)
+            ..crate::ops::cfg((blocks as u32, self.token_tiles, splits as u32), self.block)
         };
         let (c, t8, ti) = (cols as i32, self.t8 as i32, t as i32);
         let mut b = gpu.stream.launch_builder(&f);
@@ -88,15 +145,15 @@ impl MmqLaunch {
             b.arg(w).arg(r).arg(o);
         }
         b.arg(&c);
-        let (q, d, f16);
+        let (q, d, x16, part, count);
         match (x, self.f16) {
             (MmqInput::Int8 { q: xq, d: xd }, false) => {
                 (q, d) = (xq, xd);
-                b.arg(&q).arg(&d).arg(&t8);
+                b.arg(&q).arg(&d).arg(&t8).arg(&ti);
             }
-            (MmqInput::F16(p), true) => {
-                f16 = p;
-                b.arg(&f16);
+            (MmqInput::F16 { x: p, splits: sb }, true) => {
+                (x16, part, count) = (p, sb.part, sb.count);
+                b.arg(&x16).arg(&ti).arg(&part).arg(&count);
             }
             _ => {
                 return Err(CudaError::Other(format!(
@@ -105,10 +162,11 @@ impl MmqLaunch {
                 )))
             }
         }
-        b.arg(&ti);
         // SAFETY: each W_i holds rows_i x cols of the kernel's type in the device layout, x holds
         // t tokens of cols (the 8-bit copy: t8, in the mat-mat's layout; the f16 copy: t rows),
-        // out_i t rows of rows_i floats; unused entries have 0 rows and are never read.
+        // out_i t rows of rows_i floats; unused entries have 0 rows and are never read. The
+        // split buffers hold SPLIT_FLOATS / SPLIT_TILES (f16_splits keeps within them), their
+        // counters zero.
         unsafe { b.launch(config) }?;
         Ok(())
     }
@@ -202,6 +260,9 @@ pub fn mmq_launch(kind: crate::weights::Kind, t: usize, epi: u32, shape: MmqShap
         smem,
         t8: t.next_multiple_of(tile),
         f16,
+        kparts,
+        tile,
+        splits: 0,
     }
 }
 
@@ -384,6 +445,36 @@ fn mmq_tile(t: usize) -> usize {
 mod tests {
     use super::*;
     use crate::weights::Kind;
+
+    /// Column splits fill the wave where the stages allow, never leave a split empty, and stay
+    /// within the partial sums' buffers.
+    #[test]
+    fn f16_splits_fill_the_wave_within_the_buffers() {
+        let slot = 128 * 32;
+        // the 8B's 4096x4096 at 32 tokens: 32 blocks of 16 stages, a wave of 264
+        assert_eq!(f16_splits(32, 16, 264 / 32, slot), 8);
+        assert_eq!(f16_splits(96, 16, 264 / 96, slot), 2);
+        assert_eq!(f16_splits(300, 16, 0, slot), 1);
+        // 5 wanted of 16 stages: 4 of 4 stages, not 5 with an empty last
+        assert_eq!(f16_splits(32, 16, 5, slot), 4);
+        // two stages a split at least
+        assert_eq!(f16_splits(4, 6, 100, slot), 3);
+        assert_eq!(f16_splits(4, 1, 100, slot), 1);
+        // the buffers: tiles x splits x slot floats, SPLIT_TILES counters
+        let tiles = SPLIT_FLOATS / slot / 2;
+        assert_eq!(f16_splits(tiles, 64, 16, slot), 2);
+        assert_eq!(f16_splits(SPLIT_TILES + 1, 64, 16, 1), 1);
+        for tiles in 1..200 {
+            for stages in 1..40 {
+                for want in 0..20 {
+                    let n = f16_splits(tiles, stages, want, slot);
+                    let per = stages.div_ceil(n);
+                    assert!(n >= 1 && (n - 1) * per < stages, "{tiles} {stages} {want}: {n}");
+                    assert!(n == 1 || tiles * n * slot <= SPLIT_FLOATS);
+                }
+            }
+        }
+    }
 
     /// Every shape the mat-mat picks is one `kernels/mmq.cu` builds (and the harness checks):
     /// a picked shape outside the list would be a kernel missing at run time.

@@ -6,6 +6,7 @@
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::Result;
+use crate::mmq::{SPLIT_FLOATS, SPLIT_TILES};
 use crate::ops::{MATVEC_MAX, MMQ_MAX};
 use kestrel_models::ModelConfig;
 
@@ -38,6 +39,9 @@ pub struct Scratch {
     pub xqt: DevBuf,
     pub xdt: DevBuf,
     pub act16: DevBuf,
+    /// The f16 mat-mat's column splits: partial sums and their counters (`mmq::SplitBufs`).
+    pub mmq_part: DevBuf,
+    pub mmq_count: DevBuf,
     pub wf16: DevBuf,
     pub wf16_elems: usize,
     pub partial: DevBuf,
@@ -146,6 +150,7 @@ impl Scratch {
             + t * crate::ops::argmax_bytes_per_row()
             + q8
             + act16
+            + 4 * (SPLIT_FLOATS + SPLIT_TILES) as u64
             + WF16_ELEMS as u64 * 2
             + partial
             + 4 * (STEP_SECTIONS as u64 * t + max_table as u64)
@@ -198,6 +203,8 @@ impl Scratch {
             xqt: f(MMQ_MAX * widest / 4 + 4)?,
             xdt: f(MMQ_MAX * widest.div_ceil(32) * 2 + 2)?,
             act16: gpu.alloc(t * widest * 2)?,
+            mmq_part: gpu.alloc(SPLIT_FLOATS * 4)?,
+            mmq_count: f(SPLIT_TILES)?,
             wf16: gpu.alloc(WF16_ELEMS * 2)?,
             wf16_elems: WF16_ELEMS,
             partial: f(Self::partial_floats(cfg))?,

@@ -8,7 +8,8 @@ use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::mmq::{
-    mmq_block_shapes, mmq_kernel, mmq_launch, MmqInput, MmqLaunch, MmqMat, MMQ_GROUP,
+    mmq_block_shapes, mmq_kernel, mmq_launch, MmqInput, MmqLaunch, MmqMat, SplitBufs, MMQ_GROUP,
+    SPLIT_FLOATS, SPLIT_TILES,
 };
 use crate::weights::{to_device_layout, Kind};
 use cudarc::driver::PushKernelArg;
@@ -55,7 +56,35 @@ fn activations(
     }
     let x16 = gpu.alloc(t * cols * 2)?;
     super::f16_rows(gpu, x.ptr, x16.ptr, t * cols)?;
-    Ok((MmqInput::F16(x16.ptr), vec![x16]))
+    let part = gpu.alloc(SPLIT_FLOATS * 4)?;
+    let count = gpu.upload(&vec![0u8; SPLIT_TILES * 4])?;
+    let splits = SplitBufs {
+        part: part.ptr,
+        count: count.ptr,
+    };
+    Ok((
+        MmqInput::F16 {
+            x: x16.ptr,
+            splits,
+        },
+        vec![x16, part, count],
+    ))
+}
+
+/// Every block shape of a mat-mat of `kind` at `t` tokens, and the f16 ones also in 3 column
+/// splits (a last split shorter than the others where the stages do not divide by 3).
+fn launches(kind: Kind, t: usize, epi: u32) -> Vec<MmqLaunch> {
+    let mut all = Vec::new();
+    for shape in mmq_block_shapes(kind, t) {
+        let one = mmq_launch(kind, t, epi, shape);
+        if one.f16 {
+            all.push(mmq_launch(kind, t, epi, shape).with_splits(3));
+            all.push(one.with_splits(1));
+        } else {
+            all.push(one);
+        }
+    }
+    all
 }
 
 /// The mat-mat against f64 dot products of the dequantized weights with the f32 activations
@@ -97,8 +126,7 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                         })
                         .collect();
                     // every block shape, whichever the matrix would take
-                    for shape in mmq_block_shapes(kind, t) {
-                        let mmq = mmq_launch(kind, t, epi, shape);
+                    for mmq in launches(kind, t, epi) {
                         let dout = gpu.upload_f32(&base)?;
                         let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                         let mat = MmqMat {
@@ -110,8 +138,9 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                         let got = gpu.read_f32(dout.ptr, t * rows)?;
                         out.push(CaseResult {
                             op: format!(
-                                "mat-mat {} [{rows}x{cols}] tokens {t} epilogue {}",
+                                "mat-mat {}{} [{rows}x{cols}] tokens {t} epilogue {}",
                                 mmq.name,
+                                split_label(&mmq),
                                 ["store", "add"][epi as usize]
                             ),
                             err: rel_err(&got, &expect),
@@ -123,6 +152,14 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         }
     }
     Ok(())
+}
+
+/// " in N column splits" where a launch forces more than one.
+fn split_label(mmq: &MmqLaunch) -> String {
+    match mmq.splits {
+        0 | 1 => String::new(),
+        n => format!(" in {n} column splits"),
+    }
 }
 
 /// One launch over several matrices (the projections sharing an input): [`MMQ_GROUP`] matrices
@@ -152,8 +189,7 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
             mats.push((dw, r, want));
         }
         for t in [5usize, 16, 32, 64] {
-            for shape in mmq_block_shapes(kind, t) {
-                let mmq = mmq_launch(kind, t, 0, shape);
+            for mmq in launches(kind, t, 0) {
                 let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                 let outs: Vec<DevBuf> = mats
                     .iter()
@@ -174,8 +210,10 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
                     let expect: Vec<f32> = want[..t * r].iter().map(|&v| v as f32).collect();
                     out.push(CaseResult {
                         op: format!(
-                            "mat-mat {} grouped [{}x{cols}] of {rows:?}, tokens {t}",
-                            mmq.name, r
+                            "mat-mat {}{} grouped [{}x{cols}] of {rows:?}, tokens {t}",
+                            mmq.name,
+                            split_label(&mmq),
+                            r
                         ),
                         err: rel_err(&got, &expect),
                         tol: 1e-2,
@@ -246,11 +284,18 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
             let shipped = mmq_kernel(kind, rows, cols, t, 0);
             let dout = gpu.alloc(t * rows * 4)?;
             // every block shape, the shipped one first
-            let mut variants: Vec<MmqLaunch> = mmq_block_shapes(kind, t)
-                .into_iter()
-                .map(|shape| mmq_launch(kind, t, 0, shape))
-                .collect();
-            variants.sort_by_key(|v| v.name != shipped.name);
+            // (the f16 shapes at their picked column splits, then forced to 1, 2, 4, 8 and 16)
+            let mut variants: Vec<MmqLaunch> = Vec::new();
+            for shape in mmq_block_shapes(kind, t) {
+                let one = mmq_launch(kind, t, 0, shape);
+                if one.f16 {
+                    for n in [1, 2, 4, 8, 16] {
+                        variants.push(mmq_launch(kind, t, 0, shape).with_splits(n));
+                    }
+                }
+                variants.push(one);
+            }
+            variants.sort_by_key(|v| v.name != shipped.name || v.splits != 0);
             for mmq in variants {
                 let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                 let go = |gpu: &mut Gpu, i: usize| {
@@ -263,8 +308,17 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                 };
                 let us = super::time_us(gpu, 8, 50, true, go)?;
                 let ops = 2.0 * (rows * cols * t) as f64;
+                let picked = match (mmq.f16, mmq.splits) {
+                    (false, _) => String::new(),
+                    (true, 0) => " picked splits".into(),
+                    (true, n) => format!(" {n} splits"),
+                };
                 res.push((
-                    format!("{} {rows}x{cols}, {t} tokens ({})", kind.name(), mmq.name),
+                    format!(
+                        "{} {rows}x{cols}, {t} tokens ({}{picked})",
+                        kind.name(),
+                        mmq.name
+                    ),
                     us,
                     dev.len() as f64 / us / 1e3,
                     ops / us / 1e6,

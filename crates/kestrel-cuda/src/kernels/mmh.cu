@@ -9,7 +9,10 @@
 // The block streams the matrix in stages of KP halves of K-quant blocks (128 columns each)
 // through a ring of S stages of shared memory by cp.async: every row's record of each half and
 // the tokens' f16 activations over its columns, copied once for all the block's rows; the
-// warps of column part p take half p of every stage, and add their sums at the end. Each lane
+// warps of column part p take half p of every stage, and add their sums at the end. Column
+// splits (gridDim.z) divide the stages between blocks of the same rows, so that matrices of
+// few rows still fill the SMs: the last block of a tile adds the splits' sums
+// (mmh_splits_sum; mmq::f16_splits picks how many). Each lane
 // turns its rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64),
 // less 1024 or 1056 exactly, times the scale plus the min) and the mma sums the products in
 // f32 along the whole row: nothing is done after an mma.
@@ -155,24 +158,64 @@ __device__ __forceinline__ void mmh_weights(const HRow& r, int w, int nib, int t
     }
 }
 
+// The column splits' partial sums (gridDim.z > 1): each block stores its R x TW sums in its own
+// slot of `part` (lane-major, as the column parts add theirs), then counts itself in its
+// (row block, token tile)'s entry of `cnt`; the last of them adds every split's slot in split
+// order (the same sums whichever block comes last), applies the epilogue and zeroes the entry
+// for the next launch. Returns whether this block goes on to the epilogue.
+template <int E, int RG>
+__device__ __forceinline__ bool mmh_splits_sum(float* acc, bool holder, int rg, int lane,
+                                               float* __restrict__ part, int* __restrict__ cnt) {
+    __shared__ int last;
+    const u64 tile = (u64)blockIdx.y * gridDim.x + blockIdx.x, slot = RG * E * 32;
+    float* mine = part + (tile * gridDim.z + blockIdx.z) * slot + rg * E * 32 + lane;
+    if (holder)
+#pragma unroll
+        for (int e = 0; e < E; e++) mine[e * 32] = acc[e];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt + tile, 1) == (int)gridDim.z - 1;
+        if (last) cnt[tile] = 0;
+    }
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    if (holder) {
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[e] = 0.f;
+        for (int z = 0; z < (int)gridDim.z; z++) {
+            const float* p = part + (tile * gridDim.z + z) * slot + rg * E * 32 + lane;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[e] += __ldcg(p + e * 32);
+        }
+    }
+    return true;
+}
+
+// Block (blockIdx.x: row block rblk, blockIdx.y: token tile, blockIdx.z: column split) takes
+// the split's share of the stages (gridDim.z splits of ceil(stages / gridDim.z) each).
 template <int TY, int NJ, int RG, int MR, int KP, int S, int EPI>
 __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols, const u16* __restrict__ x, int T,
-                                    float* __restrict__ out, int rblk) {
+                                    float* __restrict__ out, int rblk, float* __restrict__ part,
+                                    int* __restrict__ cnt) {
     using G = HStage<TY, NJ, RG, MR, KP>;
     extern __shared__ __align__(16) u8 smem[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
     int rg = warp % RG, kp = warp / RG;  // this warp's row group and column part
     int r0 = rblk * G::R, t0 = blockIdx.y * G::TW;
-    int bpr = cols / 256, halves = 2 * bpr, n = (halves + KP - 1) / KP;
+    int bpr = cols / 256, halves = 2 * bpr, stages = (halves + KP - 1) / KP;
+    int per = (stages + gridDim.z - 1) / gridDim.z, s0 = blockIdx.z * per;
+    int n = max(0, min(stages - s0, per));  // this split's stages s0 ..
     u64 nblk = (u64)rows * bpr;
     // the weights first: no kernel writes them, so they need not wait for the one before
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
-        if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, nblk, r0, rows, bpr, s);
+        if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, nblk, r0, rows, bpr, s0 + s);
     GRID_DEP();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < n) mmh_stage_acts<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, x, cols, t0, T, s);
+        if (s < n) mmh_stage_acts<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, x, cols, t0, T, s0 + s);
         cp_async_commit();
     }
     // this lane's row records (rows gid and gid + 8 of each tile) and, for Q6_K, the parity of
@@ -196,11 +239,11 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
         int nx = i + S - 1;
         if (nx < n) {
             u8* d = smem + (nx % S) * G::BYTES;
-            mmh_stage_weights<TY, NJ, RG, MR, KP>(d, W, nblk, r0, rows, bpr, nx);
-            mmh_stage_acts<TY, NJ, RG, MR, KP>(d, x, cols, t0, T, nx);
+            mmh_stage_weights<TY, NJ, RG, MR, KP>(d, W, nblk, r0, rows, bpr, s0 + nx);
+            mmh_stage_acts<TY, NJ, RG, MR, KP>(d, x, cols, t0, T, s0 + nx);
         }
         cp_async_commit();
-        int hx = i * KP + kp;  // this warp's half of the stage
+        int hx = (s0 + i) * KP + kp;  // this warp's half of the stage
         if (hx >= halves) continue;
         const u8* st = smem + (i % S) * G::BYTES;
         const u8* hs = st + kp * G::HALF;
@@ -236,22 +279,24 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
         }
     }
     cp_async_wait_all();
+    constexpr int E = NJ * MR * 4;
     if constexpr (KP > 1) {
         // the column parts' sums into part 0's warps through shared memory (the ring is free
         // once every warp is past its last stage): entry ((kp - 1) RG + rg) E + e, lane-major
-        constexpr int E = NJ * MR * 4;
         float* red = (float*)smem;
         __syncthreads();
         if (kp > 0)
 #pragma unroll
             for (int e = 0; e < E; e++) red[(((kp - 1) * RG + rg) * E + e) * 32 + lane] = (&acc[0][0][0])[e];
         __syncthreads();
-        if (kp > 0) return;
+        if (kp == 0)
 #pragma unroll
-        for (int p = 1; p < KP; p++)
+            for (int p = 1; p < KP; p++)
 #pragma unroll
-            for (int e = 0; e < E; e++) (&acc[0][0][0])[e] += red[(((p - 1) * RG + rg) * E + e) * 32 + lane];
+                for (int e = 0; e < E; e++) (&acc[0][0][0])[e] += red[(((p - 1) * RG + rg) * E + e) * 32 + lane];
     }
+    if (gridDim.z > 1 && !mmh_splits_sum<E, RG>(&acc[0][0][0], kp == 0, rg, lane, part, cnt)) return;
+    if (kp > 0) return;
 #pragma unroll
     for (int j = 0; j < NJ; j++)
 #pragma unroll
@@ -272,9 +317,10 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
 // HStage::BYTES and the column parts' sums, as mmq::mmq_launch sizes it).
 #define MMH1(NAME, TY, NJ, EPI, RG, MR, KP, S)                                                           \
     extern "C" __global__ void __launch_bounds__(RG * KP * 32)                                          \
-        mmh_##NAME##_##NJ##_##EPI##_w##RG##_r##MR##_k##KP##_s##S(MMQ_MATS_ARGS, int cols, const u16* x, int T) { \
+        mmh_##NAME##_##NJ##_##EPI##_w##RG##_r##MR##_k##KP##_s##S(MMQ_MATS_ARGS, int cols, const u16* x, int T, \
+                                                                 float* part, int* cnt) {                   \
         MmqPick p = mmq_pick(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, 16 * RG * MR);              \
-        mmh<TY, NJ, RG, MR, KP, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk);                         \
+        mmh<TY, NJ, RG, MR, KP, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk, part, cnt);              \
     }
 #define MMH(NAME, TY, NJ, RG, MR, KP, S) MMH1(NAME, TY, NJ, 0, RG, MR, KP, S) MMH1(NAME, TY, NJ, 1, RG, MR, KP, S)
 // the shapes mmq::F16_SHAPES lists, at 16, 32 and 64 tokens: blocks of 128 rows (4 row
