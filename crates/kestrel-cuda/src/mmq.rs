@@ -385,7 +385,9 @@ fn f16_on() -> bool {
 fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
     use crate::weights::Kind;
     let long = cols / unit_cols(kind) >= 64;
-    if !(kind == Kind::Q6K && long && rows >= 8192 && takes_f16(kind, t)) {
+    // the kernel's copies take 32-bit offsets into the matrix
+    let bytes = kestrel_quant::row_bytes(kind.ggml(), cols).map_or(u64::MAX, |b| (b * rows) as u64);
+    if !(kind == Kind::Q6K && long && rows >= 8192 && takes_f16(kind, t) && bytes < 1 << 32) {
         None
     } else if mmq_tile(t) == 16 {
         Some(MmqShape::half(2, 2, 4, 2))

@@ -47,56 +47,118 @@ struct HStage {
     };
 };
 
-// The block's copies of stage s (halves KP s ..) into `st`: rows r0.. (clamped), tokens t0..
-// (clamped to T - 1); the weights and the activations apart (the weights need not wait for
-// the kernel before).
+// A thread's share of every stage's copies, found once before the walk (loops over rows and
+// tokens with their clamps and 64-bit products, run again every stage, cost more issue slots
+// than the mma): the source offsets of its records at stage 0, in bytes from W (Q6_K's d words:
+// from the d plane) or from x. Stage s adds s times the plane's stride: KP / 2 blocks of a
+// row (KP is even: a stage's half p is half p % 2 of block s KP / 2 + p / 2), 128 KP columns
+// of a token. Offsets are 32-bit (mmq.rs picks the kernel for matrices under 4 GiB).
 template <int TY, int NJ, int RG, int MR, int KP>
-__device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__ W, u64 nblk, int r0, int rows,
-                                                  int bpr, int s) {
+struct HCopies {
     using G = HStage<TY, NJ, RG, MR, KP>;
-    constexpr int NT = G::WARPS * 32;
-    int halves = 2 * bpr;
+    enum {
+        NT = G::WARPS * 32,
+        BB = TY == T_Q4_K ? 144 : 208,        // bytes of a block
+        NQ = 4 * G::R,                         // a half's 16-byte quant copies (4 a row)
+        NH = TY == T_Q4_K ? G::R : 2 * G::R,  // Q4_K: the header (one a row); Q6_K: qh (two)
+        NS = TY == T_Q6_K ? 2 * G::R : 0,     // Q6_K: 8 scale bytes, then d's word, a row
+        NX = G::TW * 16 * KP,                  // a stage's 16-byte activation copies
+        KQ = (NQ + NT - 1) / NT,
+        KH = (NH + NT - 1) / NT,
+        KS = NS ? (NS + NT - 1) / NT : 1,
+        KX = (NX + NT - 1) / NT,
+    };
+    static_assert(KP % 2 == 0 && NT % (16 * KP) == 0, "halves in pairs; a token's copies in one thread pattern");
+    u32 q[KQ], h[KH], sc[KS], x[KX];
+};
+
+template <int TY, int NJ, int RG, int MR, int KP>
+__device__ __forceinline__ HCopies<TY, NJ, RG, MR, KP> mmh_copies(int r0, int rows, int bpr, int t0, int T, int cols) {
+    using C = HCopies<TY, NJ, RG, MR, KP>;
+    C c;
+    const int tid = threadIdx.x;
+    auto row_off = [&](int rec) { return (u32)min(r0 + rec, rows - 1) * (u32)bpr * (u32)C::BB; };
+#pragma unroll
+    for (int k = 0; k < C::KQ; k++) {
+        int i = tid + k * C::NT;
+        c.q[k] = row_off(i >> 2) + (TY == T_Q4_K ? 16 : 0) + 16 * (i & 3);
+    }
+#pragma unroll
+    for (int k = 0; k < C::KH; k++) {
+        int i = tid + k * C::NT;
+        c.h[k] = TY == T_Q4_K ? row_off(i) : row_off(i >> 1) + 128 + 16 * (i & 1);
+    }
+    if constexpr (TY == T_Q6_K) {
+#pragma unroll
+        for (int k = 0; k < C::KS; k++) {
+            int i = tid + k * C::NT;
+            // scales: the block's 16 at byte 192; d: two bytes a block after every block
+            c.sc[k] = i & 1 ? 2 * (u32)min(r0 + (i >> 1), rows - 1) * (u32)bpr : row_off(i >> 1) + 192;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < C::KX; k++) {
+        int i = tid + k * C::NT, t = i / (16 * KP), part = i % (16 * KP);
+        c.x[k] = ((u32)min(t0 + t, T - 1) * (u32)cols + 8 * part) * 2;
+    }
+    return c;
+}
+
+// The block's copies of the weights of stage s (halves KP s ..) into `st` (Wd: Q6_K's d
+// plane); the weights and the activations apart (the weights need not wait for the kernel
+// before). Halves past the row's end (KP not dividing them) are skipped.
+template <int TY, int NJ, int RG, int MR, int KP>
+__device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__ W, const u8* __restrict__ Wd,
+                                                  const HCopies<TY, NJ, RG, MR, KP>& c, int halves, int s) {
+    using G = HStage<TY, NJ, RG, MR, KP>;
+    using C = HCopies<TY, NJ, RG, MR, KP>;
+    const int tid = threadIdx.x;
+    const u32 so = (u32)s * (KP / 2) * C::BB;  // the stage's first block in each row
 #pragma unroll
     for (int p = 0; p < KP; p++) {
-        int hx = s * KP + p, b = hx >> 1, h = hx & 1;
-        if (hx >= halves) break;
+        if (s * KP + p >= halves) break;
         u8* hs = st + p * G::HALF;
-        for (int i = threadIdx.x; i < G::R * 4; i += NT) {  // 64 quant bytes a row: 4 copies
-            int rec = i >> 2, part = i & 3;
-            u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
-            const u8* blk = W + bi * (TY == T_Q4_K ? 144 : 208);
-            cp_async16(hs + G::QS + 64 * rec + 16 * part, blk + (TY == T_Q4_K ? 16 : 0) + 64 * h + 16 * part);
+        const u32 po = so + (p / 2) * C::BB;  // the half's block
+#pragma unroll
+        for (int k = 0; k < C::KQ; k++) {
+            int i = tid + k * C::NT;
+            if (C::NQ % C::NT == 0 || i < C::NQ)
+                cp_async16(hs + G::QS + 16 * i, W + c.q[k] + po + 64 * (p & 1));
         }
-        if constexpr (TY == T_Q4_K) {
-            for (int i = threadIdx.x; i < G::R; i += NT) {  // the block's header (d, dmin, scales)
-                u64 bi = (u64)min(r0 + i, rows - 1) * bpr + b;
-                cp_async16(hs + G::HD + 16 * i, W + bi * 144);
-            }
-        } else {
-            for (int i = threadIdx.x; i < G::R * 2; i += NT) {  // the half's 32 qh bytes
-                int rec = i >> 1, part = i & 1;
-                u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
-                cp_async16(hs + G::HD + 32 * rec + 16 * part, W + bi * 208 + 128 + 32 * h + 16 * part);
-            }
-            for (int i = threadIdx.x; i < G::R * 2; i += NT) {  // the half's 8 scales; d's word
-                int rec = i >> 1;
-                u64 bi = (u64)min(r0 + rec, rows - 1) * bpr + b;
-                if (i & 1) cp_async4(hs + G::DW + 4 * rec, W + nblk * 208 + ((2 * bi) & ~(u64)3));
-                else cp_async8(hs + G::SC + 8 * rec, W + bi * 208 + 192 + 8 * h);
+#pragma unroll
+        for (int k = 0; k < C::KH; k++) {
+            int i = tid + k * C::NT;
+            if (C::NH % C::NT == 0 || i < C::NH)
+                cp_async16(hs + G::HD + 16 * i, W + c.h[k] + po + (TY == T_Q4_K ? 0 : 32 * (p & 1)));
+        }
+        if constexpr (TY == T_Q6_K) {
+#pragma unroll
+            for (int k = 0; k < C::KS; k++) {
+                int i = tid + k * C::NT;
+                if (C::NS % C::NT == 0 || i < C::NS) {
+                    if (i & 1) cp_async4(hs + G::DW + 4 * (i >> 1), Wd + ((c.sc[k] + s * KP + (p & ~1)) & ~3u));
+                    else cp_async8(hs + G::SC + 8 * (i >> 1), W + c.sc[k] + po + 8 * (p & 1));
+                }
             }
         }
     }
 }
 
+// The block's copies of the tokens' activations of stage s: 16 bytes a copy, none past the
+// row's end.
 template <int TY, int NJ, int RG, int MR, int KP>
-__device__ __forceinline__ void mmh_stage_acts(u8* st, const u16* __restrict__ x, int cols, int t0, int T, int s) {
+__device__ __forceinline__ void mmh_stage_acts(u8* st, const u16* __restrict__ x, const HCopies<TY, NJ, RG, MR, KP>& c,
+                                               int cols, int s) {
     using G = HStage<TY, NJ, RG, MR, KP>;
-    int left = cols - 128 * KP * s;  // columns from this stage's first
-    for (int i = threadIdx.x; i < G::TW * 16 * KP; i += G::WARPS * 32) {  // 256 bytes a half: 16 copies
-        int t = i / (16 * KP), part = i % (16 * KP);
-        if (8 * part >= left) continue;
-        const u16* src = x + (u64)min(t0 + t, T - 1) * cols + 128 * KP * s + 8 * part;
-        cp_async16(st + G::X + t * G::PITCH + 16 * part, src);
+    using C = HCopies<TY, NJ, RG, MR, KP>;
+    const int part = threadIdx.x % (16 * KP);  // the same in each of the thread's copies
+    if (8 * part >= cols - 128 * KP * s) return;
+#pragma unroll
+    for (int k = 0; k < C::KX; k++) {
+        int i = threadIdx.x + k * C::NT;
+        if (C::NX % C::NT == 0 || i < C::NX)
+            cp_async16(st + G::X + (i / (16 * KP)) * G::PITCH + 16 * part,
+                       (const u8*)x + c.x[k] + (u32)s * 256 * KP);
     }
 }
 
@@ -208,14 +270,16 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
     int per = (stages + gridDim.z - 1) / gridDim.z, s0 = blockIdx.z * per;
     int n = max(0, min(stages - s0, per));  // this split's stages s0 ..
     u64 nblk = (u64)rows * bpr;
+    const u8* Wd = W + nblk * 208;  // Q6_K's d plane
+    const auto cp = mmh_copies<TY, NJ, RG, MR, KP>(r0, rows, bpr, t0, T, cols);
     // the weights first: no kernel writes them, so they need not wait for the one before
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
-        if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, nblk, r0, rows, bpr, s0 + s);
+        if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, Wd, cp, halves, s0 + s);
     GRID_DEP();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
-        if (s < n) mmh_stage_acts<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, x, cols, t0, T, s0 + s);
+        if (s < n) mmh_stage_acts<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, x, cp, cols, s0 + s);
         cp_async_commit();
     }
     // this lane's row records (rows gid and gid + 8 of each tile) and, for Q6_K, the parity of
@@ -239,8 +303,8 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
         int nx = i + S - 1;
         if (nx < n) {
             u8* d = smem + (nx % S) * G::BYTES;
-            mmh_stage_weights<TY, NJ, RG, MR, KP>(d, W, nblk, r0, rows, bpr, s0 + nx);
-            mmh_stage_acts<TY, NJ, RG, MR, KP>(d, x, cols, t0, T, s0 + nx);
+            mmh_stage_weights<TY, NJ, RG, MR, KP>(d, W, Wd, cp, halves, s0 + nx);
+            mmh_stage_acts<TY, NJ, RG, MR, KP>(d, x, cp, cols, s0 + nx);
         }
         cp_async_commit();
         int hx = (s0 + i) * KP + kp;  // this warp's half of the stage
