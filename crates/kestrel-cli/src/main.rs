@@ -218,7 +218,9 @@ fn main() -> ExitCode {
             ops,
             compile_only: None,
         } => match gpu::Device::parse(&device) {
-            Ok(gpu::Device::Cuda(n)) => gpu::check(n, &model, prompt_len, gen, perf.as_deref(), &ops),
+            Ok(gpu::Device::Cuda(n)) => {
+                gpu::check(n, &model, prompt_len, gen, perf.as_deref(), &ops)
+            }
             Ok(_) => Err(anyhow::anyhow!("gpu-check needs --device cuda or cuda:N")),
             Err(e) => Err(e),
         },

@@ -244,7 +244,8 @@ impl Gpu {
             return Ok(n);
         }
         let f = self.func_with_smem(name, smem)?;
-        let per_sm = f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
+        let per_sm =
+            f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
         let n = self.sms as usize * per_sm.max(1) as usize;
         self.waves.insert(key, n);
         Ok(n)

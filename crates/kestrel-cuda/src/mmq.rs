@@ -363,16 +363,49 @@ fn int8_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 /// The f16 kernel (`kernels/mmh.cu`) where it was faster ([`f16_shape`]: Q6_K heads at 9-64
 /// tokens); `KESTREL_CUDA_MMH=0` keeps the int8 kernels (A/B).
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
-    match f16_shape(kind, rows, cols, t) {
-        Some(s) if f16_on() => s,
-        _ => int8_shape(kind, rows, cols, t),
-    }
+    let f16 = match f16_picks() {
+        F16Picks::Off => None,
+        F16Picks::Measured => f16_shape(kind, rows, cols, t),
+        F16Picks::All => f16_everywhere(kind, rows, cols, t),
+    };
+    f16.unwrap_or_else(|| int8_shape(kind, rows, cols, t))
 }
 
-/// Whether the f16 mat-mat may be picked (`KESTREL_CUDA_MMH=0`: the int8 kernels only).
-fn f16_on() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    crate::ops::switch_on(&ON, "KESTREL_CUDA_MMH")
+/// Where the f16 mat-mat is picked (`KESTREL_CUDA_MMH`): `0` nowhere (the int8 kernels only),
+/// `all` on every matrix it is built for (to time the picks in the model), else where
+/// [`f16_shape`] found it faster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum F16Picks {
+    Off,
+    Measured,
+    All,
+}
+
+fn f16_picks() -> F16Picks {
+    static PICKS: std::sync::OnceLock<F16Picks> = std::sync::OnceLock::new();
+    *PICKS.get_or_init(|| match std::env::var("KESTREL_CUDA_MMH").as_deref() {
+        Ok("0") => F16Picks::Off,
+        Ok("all") => F16Picks::All,
+        _ => F16Picks::Measured,
+    })
+}
+
+/// Whether the f16 kernel can take a `kind` matrix of `rows` x `cols` at `t` tokens: Q4_K or
+/// Q6_K rows of 4,096+ columns, a matrix under 4 GiB (its copies take 32-bit offsets).
+fn f16_fits(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> bool {
+    let bytes = kestrel_quant::row_bytes(kind.ggml(), cols).map_or(u64::MAX, |b| (b * rows) as u64);
+    takes_f16(kind, t) && cols / unit_cols(kind) >= 64 && bytes < 1 << 32
+}
+
+/// The f16 kernel on every matrix it can take (`KESTREL_CUDA_MMH=all`): 128-row blocks of 3
+/// stages, the faster shape on all but one of the 8B's matrices in `gpu-check --perf`.
+fn f16_everywhere(
+    kind: crate::weights::Kind,
+    rows: usize,
+    cols: usize,
+    t: usize,
+) -> Option<MmqShape> {
+    f16_fits(kind, rows, cols, t).then_some(MmqShape::half(4, 2, 2, 3))
 }
 
 /// The f16 kernel's block for a mat-mat, where it beat the int8 kernels ([`mmq_shape`]): Q6_K
@@ -384,10 +417,7 @@ fn f16_on() -> bool {
 /// against 40.9).
 fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
     use crate::weights::Kind;
-    let long = cols / unit_cols(kind) >= 64;
-    // the kernel's copies take 32-bit offsets into the matrix
-    let bytes = kestrel_quant::row_bytes(kind.ggml(), cols).map_or(u64::MAX, |b| (b * rows) as u64);
-    if !(kind == Kind::Q6K && long && rows >= 8192 && takes_f16(kind, t) && bytes < 1 << 32) {
+    if !(kind == Kind::Q6K && rows >= 8192 && f16_fits(kind, rows, cols, t)) {
         None
     } else if mmq_tile(t) == 16 {
         Some(MmqShape::half(2, 2, 4, 2))
@@ -471,7 +501,10 @@ mod tests {
                 for want in 0..20 {
                     let n = f16_splits(tiles, stages, want, slot);
                     let per = stages.div_ceil(n);
-                    assert!(n >= 1 && (n - 1) * per < stages, "{tiles} {stages} {want}: {n}");
+                    assert!(
+                        n >= 1 && (n - 1) * per < stages,
+                        "{tiles} {stages} {want}: {n}"
+                    );
                     assert!(n == 1 || tiles * n * slot <= SPLIT_FLOATS);
                 }
             }
@@ -487,7 +520,12 @@ mod tests {
                 for cols in [1024, 4096, 12288] {
                     for t in MMQ_MIN..=MMQ_MAX {
                         let f16 = f16_shape(kind, rows, cols, t);
-                        for s in [int8_shape(kind, rows, cols, t)].into_iter().chain(f16) {
+                        let all = f16_everywhere(kind, rows, cols, t);
+                        for s in [int8_shape(kind, rows, cols, t)]
+                            .into_iter()
+                            .chain(f16)
+                            .chain(all)
+                        {
                             assert!(
                                 mmq_block_shapes(kind, t).contains(&s),
                                 "{kind:?} {rows}x{cols} t {t}: {s:?}"

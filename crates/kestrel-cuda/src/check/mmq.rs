@@ -62,13 +62,7 @@ fn activations(
         part: part.ptr,
         count: count.ptr,
     };
-    Ok((
-        MmqInput::F16 {
-            x: x16.ptr,
-            splits,
-        },
-        vec![x16, part, count],
-    ))
+    Ok((MmqInput::F16 { x: x16.ptr, splits }, vec![x16, part, count]))
 }
 
 /// Every block shape of a mat-mat of `kind` at `t` tokens, and the f16 ones also in 3 column
