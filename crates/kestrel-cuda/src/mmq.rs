@@ -408,22 +408,35 @@ fn f16_everywhere(
     f16_fits(kind, rows, cols, t).then_some(MmqShape::half(4, 2, 2, 3))
 }
 
-/// The f16 kernel's block for a mat-mat, where it beat the int8 kernels ([`mmq_shape`]): Q6_K
-/// rows of 4,096+ columns, 8,192+ of them (the heads), at 9-64 tokens. H100, `gpu-check
-/// --perf` (2026-12-07): the 8B's head (151,936 x 4,096) at 16 / 32 / 64 tokens 286 / 362 /
-/// 469 us against the int8 picks' 422 / 456 / 702; 12288x4096 Q6_K 31.9 / 40.9 / 52.6 against
-/// 36.6 / 44.7 / 63.4. Q4_K's rows tied or lost (12288x4096 at 32 tokens 35.1 against 30.0),
-/// and so did every shape of 4,096 rows (too few blocks: 4096x12288 Q6_K at 32 tokens 81.7
-/// against 40.9).
+/// The f16 kernel's block for a mat-mat, where it beat the int8 kernels ([`mmq_shape`]), with
+/// its column splits picked at launch. H100, `gpu-check --perf` (2026-12-07 10:04 call, us,
+/// f16 / the int8 pick; docs/cuda.md lab book): every Q6_K matrix of 4,096+ rows (4096x12288
+/// at 16 / 32 / 64 tokens 29.1 / 32.3 / 41.6 against 31.4 / 40.8 / 69.1; 12288x4096 34.0 /
+/// 37.7 / 48.7 against 35.9 / 43.3 / 63.7; the 8B's head 293 / 332 / 431 against 381 / 457 /
+/// 769); Q4_K's many rows at 16 and 64 tokens (12288x4096 25.8 / 40.5 against 27.6 / 43.3; at
+/// 32 30.9 against 29.7), its long rows at 32 and 64 (4096x12288 27.4 / 37.2 against 28.6 /
+/// 47.4); not Q4_K's 4096x4096 (11.8 / 14.8 / 18.0 against 9.8 / 12.0 / 17.7). Q6_K's rows of
+/// 4,096 at 16 tokens take blocks of 64 rows (29.1 against 31.6 us), the rest of 128.
 fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
     use crate::weights::Kind;
-    if !(kind == Kind::Q6K && rows >= 8192 && f16_fits(kind, rows, cols, t)) {
-        None
-    } else if mmq_tile(t) == 16 {
-        Some(MmqShape::half(2, 2, 4, 2))
-    } else {
-        Some(MmqShape::half(4, 2, 2, 3))
+    if !f16_fits(kind, rows, cols, t) {
+        return None;
     }
+    let (tile, many, long) = (mmq_tile(t), rows >= 8192, cols >= 8192);
+    let take = match kind {
+        Kind::Q6K => rows >= 4096,
+        _ => match tile {
+            16 => many,
+            32 => long,
+            _ => many || long,
+        },
+    };
+    let shape = if kind == Kind::Q6K && tile == 16 && !many {
+        MmqShape::half(2, 2, 4, 2)
+    } else {
+        MmqShape::half(4, 2, 2, 3)
+    };
+    take.then_some(shape)
 }
 
 /// The int8 kernels' block for a mat-mat ([`mmq_shape`]'s measured picks).
@@ -558,14 +571,22 @@ mod tests {
         assert_eq!(int8_shape(Kind::Q6K, 4096, 4096, 8), shape(8, 1, 0));
         // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
         assert_eq!(int8_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
-        // the f16 kernel: Q6_K rows of 4,096+ columns, 8,192+ of them, at 9-64 tokens
+        // the f16 kernel: Q6_K of 4,096+ rows, Q4_K's many or long rows by tile, at 9-64 tokens
         let f16 = |k, r, c, t| f16_shape(k, r, c, t).unwrap_or_else(|| int8_shape(k, r, c, t));
-        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 9), half(2, 2, 4, 2));
+        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 9), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 4096, 12288, 16), half(2, 2, 4, 2));
         assert_eq!(f16(Kind::Q6K, 151_936, 4096, 32), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 12288, 4096, 64), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 4096, 12288, 32), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 4096, 4096, 32), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 151_936, 4096, 8), shape(8, 1, 0));
-        assert_eq!(f16(Kind::Q6K, 4096, 12288, 32), shape(8, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 1024, 4096, 32), shape(8, 2, 3));
+        assert_eq!(f16(Kind::Q4K, 24576, 4096, 16), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q4K, 24576, 4096, 32), shape(4, 2, 4));
+        assert_eq!(f16(Kind::Q4K, 24576, 4096, 64), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q4K, 4096, 12288, 16), shape(16, 2, 2));
+        assert_eq!(f16(Kind::Q4K, 4096, 12288, 32), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q4K, 4096, 4096, 64), shape(16, 1, 2));
         assert_eq!(f16(Kind::Q5K, 12288, 4096, 32), shape(4, 2, 4));
         assert_eq!(f16(Kind::Q6K, 151_936, 1024, 32), shape(4, 1, 0));
     }
