@@ -415,7 +415,8 @@ fn f16_everywhere(
 /// 37.7 / 48.7 against 35.9 / 43.3 / 63.7; the 8B's head 293 / 332 / 431 against 381 / 457 /
 /// 769); Q4_K's many rows at 16 and 64 tokens (12288x4096 25.8 / 40.5 against 27.6 / 43.3; at
 /// 32 30.9 against 29.7), its long rows at 32 and 64 (4096x12288 27.4 / 37.2 against 28.6 /
-/// 47.4); not Q4_K's 4096x4096 (11.8 / 14.8 / 18.0 against 9.8 / 12.0 / 17.7). Q6_K's rows of
+/// 47.4); not Q4_K's 4096x4096 (11.8 / 14.8 / 18.0 against 9.8 / 12.0 / 17.7), nor matrices of
+/// fewer than 4,096 rows (not measured: the 1.5B's 1536x8960 down stays int8). Q6_K's rows of
 /// 4,096 at 16 tokens take blocks of 64 rows (29.1 against 31.6 us), the rest of 128.
 fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
     use crate::weights::Kind;
@@ -423,14 +424,13 @@ fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> 
         return None;
     }
     let (tile, many, long) = (mmq_tile(t), rows >= 8192, cols >= 8192);
-    let take = match kind {
-        Kind::Q6K => rows >= 4096,
-        _ => match tile {
-            16 => many,
-            32 => long,
+    let take = rows >= 4096
+        && match (kind, tile) {
+            (Kind::Q6K, _) => true,
+            (_, 16) => many,
+            (_, 32) => long,
             _ => many || long,
-        },
-    };
+        };
     let shape = if kind == Kind::Q6K && tile == 16 && !many {
         MmqShape::half(2, 2, 4, 2)
     } else {
@@ -589,5 +589,6 @@ mod tests {
         assert_eq!(f16(Kind::Q4K, 4096, 4096, 64), shape(16, 1, 2));
         assert_eq!(f16(Kind::Q5K, 12288, 4096, 32), shape(4, 2, 4));
         assert_eq!(f16(Kind::Q6K, 151_936, 1024, 32), shape(4, 1, 0));
+        assert_eq!(f16(Kind::Q4K, 1536, 8960, 32), shape(16, 2, 2));
     }
 }
