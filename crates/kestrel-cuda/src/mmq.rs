@@ -360,8 +360,9 @@ fn int8_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 /// kernels on short rows (not measured staged): 8 warps where rows are long (128+ units) or
 /// few, else 4.
 ///
-/// The f16 kernel (`kernels/mmh.cu`) where it was faster ([`f16_shape`]: Q6_K heads at 9-64
-/// tokens); `KESTREL_CUDA_MMH=0` keeps the int8 kernels (A/B).
+/// The f16 kernel (`kernels/mmh.cu`) where it was faster ([`f16_shape`]: Q6_K of 4,096+ rows,
+/// Q4_K's long or many rows, at 9-64 tokens); `KESTREL_CUDA_MMH=0` keeps the int8 kernels,
+/// `all` takes the f16 one wherever it can (A/B).
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     let f16 = match f16_picks() {
         F16Picks::Off => None,

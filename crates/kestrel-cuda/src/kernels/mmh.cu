@@ -1,7 +1,7 @@
-// The f16 mat-mat for batched decode over Q4_K and Q6_K matrices of many rows:
-// out[t][row] (+)= W[row] . x[t] on the f16 tensor cores (mma m16n8k16, f32 sums). Picked for
-// the Q6_K heads only (mmq::f16_shape: on an H100 it beat the int8 kernels there and lost on
-// 4,096-row matrices, whose few blocks leave SMs idle; docs/cuda.md lab book, 2026-12-07).
+// The f16 mat-mat for batched decode over Q4_K and Q6_K matrices:
+// out[t][row] (+)= W[row] . x[t] on the f16 tensor cores (mma m16n8k16, f32 sums). Picked
+// where an H100's `gpu-check --perf` found it faster than the int8 kernels (mmq::f16_shape:
+// Q6_K of 4,096+ rows, Q4_K's long or many rows; docs/cuda.md lab book, 2026-12-07).
 //
 // Where the int8 staged kernel (mmq.cu) has each warp copy its own units' activations and scale
 // every 32-weight piece's int32 dot into its accumulators, here a block's warps are RG row
