@@ -6,7 +6,8 @@
 # make_dense_model.py / make_qwen35_model.py with their vocabulary. BASE_KERNELS="REV ..." adds
 # each REV's kernel sources as kernels-REV/: h200.sh's AB_ENV="KESTREL_CUDA_KERNELS=.gpu-cuda/kernels-REV"
 # then times them against the binary's own in the same call (same host code: the kernels'
-# names and arguments must match). ENV_SH=FILE ships FILE as env.sh, which h200.sh sources
+# names and arguments must match); every kernel set is compiled ahead into cubins/ (below).
+# ENV_SH=FILE ships FILE as env.sh, which h200.sh sources
 # after the caller's settings (a call already queued with other settings then runs these).
 set -eu
 DEST=${1:-.gpu-cuda}
@@ -31,4 +32,18 @@ rm -f "$DEST/env.sh"
 cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$ROOT/scripts/gpu/sampled.py" "$DEST/"
 cp "$ROOT/../shared/peers/gpu/make_dense_model.py" "$ROOT/../shared/peers/gpu/make_qwen35_model.py" \
   "$ROOT/../shared/peers/gpu/ggml-vocab-qwen2.gguf" "$DEST/"
+# The kernels compiled ahead for sm_90 (the binary's own and each kernels-REV/), so that a fresh
+# GPU host loads them instead of spending ~3 minutes of device time in NVRTC: h200.sh points
+# KESTREL_CUDA_CUBINS at $DEST/cubins (a kernel set missing there, or one the host's driver
+# refuses, is compiled there as before). Needs NVRTC in target/nvrtc (scripts/test.sh fetches
+# it); CUBINS=0 leaves them out.
+rm -rf "$DEST/cubins"
+if [ "${CUBINS:-1}" != 0 ] && [ -e "$ROOT/target/nvrtc/libnvrtc.so.13" ]; then
+  for d in "" "$DEST"/kernels-*/; do
+    [ -z "$d" ] || [ -d "$d" ] || continue
+    KESTREL_CUDA_KERNELS=$d LD_LIBRARY_PATH="$ROOT/target/nvrtc" \
+      "$ROOT/target/release/kestrel" gpu-check --compile-only sm_90 --out "$DEST/cubins"
+  done
+  xz -T2 -6 "$DEST"/cubins/*.cubin  # ~13 MB -> 1.5 MB each
+fi
 du -sh "$DEST"/*

@@ -664,14 +664,26 @@ pub fn logits(
     }])?))
 }
 
-/// Compiles the kernels with NVRTC for `arch` and reports the time (no GPU needed).
-pub fn compile_only(arch: &str) -> Result<()> {
+/// Compiles the kernels with NVRTC for `arch` and reports the time (no GPU needed); with
+/// `out`, writes the cubin there for `KESTREL_CUDA_CUBINS`.
+pub fn compile_only(arch: &str, out: Option<&std::path::Path>) -> Result<()> {
     kestrel_cuda::probe::nvrtc()?;
     let t = Instant::now();
-    let bin = kestrel_cuda::compile::compile(&kestrel_cuda::compile::source()?, arch)?;
+    let (what, bytes) = match out {
+        Some(dir) => {
+            let (path, n) = kestrel_cuda::compile::write_shipped(arch, dir)?;
+            (format!(" into {}", path.display()), n)
+        }
+        None => {
+            let src = kestrel_cuda::compile::source()?;
+            (
+                String::new(),
+                kestrel_cuda::compile::compile(&src, arch)?.len(),
+            )
+        }
+    };
     println!(
-        "kernels compiled for {arch}: {} bytes in {:.0} ms",
-        bin.len(),
+        "kernels compiled for {arch}{what}: {bytes} bytes in {:.0} ms",
         t.elapsed().as_secs_f64() * 1e3
     );
     Ok(())

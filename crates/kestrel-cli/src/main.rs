@@ -130,6 +130,10 @@ enum Command {
         /// Only compile the kernels with NVRTC for this architecture (needs no GPU).
         #[arg(long)]
         compile_only: Option<String>,
+        /// With --compile-only: write the cubin into this directory, under the name a start with
+        /// KESTREL_CUDA_CUBINS=DIR loads instead of compiling (scripts/gpu/bundle.sh).
+        #[arg(long, requires = "compile_only")]
+        out: Option<PathBuf>,
     },
 }
 
@@ -205,9 +209,10 @@ fn main() -> ExitCode {
             perf,
             ops,
             compile_only: Some(arch),
+            out,
         } => {
             let _ = (device, model, prompt_len, gen, perf, ops);
-            gpu::compile_only(&arch)
+            gpu::compile_only(&arch, out.as_deref())
         }
         Command::GpuCheck {
             device,
@@ -217,6 +222,7 @@ fn main() -> ExitCode {
             perf,
             ops,
             compile_only: None,
+            out: _,
         } => match gpu::Device::parse(&device) {
             Ok(gpu::Device::Cuda(n)) => {
                 gpu::check(n, &model, prompt_len, gen, perf.as_deref(), &ops)

@@ -91,10 +91,46 @@ fn nvrtc_version() -> (i32, i32) {
     (maj, min)
 }
 
-/// The cubin for `arch` ("sm_90"): from the disk cache, or compiled (and cached). Returns the
-/// cubin and whether it came from the cache.
-pub fn cubin(arch: &str) -> Result<(Vec<u8>, bool)> {
+/// Where `KESTREL_CUDA_CUBINS` points: a directory of kernels compiled ahead of time on
+/// another machine (`kestrel gpu-check --compile-only ARCH --out DIR`; scripts/gpu/bundle.sh
+/// ships them to the GPU host, where a fresh machine would otherwise spend ~3 minutes in
+/// NVRTC). Each file is named by its architecture and a hash of its source, so only the
+/// kernels of this very source are taken from it.
+pub const CUBINS_ENV: &str = "KESTREL_CUDA_CUBINS";
+
+/// The name of the cubin of `src` for `arch` in a `KESTREL_CUDA_CUBINS` directory.
+fn shipped_name(src: &str, arch: &str) -> String {
+    format!(
+        "kernels-{arch}-{:016x}.cubin",
+        fnv1a(format!("{src}\n{arch}").as_bytes())
+    )
+}
+
+/// The kernels (as [`source`] reads them) compiled for `arch` into `dir`, under the name a start
+/// with `KESTREL_CUDA_CUBINS=dir` looks for; returns the file and its size.
+pub fn write_shipped(arch: &str, dir: &std::path::Path) -> Result<(PathBuf, usize)> {
     let src = source()?;
+    let bin = compile(&src, arch)?;
+    let path = dir.join(shipped_name(&src, arch));
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&path, &bin))
+        .map_err(|e| CudaError::Other(format!("writing {}: {e}", path.display())))?;
+    Ok((path, bin.len()))
+}
+
+/// The cubin for `arch` ("sm_90"): compiled ahead of time (`KESTREL_CUDA_CUBINS`), from the
+/// disk cache, or compiled (and cached). Returns the cubin and whether it was compiled
+/// elsewhere or earlier (`from_disk`). `fresh`: skip the shipped ones (the driver refused one).
+pub fn cubin(arch: &str, fresh: bool) -> Result<(Vec<u8>, bool)> {
+    let src = source()?;
+    let shipped = std::env::var_os(CUBINS_ENV)
+        .filter(|d| !d.is_empty() && !fresh)
+        .map(|d| PathBuf::from(d).join(shipped_name(&src, arch)));
+    if let Some(bin) = shipped.and_then(|p| std::fs::read(p).ok()) {
+        if !bin.is_empty() {
+            return Ok((bin, true));
+        }
+    }
     let (maj, min) = nvrtc_version();
     let key = fnv1a(format!("{src}\n{arch}\n{maj}.{min}").as_bytes());
     let path = cache_dir().map(|d| d.join(format!("kernels-{arch}-{key:016x}.cubin")));

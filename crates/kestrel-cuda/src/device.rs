@@ -142,8 +142,19 @@ impl Gpu {
         }
         let arch = format!("sm_{maj}{min}");
         let t = Instant::now();
-        let (bin, cached) = compile::cubin(&arch)?;
-        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin))?;
+        let (bin, cached) = compile::cubin(&arch, false)?;
+        let (module, cached) = match ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin)) {
+            Ok(m) => (m, cached),
+            // a cubin compiled elsewhere that this driver refuses (a newer NVRTC's): compile here
+            Err(_) if std::env::var_os(compile::CUBINS_ENV).is_some() => {
+                let (bin, _) = compile::cubin(&arch, true)?;
+                (
+                    ctx.load_module(cudarc::nvrtc::Ptx::from_binary(bin))?,
+                    false,
+                )
+            }
+            Err(e) => return Err(e.into()),
+        };
         let kernels_ms = t.elapsed().as_secs_f64() * 1e3;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
