@@ -67,7 +67,8 @@ if [ -f $B/llama-src.tar.xz ] && [ ! -x $PEER/build/bin/llama-bench ]; then
     nice cmake --build $PEER/build --target llama-bench llama-batched-bench -j12 > $PEER/build.log 2>&1
     echo "llama.cpp CUDA build rc=$? ($(date +%T))" ) > $PEER/status.txt 2>&1 &
 fi
-# the kernels compile (NVRTC, ~1-2 minutes on a fresh machine) while the first model is written
+# the kernels compile (NVRTC, ~3 minutes on a fresh machine; none of it when bundle.sh shipped
+# them in cubins/) while the first model is written
 # (and those of any other revision in the bundle, for AB_ENV's KESTREL_CUDA_KERNELS, beside them)
 # (the stamped build of the timeline stage too)
 ( for d in "" $B/kernels-*/; do
