@@ -223,8 +223,8 @@ __device__ __forceinline__ void mmh_weights(const HRow& r, int w, int nib, int t
 // The column splits' partial sums (gridDim.z > 1): each block stores its R x TW sums in its own
 // slot of `part` (lane-major, as the column parts add theirs), then counts itself in its
 // (row block, token tile)'s entry of `cnt`; the last of them adds every split's slot in split
-// order (the same sums whichever block comes last), applies the epilogue and zeroes the entry
-// for the next launch. Returns whether this block goes on to the epilogue.
+// order (the same sums whichever block comes last) and zeroes the entry for the next launch.
+// Returns whether this block is that last one, the one to apply the epilogue.
 template <int E, int RG>
 __device__ __forceinline__ bool mmh_splits_sum(float* acc, bool holder, int rg, int lane,
                                                float* __restrict__ part, int* __restrict__ cnt) {
