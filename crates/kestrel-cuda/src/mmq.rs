@@ -127,7 +127,12 @@ impl MmqLaunch {
         let splits = if self.f16 {
             let tiles = blocks * self.token_tiles as usize;
             let want = match self.splits {
-                0 => gpu.wave(&self.name, self.block, self.smem)? / tiles.max(1),
+                // a driver without the occupancy query: one block an SM
+                0 => {
+                    gpu.wave(&self.name, self.block, self.smem)
+                        .unwrap_or(gpu.sms as usize)
+                        / tiles.max(1)
+                }
                 n => n,
             };
             let stages = cols.div_ceil(128).div_ceil(self.kparts);
