@@ -313,17 +313,25 @@ impl MmqShape {
 pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
     let mut shapes = int8_block_shapes(kind, t);
     if takes_f16(kind, t) {
-        shapes.extend(F16_SHAPES);
+        shapes.extend(f16_block_shapes(t));
     }
     shapes
 }
 
-/// The f16 kernel's blocks (`kernels/mmh.cu`'s `MMH_NJ`): 128 rows as 4 row groups of two
+/// The f16 kernel's blocks (`kernels/mmh.cu`'s `MMH_ALL`): 128 rows as 4 row groups of two
 /// tiles over halves of the columns (8 warps, 3 stages), 64 rows as 2 groups of two tiles over
-/// quarters of the columns (8 warps, 2 stages). The fastest two of six timed on an H100
-/// (2026-12-07, docs/cuda.md lab book): without column parts (4 warps a block) every shape was
-/// slower.
-const F16_SHAPES: [MmqShape; 2] = [MmqShape::half(4, 2, 2, 3), MmqShape::half(2, 2, 4, 2)];
+/// quarters of the columns (8 warps, 2 stages): the fastest two of six timed on an H100
+/// (2026-12-07, docs/cuda.md lab book; without column parts, 4 warps a block, every shape was
+/// slower). At 16-32 tokens also the 128-row block with a ring of 4 stages, built for
+/// `gpu-check --perf` and not picked: ncu found the 3-stage kernel waiting on its copies most
+/// (thirty-sixth session), and a ring of 4 fits shared memory only up to 32 tokens.
+fn f16_block_shapes(t: usize) -> Vec<MmqShape> {
+    let mut shapes = vec![MmqShape::half(4, 2, 2, 3), MmqShape::half(2, 2, 4, 2)];
+    if mmq_tile(t) <= 32 {
+        shapes.push(MmqShape::half(4, 2, 2, 4));
+    }
+    shapes
+}
 
 /// Whether the f16 kernel is built for `kind` at `t` tokens: Q4_K and Q6_K, tiles of 16-64.
 fn takes_f16(kind: crate::weights::Kind, t: usize) -> bool {

@@ -387,9 +387,11 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
         mmh<TY, NJ, RG, MR, KP, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk, part, cnt);              \
     }
 #define MMH(NAME, TY, NJ, RG, MR, KP, S) MMH1(NAME, TY, NJ, 0, RG, MR, KP, S) MMH1(NAME, TY, NJ, 1, RG, MR, KP, S)
-// the shapes mmq::F16_SHAPES lists, at 16, 32 and 64 tokens: blocks of 128 rows (4 row
-// groups of two tiles over halves of the columns) and 64 (2 of two over quarters)
+// the shapes mmq::f16_block_shapes lists, at 16, 32 and 64 tokens: blocks of 128 rows (4 row
+// groups of two tiles over halves of the columns) and 64 (2 of two over quarters); at 16 and
+// 32 tokens the 128-row block with a ring of 4 stages too (150-174 KB of shared memory)
 #define MMH_NJ(NAME, TY, NJ) MMH(NAME, TY, NJ, 4, 2, 2, 3) MMH(NAME, TY, NJ, 2, 2, 4, 2)
-#define MMH_ALL(NAME, TY) MMH_NJ(NAME, TY, 2) MMH_NJ(NAME, TY, 4) MMH_NJ(NAME, TY, 8)
+#define MMH_ALL(NAME, TY) MMH_NJ(NAME, TY, 2) MMH_NJ(NAME, TY, 4) MMH_NJ(NAME, TY, 8) \
+    MMH(NAME, TY, 2, 4, 2, 2, 4) MMH(NAME, TY, 4, 4, 2, 2, 4)
 MMH_ALL(q4_k, T_Q4_K)
 MMH_ALL(q6_k, T_Q6_K)
