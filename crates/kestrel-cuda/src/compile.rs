@@ -120,7 +120,8 @@ pub fn write_shipped(arch: &str, dir: &std::path::Path) -> Result<(PathBuf, usiz
 
 /// The cubin for `arch` ("sm_90"): compiled ahead of time (`KESTREL_CUDA_CUBINS`), from the
 /// disk cache, or compiled (and cached). Returns the cubin and whether it was compiled
-/// elsewhere or earlier (`from_disk`). `fresh`: skip the shipped ones (the driver refused one).
+/// elsewhere or earlier (not by this start). `fresh`: skip the shipped ones (the driver
+/// refused one).
 pub fn cubin(arch: &str, fresh: bool) -> Result<(Vec<u8>, bool)> {
     let src = source()?;
     let shipped = std::env::var_os(CUBINS_ENV)

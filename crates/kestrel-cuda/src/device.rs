@@ -78,9 +78,9 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
     funcs: HashMap<String, CudaFunction>,
-    /// Blocks a launch shape fills the GPU with at once ([`Gpu::wave`]), by (kernel, threads,
-    /// dynamic shared memory).
-    waves: HashMap<(String, u32, u32), usize>,
+    /// Blocks of a kernel the GPU runs at once ([`Gpu::wave`]), by kernel name (a mat-mat's name
+    /// fixes its block and shared memory).
+    waves: HashMap<String, usize>,
     blas: bsys::cublasHandle_t,
     pub name: String,
     pub arch: String,
@@ -248,17 +248,17 @@ impl Gpu {
 
     /// Blocks of kernel `name` in blocks of `block` threads with `smem` bytes of dynamic shared
     /// memory that the GPU runs at once (its SMs times what one holds by registers, shared
-    /// memory and threads): one wave of the launch.
+    /// memory and threads): one wave of the launch. Kept by name: a kernel is always launched
+    /// in the same block and shared memory.
     pub fn wave(&mut self, name: &str, block: u32, smem: u32) -> Result<usize> {
-        let key = (name.to_string(), block, smem);
-        if let Some(&n) = self.waves.get(&key) {
+        if let Some(&n) = self.waves.get(name) {
             return Ok(n);
         }
         let f = self.func_with_smem(name, smem)?;
         let per_sm =
             f.occupancy_max_active_blocks_per_multiprocessor(block, smem as usize, None)?;
         let n = self.sms as usize * per_sm.max(1) as usize;
-        self.waves.insert(key, n);
+        self.waves.insert(name.to_string(), n);
         Ok(n)
     }
 

@@ -65,21 +65,27 @@ fn activations(
     Ok((MmqInput::F16 { x: x16.ptr, splits }, vec![x16, part, count]))
 }
 
-/// Every block shape of a mat-mat of `kind` at `t` tokens, and the f16 ones also in 3 column
-/// splits (a last split shorter than the others where the stages do not divide by 3).
-fn launches(kind: Kind, t: usize, epi: u32) -> Vec<MmqLaunch> {
+/// Every block shape of a mat-mat of `kind` at `t` tokens, the f16 ones in each count of
+/// column splits of `splits` (0: picked at launch).
+fn launches(kind: Kind, t: usize, epi: u32, splits: &[usize]) -> Vec<MmqLaunch> {
     let mut all = Vec::new();
     for shape in mmq_block_shapes(kind, t) {
-        let one = mmq_launch(kind, t, epi, shape);
-        if one.f16 {
-            all.push(mmq_launch(kind, t, epi, shape).with_splits(3));
-            all.push(one.with_splits(1));
+        if shape.f16 {
+            all.extend(
+                splits
+                    .iter()
+                    .map(|&n| mmq_launch(kind, t, epi, shape).with_splits(n)),
+            );
         } else {
-            all.push(one);
+            all.push(mmq_launch(kind, t, epi, shape));
         }
     }
     all
 }
+
+/// The column splits the harness checks the f16 kernel in: one, and three (a last split
+/// shorter than the others where the stages do not divide by 3).
+const CHECKED_SPLITS: [usize; 2] = [1, 3];
 
 /// The mat-mat against f64 dot products of the dequantized weights with the f32 activations
 /// (the 8-bit activations cost about 0.5%, as in the mat-vec cases, the f16 ones less:
@@ -120,7 +126,7 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                         })
                         .collect();
                     // every block shape, whichever the matrix would take
-                    for mmq in launches(kind, t, epi) {
+                    for mmq in launches(kind, t, epi, &CHECKED_SPLITS) {
                         let dout = gpu.upload_f32(&base)?;
                         let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                         let mat = MmqMat {
@@ -183,7 +189,7 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
             mats.push((dw, r, want));
         }
         for t in [5usize, 16, 32, 64] {
-            for mmq in launches(kind, t, 0) {
+            for mmq in launches(kind, t, 0, &CHECKED_SPLITS) {
                 let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                 let outs: Vec<DevBuf> = mats
                     .iter()
@@ -279,16 +285,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
             let dout = gpu.alloc(t * rows * 4)?;
             // every block shape, the shipped one first
             // (the f16 shapes at their picked column splits, then forced to 1, 2, 4, 8 and 16)
-            let mut variants: Vec<MmqLaunch> = Vec::new();
-            for shape in mmq_block_shapes(kind, t) {
-                let one = mmq_launch(kind, t, 0, shape);
-                if one.f16 {
-                    for n in [1, 2, 4, 8, 16] {
-                        variants.push(mmq_launch(kind, t, 0, shape).with_splits(n));
-                    }
-                }
-                variants.push(one);
-            }
+            let mut variants = launches(kind, t, 0, &[0, 1, 2, 4, 8, 16]);
             variants.sort_by_key(|v| v.name != shipped.name || v.splits != 0);
             for mmq in variants {
                 let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
