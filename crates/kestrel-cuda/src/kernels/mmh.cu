@@ -47,6 +47,16 @@ struct HStage {
     };
 };
 
+// Where chunk c (16 bytes) of row record `rec`'s quants sits among the row's four in a stage's
+// QS plane. Q4_K's lanes read two chunks of each of 8 rows 64 bytes apart, which would fall on 4
+// of a 128-byte line's 8 bank groups (4 wavefronts a load); rotating the chunks by bits 1-2 of
+// the record spreads them over all 8 (2 wavefronts). Q6_K's lanes read all four chunks of each
+// row: already spread.
+template <int TY>
+__device__ __forceinline__ int qs_chunk(int rec, int c) {
+    return TY == T_Q4_K ? c ^ ((rec >> 1) & 3) : c;
+}
+
 // A thread's share of every stage's copies, found once before the walk (loops over rows and
 // tokens with their clamps and 64-bit products, run again every stage, cost more issue slots
 // than the mma): the source offsets of its records at stage 0, in bytes from W (Q6_K's d words:
@@ -123,7 +133,7 @@ __device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__
         for (int k = 0; k < C::KQ; k++) {
             int i = tid + k * C::NT;
             if (C::NQ % C::NT == 0 || i < C::NQ)
-                cp_async16(hs + G::QS + 16 * i, W + c.q[k] + po + 64 * (p & 1));
+                cp_async16(hs + G::QS + 64 * (i >> 2) + 16 * qs_chunk<TY>(i >> 2, i & 3), W + c.q[k] + po + 64 * (p & 1));
         }
 #pragma unroll
         for (int k = 0; k < C::KH; k++) {
@@ -179,7 +189,7 @@ template <int TY, class G>
 __device__ __forceinline__ HRow mmh_row(const u8* st, int rec, int nib, int h, int tid, int dhi) {
     HRow r;
     if constexpr (TY == T_Q4_K) {
-        r.q = *(const uint4*)(st + G::QS + 64 * rec + 32 * nib + 16 * (tid & 1));
+        r.q = *(const uint4*)(st + G::QS + 64 * rec + 16 * qs_chunk<TY>(rec, 2 * nib + (tid & 1)));
         uint4 hd = *(const uint4*)(st + G::HD + 16 * rec);
         int sc, mn;
         scale_min_k4_word(2 * h + nib, tid >> 1, hd.y, hd.z, hd.w, sc, mn);
