@@ -124,6 +124,9 @@ __device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__
     using C = HCopies<TY, NJ, RG, MR, KP>;
     const int tid = threadIdx.x;
     const u32 so = (u32)s * (KP / 2) * C::BB;  // the stage's first block in each row
+    // copy i = tid + k NT is chunk i % 4 of record i / 4: the rotation depends on tid alone
+    // (NT is a multiple of 32)
+    const int qdst = 64 * (tid >> 2) + 16 * qs_chunk<TY>(tid >> 2, tid & 3);
 #pragma unroll
     for (int p = 0; p < KP; p++) {
         if (s * KP + p >= halves) break;
@@ -133,7 +136,7 @@ __device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__
         for (int k = 0; k < C::KQ; k++) {
             int i = tid + k * C::NT;
             if (C::NQ % C::NT == 0 || i < C::NQ)
-                cp_async16(hs + G::QS + 64 * (i >> 2) + 16 * qs_chunk<TY>(i >> 2, i & 3), W + c.q[k] + po + 64 * (p & 1));
+                cp_async16(hs + G::QS + 16 * k * C::NT + qdst, W + c.q[k] + po + 64 * (p & 1));
         }
 #pragma unroll
         for (int k = 0; k < C::KH; k++) {
@@ -186,10 +189,12 @@ struct HRow {
 };
 
 template <int TY, class G>
-__device__ __forceinline__ HRow mmh_row(const u8* st, int rec, int nib, int h, int tid, int dhi) {
+__device__ __forceinline__ HRow mmh_row(const u8* st, int rec, int nib, int h, int lane, int dhi) {
+    const int tid = lane & 3;
     HRow r;
     if constexpr (TY == T_Q4_K) {
-        r.q = *(const uint4*)(st + G::QS + 64 * rec + 16 * qs_chunk<TY>(rec, 2 * nib + (tid & 1)));
+        // rec is 8 k + the lane's gid: its rotation is gid's (a constant of the lane)
+        r.q = *(const uint4*)(st + G::QS + 64 * rec + 16 * qs_chunk<TY>(lane >> 2, 2 * nib + (tid & 1)));
         uint4 hd = *(const uint4*)(st + G::HD + 16 * rec);
         int sc, mn;
         scale_min_k4_word(2 * h + nib, tid >> 1, hd.y, hd.z, hd.w, sc, mn);
@@ -330,7 +335,7 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
             for (int m = 0; m < MR; m++)
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    rw[m][e] = mmh_row<TY, G>(hs, rec[m][e], nib, h, tid, par[m][e] ^ bodd);
+                    rw[m][e] = mmh_row<TY, G>(hs, rec[m][e], nib, h, lane, par[m][e] ^ bodd);
 #pragma unroll
             for (int q2 = 0; q2 < 2; q2++) {
                 // the B words of k-chunks 4 nib + 2 q2 (x, y) and the next (z, w) for every token tile
