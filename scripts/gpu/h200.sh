@@ -27,6 +27,8 @@
 # sampled = decode through `kestrel serve --device cuda` with sampling chains (OpenAI's defaults,
 # top-k, nucleus) beside greedy, and the host's time picking a token (SAMPLED_SHAPE, default
 # qwen3-8b; scripts/gpu/sampled.py);
+# perf = gpu-check --perf PERF_GROUPS (default mmq) with no op harness, for this build's kernels
+# and each BASE_KERNELS revision's in the bundle;
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C); timeline = one
 # replayed decode step of each shape in TIMELINE_SHAPES (default qwen3-8b qwen2.5-1.5b) kernel
 # by kernel, stamped on the GPU's timer (KESTREL_CUDA_TIMELINE: the CSV and the summary under
@@ -167,6 +169,15 @@ for s in $STAGES; do
     # the second start loads the cached kernels
     $K run -m $T/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1,2,3 -n 8 --temp 0 --device cuda 2>&1 | tail -3
     ;;
+  perf)  # gpu-check --perf PERF_GROUPS (default mmq) alone, no op harness: this build's kernels,
+    # then each other revision's in the bundle (bundle.sh BASE_KERNELS), side by side
+    while kill -0 $WARM 2>/dev/null; do sleep 1; done
+    for d in "" $B/kernels-*/; do
+      [ -z "$d" ] || [ -d "$d" ] || continue
+      echo "--- kernels: ${d:-built in}" | tee -a $OUT/perf.log
+      KESTREL_CUDA_KERNELS=$d $K gpu-check --ops none --perf ${PERF_GROUPS:-mmq} 2>&1 | tee -a $OUT/perf.log
+    done
+    ;;
   serve)  # kestrel serve --device cuda against --device cpu (tiny fixtures: greedy ties are rare there),
     # then on the Qwen2.5-1.5B shape (texts not compared: near-ties; SERVE_EXACT=0)
     for f in $T/tiny-qwen2/qwen2-f32.gguf $T/tiny-llama/llama-f32.gguf; do
@@ -267,6 +278,6 @@ grep -h "tok/s\|^---" $OUT/concurrent-*.log 2>/dev/null
 grep -h "^sampled" $OUT/sampled.log 2>/dev/null
 grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null
 # everything in one file (the device tool brings back a bounded number of files)
-for f in $OUT/gpu.txt $OUT/sampled.log $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/timeline-*.log $OUT/peer*; do
+for f in $OUT/gpu.txt $OUT/perf.log $OUT/sampled.log $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/timeline-*.log $OUT/peer*; do
   [ -f "$f" ] && { echo "=== $(basename $f)"; cat "$f"; }
 done > $OUT/summary.txt 2>/dev/null
