@@ -40,8 +40,8 @@ pub struct MmqLaunch {
     /// The f16 kernel's column parts (a block's warps split a stage's halves) and token tile.
     kparts: usize,
     tile: usize,
-    /// The f16 kernel's column splits (blocks along the columns, their sums added by the last
-    /// of them): 0 picks them at launch ([`f16_splits`]), else this many (`gpu-check --perf`).
+    /// The f16 kernel's blocks a tile forced (each tile's stages split evenly among that many;
+    /// `gpu-check --perf`), or 0: one wave of blocks sharing the launch's work ([`f16_blocks`]).
     pub splits: usize,
 }
 
@@ -54,8 +54,8 @@ pub enum MmqInput {
     F16 { x: u64, splits: SplitBufs },
 }
 
-/// Where the f16 kernel's column splits leave their sums (`kernels/mmh.cu`,
-/// `mmh_splits_sum`): `part` holds [`SPLIT_FLOATS`] floats, `count` [`SPLIT_TILES`] i32
+/// Where the f16 kernel's blocks leave their sums of the tiles they share (`kernels/mmh.cu`,
+/// `mmh_partial_sum`): `part` holds [`SPLIT_FLOATS`] floats, `count` [`SPLIT_TILES`] i32
 /// counters, zero between launches (the last block of each tile zeroes its own).
 #[derive(Clone, Copy, Debug)]
 pub struct SplitBufs {
@@ -63,29 +63,57 @@ pub struct SplitBufs {
     pub count: u64,
 }
 
-/// Floats of the column splits' partial sums: a launch's tiles x splits x the block's rows x
-/// its token tile stay within them (16 MiB).
-pub const SPLIT_FLOATS: usize = 4 << 20;
+/// Floats of the shared tiles' partial sums: two slots of a block's rows x its token tile for
+/// each block of a launch stay within them (24 MiB: a wave of 264 blocks of 128 rows x 64
+/// tokens takes 17).
+pub const SPLIT_FLOATS: usize = 6 << 20;
 
-/// (row block, token tile) tiles of a launch that may split its columns.
+/// (row block, token tile) tiles of a launch whose blocks may share them.
 pub const SPLIT_TILES: usize = 8192;
 
-/// Stages a column split takes at least (the ring's first stages are its start-up).
+/// Stages a block takes at least on average (the ring's first stages are its start-up).
 const MIN_SPLIT_STAGES: usize = 2;
 
-/// Column splits of an f16 launch of `tiles` blocks (row blocks x token tiles), each `stages`
-/// stages long and `slot` floats of sums: `want` (the wave's blocks over the tiles, or a
-/// forced count), at most one split per [`MIN_SPLIT_STAGES`] stages and as many as the
-/// partial sums' buffer holds, evened out so that none is empty.
+/// Column splits of each of `tiles` tiles (row blocks x token tiles), each `stages` stages
+/// long and `slot` floats of sums: `want`, at most one split per [`MIN_SPLIT_STAGES`] stages
+/// and as many as the partial sums' buffer holds (two slots a block), evened out so that none
+/// is empty.
 pub fn f16_splits(tiles: usize, stages: usize, want: usize, slot: usize) -> usize {
     if tiles == 0 || tiles > SPLIT_TILES {
         return 1;
     }
     let most = want
         .min(stages / MIN_SPLIT_STAGES)
-        .min(SPLIT_FLOATS / (tiles * slot).max(1))
+        .min(SPLIT_FLOATS / (2 * tiles * slot).max(1))
         .max(1);
     stages.div_ceil(stages.div_ceil(most).max(1)).max(1)
+}
+
+/// Blocks of an f16 launch over `tiles` tiles of `stages` stages and `slot` floats of sums
+/// (`kernels/mmh.cu`'s HStream: block b of G walks units [b U / G, (b + 1) U / G) of the U =
+/// tiles x stages): `splits` > 0 forces that many a tile ([`f16_splits`]: no block crosses a
+/// tile); 0 takes one wave of the GPU (`wave` blocks), so every SM has the same share of the
+/// work wherever the tiles do not divide by the wave, at least [`MIN_SPLIT_STAGES`] units a
+/// block and two slots a block within the buffer. `KESTREL_CUDA_STREAMK=0`: the whole tiles'
+/// split instead (A/B), the wave over the tiles.
+pub fn f16_blocks(tiles: usize, stages: usize, wave: usize, splits: usize, slot: usize) -> usize {
+    if tiles == 0 || tiles > SPLIT_TILES {
+        return tiles.max(1);
+    }
+    if splits > 0 || !stream_k() {
+        let want = if splits > 0 { splits } else { wave / tiles };
+        return tiles * f16_splits(tiles, stages, want, slot);
+    }
+    wave.min(tiles * stages / MIN_SPLIT_STAGES)
+        .min(SPLIT_FLOATS / (2 * slot).max(1))
+        .max(1)
+}
+
+/// Whether the f16 kernel's blocks share the launch's work evenly (stream-K; default), not
+/// whole tiles split (`KESTREL_CUDA_STREAMK=0`).
+fn stream_k() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_STREAMK").as_deref() != Ok("0"))
 }
 
 impl MmqLaunch {
@@ -124,25 +152,28 @@ impl MmqLaunch {
             })
             .collect();
         let blocks: usize = mats.iter().map(|m| m.rows.div_ceil(self.block_rows)).sum();
-        let splits = if self.f16 {
+        let grid = if self.f16 {
+            // one grid dimension: the kernel finds each block's tiles (HStream)
             let tiles = blocks * self.token_tiles as usize;
-            let want = match self.splits {
-                // a driver without the occupancy query: one block an SM
-                0 => {
-                    gpu.wave(&self.name, self.block, self.smem)
-                        .unwrap_or(gpu.sms as usize)
-                        / tiles.max(1)
-                }
-                n => n,
-            };
+            // a driver without the occupancy query: one block an SM
+            let wave = gpu
+                .wave(&self.name, self.block, self.smem)
+                .unwrap_or(gpu.sms as usize);
             let stages = cols.div_ceil(128).div_ceil(self.kparts);
-            f16_splits(tiles, stages, want, self.block_rows * self.tile)
+            let g = f16_blocks(
+                tiles,
+                stages,
+                wave,
+                self.splits,
+                self.block_rows * self.tile,
+            );
+            (g as u32, 1, 1)
         } else {
-            1
+            (blocks as u32, self.token_tiles, 1)
         };
         let config = cudarc::driver::LaunchConfig {
             shared_mem_bytes: self.smem,
-            ..crate::ops::cfg((blocks as u32, self.token_tiles, splits as u32), self.block)
+            ..crate::ops::cfg(grid, self.block)
         };
         let (c, t8, ti) = (cols as i32, self.t8 as i32, t as i32);
         let mut b = gpu.stream.launch_builder(&f);
@@ -170,7 +201,7 @@ impl MmqLaunch {
         // SAFETY: each W_i holds rows_i x cols of the kernel's type in the device layout, x holds
         // t tokens of cols (the 8-bit copy: t8, in the mat-mat's layout; the f16 copy: t rows),
         // out_i t rows of rows_i floats; unused entries have 0 rows and are never read. The
-        // split buffers hold SPLIT_FLOATS / SPLIT_TILES (f16_splits keeps within them), their
+        // split buffers hold SPLIT_FLOATS / SPLIT_TILES (f16_blocks keeps within them), their
         // counters zero.
         unsafe { b.launch(config) }?;
         Ok(())
@@ -519,8 +550,8 @@ mod tests {
         // two stages a split at least
         assert_eq!(f16_splits(4, 6, 100, slot), 3);
         assert_eq!(f16_splits(4, 1, 100, slot), 1);
-        // the buffers: tiles x splits x slot floats, SPLIT_TILES counters
-        let tiles = SPLIT_FLOATS / slot / 2;
+        // the buffers: two slots a block (tiles x splits blocks), SPLIT_TILES counters
+        let tiles = SPLIT_FLOATS / slot / 4;
         assert_eq!(f16_splits(tiles, 64, 16, slot), 2);
         assert_eq!(f16_splits(SPLIT_TILES + 1, 64, 16, 1), 1);
         for tiles in 1..200 {
@@ -532,9 +563,84 @@ mod tests {
                         n >= 1 && (n - 1) * per < stages,
                         "{tiles} {stages} {want}: {n}"
                     );
-                    assert!(n == 1 || tiles * n * slot <= SPLIT_FLOATS);
+                    assert!(n == 1 || 2 * tiles * n * slot <= SPLIT_FLOATS);
                 }
             }
+        }
+    }
+
+    /// The stream-K walk of `kernels/mmh.cu` (HStream), as the kernel does it: every block's
+    /// runs of units, tile by tile.
+    fn runs(tiles: usize, stages: usize, g: usize) -> Vec<Vec<(usize, usize, usize)>> {
+        let units = tiles * stages;
+        let start = |b: usize| b * units / g;
+        (0..g)
+            .map(|b| {
+                let (mut u, end, mut out) = (start(b), start(b + 1), Vec::new());
+                while u < end {
+                    let (tile, s) = (u / stages, u % stages);
+                    let n = (stages - s).min(end - u);
+                    out.push((tile, s, n));
+                    u += n;
+                }
+                out
+            })
+            .collect()
+    }
+
+    /// Picked blocks fill the wave within the buffers; every unit is walked once; the blocks
+    /// sharing a tile are the consecutive ones the kernel's `block_of` names, and their slots
+    /// (`slot`: a block's first tile in 2 b, its last in 2 b + 1) never collide.
+    #[test]
+    fn stream_k_walks_every_unit_once_and_its_slots_never_collide() {
+        let slot = 128 * 32;
+        assert_eq!(f16_blocks(192, 16, 264, 0, slot), 264);
+        assert_eq!(f16_blocks(32, 16, 264, 0, slot), 256);
+        assert_eq!(f16_blocks(4, 1, 264, 0, slot), 2);
+        assert_eq!(
+            f16_blocks(SPLIT_TILES + 1, 16, 264, 0, slot),
+            SPLIT_TILES + 1
+        );
+        assert_eq!(
+            f16_blocks(96, 16, 1000, 0, 128 * 64),
+            SPLIT_FLOATS / (2 * 128 * 64)
+        );
+        // forced splits: that many blocks a tile, none crossing a tile
+        assert_eq!(f16_blocks(96, 16, 264, 3, slot), 96 * 3);
+        for (tiles, stages, g) in [
+            (192, 16, 264),
+            (96, 16, 132),
+            (7, 5, 3),
+            (3, 16, 9),
+            (5, 7, 35),
+            (300, 24, 132),
+        ] {
+            let all = runs(tiles, stages, g);
+            let units = tiles * stages;
+            let block_of = |u: usize| ((u + 1) * g - 1) / units;
+            let slot_of =
+                |b: usize, tile: usize| 2 * b + usize::from((b * units / g) / stages != tile);
+            let mut walked = vec![0u32; units];
+            let mut slots = std::collections::HashSet::new();
+            for (b, runs) in all.iter().enumerate() {
+                for &(tile, s, n) in runs {
+                    (s..s + n).for_each(|i| walked[tile * stages + i] += 1);
+                    let (first, last) =
+                        (block_of(tile * stages), block_of((tile + 1) * stages - 1));
+                    assert!((first..=last).contains(&b));
+                    if n < stages {
+                        assert!(first < last, "a run short of its tile is shared");
+                        assert!(
+                            slots.insert(slot_of(b, tile)),
+                            "{tiles} {stages} {g}: slot of {b} {tile}"
+                        );
+                        assert!(slot_of(b, tile) < 2 * g);
+                    } else {
+                        assert_eq!(first, last);
+                    }
+                }
+            }
+            assert!(walked.iter().all(|&w| w == 1), "{tiles} {stages} {g}");
         }
     }
 

@@ -9,10 +9,11 @@
 // The block streams the matrix in stages of KP halves of K-quant blocks (128 columns each)
 // through a ring of S stages of shared memory by cp.async: every row's record of each half and
 // the tokens' f16 activations over its columns, copied once for all the block's rows; the
-// warps of column part p take half p of every stage, and add their sums at the end. Column
-// splits (gridDim.z) divide the stages between blocks of the same rows, so that matrices of
-// few rows still fill the SMs: the last block of a tile adds the splits' sums
-// (mmh_splits_sum; mmq::f16_splits picks how many). Each lane
+// warps of column part p take half p of every stage, and add their sums at the end. The
+// launch's work is divided evenly among its blocks (stream-K, HStream): a block walks a run of
+// (tile, stage) units, so it may end one tile, take whole ones and start another; where a tile's
+// stages are shared, the last of its blocks adds their sums (mmh_partial_sum; mmq::f16_blocks
+// picks how many blocks: one wave of the GPU). Each lane
 // turns its rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64),
 // less 1024 or 1056 exactly, times the scale plus the min) and the mma sums the products in
 // f32 along the whole row: nothing is done after an mma.
@@ -235,24 +236,40 @@ __device__ __forceinline__ void mmh_weights(const HRow& r, int w, int nib, int t
     }
 }
 
-// The column splits' partial sums (gridDim.z > 1): each block stores its R x TW sums in its own
-// slot of `part` (lane-major, as the column parts add theirs), then counts itself in its
-// (row block, token tile)'s entry of `cnt`; the last of them adds every split's slot in split
-// order (the same sums whichever block comes last) and zeroes the entry for the next launch.
-// Returns whether this block is that last one, the one to apply the epilogue.
+// Stream-K: the launch's units are (tile, stage) pairs, tile = token tile x row blocks + row
+// block (the row blocks of every matrix of the launch, in order), a tile's stages in order; block
+// b of G takes units [b U / G, (b + 1) U / G). A tile whose stages more than one block walk is
+// summed by the last of them to finish (mmh_partial_sum).
+struct HStream {
+    u32 units, blocks, stages;
+    __device__ __forceinline__ u32 start(u32 b) const { return (u32)((u64)b * units / blocks); }
+    // the block whose run holds unit u
+    __device__ __forceinline__ u32 block_of(u32 u) const { return (u32)(((u64)(u + 1) * blocks - 1) / units); }
+    // where block b leaves its sums of `tile`: a run has at most two shared tiles, its first
+    // (slot 2 b) and its last (2 b + 1)
+    __device__ __forceinline__ u32 slot(u32 b, u32 tile) const { return 2 * b + (start(b) / stages != tile); }
+};
+
+// A tile shared by blocks: each stores its R x TW sums in its slot of `part` (lane-major, as
+// the column parts add theirs), then counts itself in the tile's entry of `cnt`; the last of
+// them adds every sharer's slot in block order (the same sums whichever block comes last) and
+// zeroes the entry for the next launch. Returns whether this block is that last one, the one to
+// apply the epilogue.
 template <int E, int RG>
-__device__ __forceinline__ bool mmh_splits_sum(float* acc, bool holder, int rg, int lane,
-                                               float* __restrict__ part, int* __restrict__ cnt) {
+__device__ __forceinline__ bool mmh_partial_sum(float* acc, bool holder, int rg, int lane, float* __restrict__ part,
+                                                int* __restrict__ cnt, const HStream& g, u32 tile) {
     __shared__ int last;
-    const u64 tile = (u64)blockIdx.y * gridDim.x + blockIdx.x, slot = RG * E * 32;
-    float* mine = part + (tile * gridDim.z + blockIdx.z) * slot + rg * E * 32 + lane;
+    const u64 slot = RG * E * 32;
+    const int at = rg * E * 32 + lane;
+    float* mine = part + g.slot(blockIdx.x, tile) * slot + at;
     if (holder)
 #pragma unroll
         for (int e = 0; e < E; e++) mine[e * 32] = acc[e];
     __threadfence();
     __syncthreads();
+    const u32 first = g.block_of(tile * g.stages), final = g.block_of((tile + 1) * g.stages - 1);
     if (threadIdx.x == 0) {
-        last = atomicAdd(cnt + tile, 1) == (int)gridDim.z - 1;
+        last = atomicAdd(cnt + tile, 1) == (int)(final - first);
         if (last) cnt[tile] = 0;
     }
     __syncthreads();
@@ -261,8 +278,8 @@ __device__ __forceinline__ bool mmh_splits_sum(float* acc, bool holder, int rg, 
     if (holder) {
 #pragma unroll
         for (int e = 0; e < E; e++) acc[e] = 0.f;
-        for (int z = 0; z < (int)gridDim.z; z++) {
-            const float* p = part + (tile * gridDim.z + z) * slot + rg * E * 32 + lane;
+        for (u32 b = first; b <= final; b++) {
+            const float* p = part + g.slot(b, tile) * slot + at;
 #pragma unroll
             for (int e = 0; e < E; e++) acc[e] += __ldcg(p + e * 32);
         }
@@ -270,20 +287,19 @@ __device__ __forceinline__ bool mmh_splits_sum(float* acc, bool holder, int rg, 
     return true;
 }
 
-// Block (blockIdx.x: row block rblk, blockIdx.y: token tile, blockIdx.z: column split) takes
-// the split's share of the stages (gridDim.z splits of ceil(stages / gridDim.z) each).
+// One run of a block over stages s0 .. s0 + n of tile `tile` (row block rblk of its matrix,
+// token tile ty); `first`: the block's first run (the one to wait for the kernel before);
+// `part`: null where the run is the whole tile.
 template <int TY, int NJ, int RG, int MR, int KP, int S, int EPI>
 __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols, const u16* __restrict__ x, int T,
-                                    float* __restrict__ out, int rblk, float* __restrict__ part,
-                                    int* __restrict__ cnt) {
+                                    float* __restrict__ out, int rblk, int ty, int s0, int n, bool first,
+                                    float* __restrict__ part, int* __restrict__ cnt, const HStream& g, u32 tile) {
     using G = HStage<TY, NJ, RG, MR, KP>;
     extern __shared__ __align__(16) u8 smem[];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
     int rg = warp % RG, kp = warp / RG;  // this warp's row group and column part
-    int r0 = rblk * G::R, t0 = blockIdx.y * G::TW;
-    int bpr = cols / 256, halves = 2 * bpr, stages = (halves + KP - 1) / KP;
-    int per = (stages + gridDim.z - 1) / gridDim.z, s0 = blockIdx.z * per;
-    int n = max(0, min(stages - s0, per));  // this split's stages s0 ..
+    int r0 = rblk * G::R, t0 = ty * G::TW;
+    int bpr = cols / 256, halves = 2 * bpr;
     u64 nblk = (u64)rows * bpr;
     const u8* Wd = W + nblk * 208;  // Q6_K's d plane
     const auto cp = mmh_copies<TY, NJ, RG, MR, KP>(r0, rows, bpr, t0, T, cols);
@@ -291,7 +307,7 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
         if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, Wd, cp, halves, s0 + s);
-    GRID_DEP();
+    if (first) GRID_DEP();
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < n) mmh_stage_acts<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, x, cp, cols, s0 + s);
@@ -374,7 +390,7 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
 #pragma unroll
                 for (int e = 0; e < E; e++) (&acc[0][0][0])[e] += red[(((p - 1) * RG + rg) * E + e) * 32 + lane];
     }
-    if (gridDim.z > 1 && !mmh_splits_sum<E, RG>(&acc[0][0][0], kp == 0, rg, lane, part, cnt)) return;
+    if (part && !mmh_partial_sum<E, RG>(&acc[0][0][0], kp == 0, rg, lane, part, cnt, g, tile)) return;
     if (kp > 0) return;
 #pragma unroll
     for (int j = 0; j < NJ; j++)
@@ -391,6 +407,26 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
             }
 }
 
+// Block blockIdx.x's run of units (HStream over gridDim.x blocks), tile by tile.
+template <int TY, int NJ, int RG, int MR, int KP, int S, int EPI>
+__device__ __forceinline__ void mmh_stream(MMQ_MATS_ARGS, int cols, const u16* __restrict__ x, int T,
+                                           float* __restrict__ part, int* __restrict__ cnt) {
+    using G = HStage<TY, NJ, RG, MR, KP>;
+    const u32 rblocks = (r0 + G::R - 1) / G::R + (r1 + G::R - 1) / G::R + (r2 + G::R - 1) / G::R +
+                        (r3 + G::R - 1) / G::R;
+    const u32 stages = (cols / 128 + KP - 1) / KP, tiles = rblocks * ((T + G::TW - 1) / G::TW);
+    const HStream g{tiles * stages, gridDim.x, stages};
+    const u32 end = g.start(blockIdx.x + 1);
+    for (u32 u = g.start(blockIdx.x); u < end;) {
+        const u32 tile = u / stages, s = u % stages, n = min(stages - s, end - u);
+        if (u != g.start(blockIdx.x)) __syncthreads();  // the last run's ring and sums are read
+        MmqPick p = mmq_pick_at(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, G::R, tile % rblocks);
+        mmh<TY, NJ, RG, MR, KP, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk, tile / rblocks, s, n,
+                                         u == g.start(blockIdx.x), n == stages ? nullptr : part, cnt, g, tile);
+        u += n;
+    }
+}
+
 // mmh_<type>_<NJ>_<epi>_w<RG>_r<MR>_k<KP>_s<S>: tiles of 8 NJ tokens, epi 0 store / 1 add,
 // blocks of 16 RG MR rows and RG KP warps, S stages (dynamic shared memory: the larger of S
 // HStage::BYTES and the column parts' sums, as mmq::mmq_launch sizes it).
@@ -398,8 +434,7 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
     extern "C" __global__ void __launch_bounds__(RG * KP * 32)                                          \
         mmh_##NAME##_##NJ##_##EPI##_w##RG##_r##MR##_k##KP##_s##S(MMQ_MATS_ARGS, int cols, const u16* x, int T, \
                                                                  float* part, int* cnt) {                   \
-        MmqPick p = mmq_pick(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, 16 * RG * MR);              \
-        mmh<TY, NJ, RG, MR, KP, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk, part, cnt);              \
+        mmh_stream<TY, NJ, RG, MR, KP, S, EPI>(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, cols, x, T, part, cnt); \
     }
 #define MMH(NAME, TY, NJ, RG, MR, KP, S) MMH1(NAME, TY, NJ, 0, RG, MR, KP, S) MMH1(NAME, TY, NJ, 1, RG, MR, KP, S)
 // the shapes mmq::f16_block_shapes lists, at 16, 32 and 64 tokens: blocks of 128 rows (4 row

@@ -558,14 +558,19 @@ struct MmqPick {
     float* out;
     int rblk;
 };
-__device__ __forceinline__ MmqPick mmq_pick(MMQ_MATS_ARGS, int per) {
-    int b = blockIdx.x, n;
+// Row block b of the launch's matrices (blocks of `per` rows, the matrices' in order).
+__device__ __forceinline__ MmqPick mmq_pick_at(MMQ_MATS_ARGS, int per, int b) {
+    int n;
     if (b < (n = (r0 + per - 1) / per)) return {W0, r0, o0, b};
     b -= n;
     if (b < (n = (r1 + per - 1) / per)) return {W1, r1, o1, b};
     b -= n;
     if (b < (n = (r2 + per - 1) / per)) return {W2, r2, o2, b};
     return {W3, r3, o3, b - n};
+}
+
+__device__ __forceinline__ MmqPick mmq_pick(MMQ_MATS_ARGS, int per) {
+    return mmq_pick_at(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, per, blockIdx.x);
 }
 
 // mmq_<type>_<NJ>_<epi>_w<WK>: tiles of 8 NJ tokens (T8 a multiple of it); epi 0 store, 1 add
