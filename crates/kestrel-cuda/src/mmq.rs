@@ -41,7 +41,7 @@ pub struct MmqLaunch {
     kparts: usize,
     tile: usize,
     /// The f16 kernel's blocks a tile forced (each tile's stages split evenly among that many;
-    /// `gpu-check --perf`), or 0: one wave of blocks sharing the launch's work ([`f16_blocks`]).
+    /// `gpu-check --perf`), or 0: a block an SM sharing the launch's work ([`f16_blocks`]).
     pub splits: usize,
 }
 
@@ -89,28 +89,25 @@ pub fn f16_splits(tiles: usize, stages: usize, want: usize, slot: usize) -> usiz
     stages.div_ceil(stages.div_ceil(most).max(1)).max(1)
 }
 
-/// Blocks of an f16 launch over `tiles` tiles of `stages` stages and `slot` floats of sums
-/// (`kernels/mmh.cu`'s HStream: block b of G walks units [b U / G, (b + 1) U / G) of the U =
-/// tiles x stages): `splits` > 0 forces that many a tile ([`f16_splits`]: no block crosses a
-/// tile); 0 takes one wave of the GPU (`wave` blocks), so every SM has the same share of the
-/// work wherever the tiles do not divide by the wave, at least [`MIN_SPLIT_STAGES`] units a
-/// block and two slots a block within the buffer. `KESTREL_CUDA_STREAMK=0`: the whole tiles'
-/// split instead (A/B), the wave over the tiles.
-pub fn f16_blocks(tiles: usize, stages: usize, wave: usize, splits: usize, slot: usize) -> usize {
+/// Blocks of an f16 launch over `tiles` tiles of `stages` stages and `slot` floats of sums,
+/// sharing its work evenly (stream-K, `kernels/mmh.cu`'s HStream: block b of G walks units
+/// [b U / G, (b + 1) U / G) of the U = tiles x stages): one block an SM, so every SM has the
+/// same share wherever the tiles do not divide by the SMs, at least [`MIN_SPLIT_STAGES`] units
+/// a block and two slots a block within the buffer. One block an SM, not two: a second block
+/// did not add to an SM's speed (H100, 2026-12-07: four splits of the 4,096-row matrices, one
+/// block an SM, beat eight; on 12,288 rows one split beat two).
+pub fn f16_blocks(tiles: usize, stages: usize, sms: usize, slot: usize) -> usize {
     if tiles == 0 || tiles > SPLIT_TILES {
         return tiles.max(1);
     }
-    if splits > 0 || !stream_k() {
-        let want = if splits > 0 { splits } else { wave / tiles };
-        return tiles * f16_splits(tiles, stages, want, slot);
-    }
-    wave.min(tiles * stages / MIN_SPLIT_STAGES)
+    sms.min(tiles * stages / MIN_SPLIT_STAGES)
         .min(SPLIT_FLOATS / (2 * slot).max(1))
         .max(1)
 }
 
-/// Whether the f16 kernel's blocks share the launch's work evenly (stream-K; default), not
-/// whole tiles split (`KESTREL_CUDA_STREAMK=0`).
+/// Whether the f16 kernel's blocks share the launch's work evenly ([`f16_blocks`]; default),
+/// not whole tiles split, as many a tile as the occupancy's wave allows
+/// (`KESTREL_CUDA_STREAMK=0`, A/B).
 fn stream_k() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("KESTREL_CUDA_STREAMK").as_deref() != Ok("0"))
@@ -155,18 +152,22 @@ impl MmqLaunch {
         let grid = if self.f16 {
             // one grid dimension: the kernel finds each block's tiles (HStream)
             let tiles = blocks * self.token_tiles as usize;
-            // a driver without the occupancy query: one block an SM
-            let wave = gpu
-                .wave(&self.name, self.block, self.smem)
-                .unwrap_or(gpu.sms as usize);
             let stages = cols.div_ceil(128).div_ceil(self.kparts);
-            let g = f16_blocks(
-                tiles,
-                stages,
-                wave,
-                self.splits,
-                self.block_rows * self.tile,
-            );
+            let slot = self.block_rows * self.tile;
+            let g = if self.splits == 0 && stream_k() {
+                f16_blocks(tiles, stages, gpu.sms as usize, slot)
+            } else {
+                let want = match self.splits {
+                    // a driver without the occupancy query: one block an SM
+                    0 => {
+                        gpu.wave(&self.name, self.block, self.smem)
+                            .unwrap_or(gpu.sms as usize)
+                            / tiles.max(1)
+                    }
+                    n => n,
+                };
+                tiles * f16_splits(tiles, stages, want, slot)
+            };
             (g as u32, 1, 1)
         } else {
             (blocks as u32, self.token_tiles, 1)
@@ -588,25 +589,20 @@ mod tests {
             .collect()
     }
 
-    /// Picked blocks fill the wave within the buffers; every unit is walked once; the blocks
+    /// Picked blocks: one an SM within the buffers. Every unit is walked once; the blocks
     /// sharing a tile are the consecutive ones the kernel's `block_of` names, and their slots
     /// (`slot`: a block's first tile in 2 b, its last in 2 b + 1) never collide.
     #[test]
     fn stream_k_walks_every_unit_once_and_its_slots_never_collide() {
         let slot = 128 * 32;
-        assert_eq!(f16_blocks(192, 16, 264, 0, slot), 264);
-        assert_eq!(f16_blocks(32, 16, 264, 0, slot), 256);
-        assert_eq!(f16_blocks(4, 1, 264, 0, slot), 2);
+        assert_eq!(f16_blocks(192, 16, 132, slot), 132);
+        assert_eq!(f16_blocks(32, 4, 132, slot), 64);
+        assert_eq!(f16_blocks(4, 1, 132, slot), 2);
+        assert_eq!(f16_blocks(SPLIT_TILES + 1, 16, 132, slot), SPLIT_TILES + 1);
         assert_eq!(
-            f16_blocks(SPLIT_TILES + 1, 16, 264, 0, slot),
-            SPLIT_TILES + 1
-        );
-        assert_eq!(
-            f16_blocks(96, 16, 1000, 0, 128 * 64),
+            f16_blocks(96, 16, 1000, 128 * 64),
             SPLIT_FLOATS / (2 * 128 * 64)
         );
-        // forced splits: that many blocks a tile, none crossing a tile
-        assert_eq!(f16_blocks(96, 16, 264, 3, slot), 96 * 3);
         for (tiles, stages, g) in [
             (192, 16, 264),
             (96, 16, 132),

@@ -83,9 +83,9 @@ fn launches(kind: Kind, t: usize, epi: u32, splits: &[usize]) -> Vec<MmqLaunch> 
     all
 }
 
-/// The column splits the harness checks the f16 kernel in: the launch's pick (one wave of
-/// blocks sharing the work: on the emulator's few SMs each block walks several tiles, sharing
-/// the first and last), one, and three (a last split longer than the others where the stages
+/// The column splits the harness checks the f16 kernel in: the launch's pick (a block an SM
+/// sharing the work: on the emulator's 4 SMs each block walks several tiles, sharing its first
+/// and last), one, and three (a last split longer than the others where the stages
 /// do not divide by 3).
 const CHECKED_SPLITS: [usize; 3] = [0, 1, 3];
 
@@ -156,12 +156,12 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
     Ok(())
 }
 
-/// " in N column splits" where an f16 launch forces more than one, " over one wave" where it
+/// " in N column splits" where an f16 launch forces more than one, " a block an SM" where it
 /// takes the pick.
 fn split_label(mmq: &MmqLaunch) -> String {
     match (mmq.f16, mmq.splits) {
         (false, _) | (true, 1) => String::new(),
-        (true, 0) => " over one wave".into(),
+        (true, 0) => " a block an SM".into(),
         (true, n) => format!(" in {n} column splits"),
     }
 }
@@ -305,7 +305,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                 let ops = 2.0 * (rows * cols * t) as f64;
                 let picked = match (mmq.f16, mmq.splits) {
                     (false, _) => String::new(),
-                    (true, 0) => " one wave".into(),
+                    (true, 0) => " a block an SM".into(),
                     (true, n) => format!(" {n} splits"),
                 };
                 res.push((

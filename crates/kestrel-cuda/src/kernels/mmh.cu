@@ -13,7 +13,7 @@
 // launch's work is divided evenly among its blocks (stream-K, HStream): a block walks a run of
 // (tile, stage) units, so it may end one tile, take whole ones and start another; where a tile's
 // stages are shared, the last of its blocks adds their sums (mmh_partial_sum; mmq::f16_blocks
-// picks how many blocks: one wave of the GPU). Each lane
+// picks how many blocks: one an SM). Each lane
 // turns its rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64),
 // less 1024 or 1056 exactly, times the scale plus the min) and the mma sums the products in
 // f32 along the whole row: nothing is done after an mma.
