@@ -287,12 +287,28 @@ __device__ __forceinline__ bool mmh_partial_sum(float* acc, bool holder, int rg,
     return true;
 }
 
+// The weights of the first S - 1 stages of a run (stages s0 .. s0 + n of row block rblk, token
+// tile ty) into the ring: no kernel writes them, so a block's first run issues them before its
+// wait on the kernel before.
+template <int TY, int NJ, int RG, int MR, int KP, int S>
+__device__ __forceinline__ void mmh_weights_ahead(const u8* __restrict__ W, int rows, int cols, int rblk, int ty,
+                                                  int s0, int n, int T) {
+    using G = HStage<TY, NJ, RG, MR, KP>;
+    extern __shared__ __align__(16) u8 smem[];
+    const int bpr = cols / 256;
+    const u8* Wd = W + (u64)rows * bpr * 208;  // Q6_K's d plane
+    const auto cp = mmh_copies<TY, NJ, RG, MR, KP>(rblk * G::R, rows, bpr, ty * G::TW, T, cols);
+#pragma unroll
+    for (int s = 0; s < S - 1; s++)
+        if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, Wd, cp, 2 * bpr, s0 + s);
+}
+
 // One run of a block over stages s0 .. s0 + n of tile `tile` (row block rblk of its matrix,
-// token tile ty); `first`: the block's first run (the one to wait for the kernel before);
-// `part`: null where the run is the whole tile.
+// token tile ty); `ahead`: its first stages' weights are in flight already (mmh_weights_ahead,
+// the block's first run); `part`: null where the run is the whole tile.
 template <int TY, int NJ, int RG, int MR, int KP, int S, int EPI>
 __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols, const u16* __restrict__ x, int T,
-                                    float* __restrict__ out, int rblk, int ty, int s0, int n, bool first,
+                                    float* __restrict__ out, int rblk, int ty, int s0, int n, bool ahead,
                                     float* __restrict__ part, int* __restrict__ cnt, const HStream& g, u32 tile) {
     using G = HStage<TY, NJ, RG, MR, KP>;
     extern __shared__ __align__(16) u8 smem[];
@@ -303,11 +319,7 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
     u64 nblk = (u64)rows * bpr;
     const u8* Wd = W + nblk * 208;  // Q6_K's d plane
     const auto cp = mmh_copies<TY, NJ, RG, MR, KP>(r0, rows, bpr, t0, T, cols);
-    // the weights first: no kernel writes them, so they need not wait for the one before
-#pragma unroll
-    for (int s = 0; s < S - 1; s++)
-        if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, Wd, cp, halves, s0 + s);
-    if (first) GRID_DEP();
+    if (!ahead) mmh_weights_ahead<TY, NJ, RG, MR, KP, S>(W, rows, cols, rblk, ty, s0, n, T);
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < n) mmh_stage_acts<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, x, cp, cols, s0 + s);
@@ -416,13 +428,20 @@ __device__ __forceinline__ void mmh_stream(MMQ_MATS_ARGS, int cols, const u16* _
                         (r3 + G::R - 1) / G::R;
     const u32 stages = (cols / 128 + KP - 1) / KP, tiles = rblocks * ((T + G::TW - 1) / G::TW);
     const HStream g{tiles * stages, gridDim.x, stages};
-    const u32 end = g.start(blockIdx.x + 1);
-    for (u32 u = g.start(blockIdx.x); u < end;) {
-        const u32 tile = u / stages, s = u % stages, n = min(stages - s, end - u);
-        if (u != g.start(blockIdx.x)) __syncthreads();  // the last run's ring and sums are read
+    const u32 begin = g.start(blockIdx.x), end = g.start(blockIdx.x + 1);
+    if (begin < end) {
+        const u32 tile = begin / stages, s = begin % stages;
         MmqPick p = mmq_pick_at(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, G::R, tile % rblocks);
-        mmh<TY, NJ, RG, MR, KP, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk, tile / rblocks, s, n,
-                                         u == g.start(blockIdx.x), n == stages ? nullptr : part, cnt, g, tile);
+        mmh_weights_ahead<TY, NJ, RG, MR, KP, S>(p.W, p.rows, cols, p.rblk, tile / rblocks, s,
+                                                  min(stages - s, end - begin), T);
+    }
+    GRID_DEP();  // in the kernel's scope: the timeline's stamps live until the block returns
+    for (u32 u = begin; u < end;) {
+        const u32 tile = u / stages, s = u % stages, n = min(stages - s, end - u);
+        if (u != begin) __syncthreads();  // the last run's ring and sums are read
+        MmqPick p = mmq_pick_at(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, G::R, tile % rblocks);
+        mmh<TY, NJ, RG, MR, KP, S, EPI>(p.W, p.rows, cols, x, T, p.out, p.rblk, tile / rblocks, s, n, u == begin,
+                                         n == stages ? nullptr : part, cnt, g, tile);
         u += n;
     }
 }
