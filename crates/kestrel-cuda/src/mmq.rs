@@ -40,9 +40,20 @@ pub struct MmqLaunch {
     /// The f16 kernel's column parts (a block's warps split a stage's halves) and token tile.
     kparts: usize,
     tile: usize,
-    /// The f16 kernel's blocks a tile forced (each tile's stages split evenly among that many;
-    /// `gpu-check --perf`), or 0: a block an SM sharing the launch's work ([`f16_blocks`]).
-    pub splits: usize,
+    /// How the f16 kernel's blocks share the launch's tiles.
+    pub grid: F16Grid,
+}
+
+/// How an f16 launch's blocks share its tiles (row blocks x token tiles, each a run of stages).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum F16Grid {
+    /// [`F16Grid::Stream`], or with `KESTREL_CUDA_STREAMK=0` whole tiles split as the
+    /// occupancy's wave allows ([`f16_splits`]).
+    Picked,
+    /// Every tile's stages split evenly among this many blocks (`gpu-check --perf`).
+    Splits(usize),
+    /// A block an SM, sharing the launch's units evenly ([`f16_blocks`]).
+    Stream,
 }
 
 /// The activations a mat-mat launch reads: the 8-bit copy in the mat-mat's layout (quants,
@@ -114,9 +125,9 @@ fn stream_k() -> bool {
 }
 
 impl MmqLaunch {
-    /// This launch with `n` column splits forced (the f16 kernel; 0: picked at launch).
-    pub fn with_splits(self, n: usize) -> Self {
-        Self { splits: n, ..self }
+    /// This launch with its f16 blocks shared as `grid` says.
+    pub fn with_grid(self, grid: F16Grid) -> Self {
+        Self { grid, ..self }
     }
 
     /// The kernel, allowed the dynamic shared memory it takes (above the default 48 KiB).
@@ -154,19 +165,19 @@ impl MmqLaunch {
             let tiles = blocks * self.token_tiles as usize;
             let stages = cols.div_ceil(128).div_ceil(self.kparts);
             let slot = self.block_rows * self.tile;
-            let g = if self.splits == 0 && stream_k() {
-                f16_blocks(tiles, stages, gpu.sms as usize, slot)
-            } else {
-                let want = match self.splits {
-                    // a driver without the occupancy query: one block an SM
-                    0 => {
-                        gpu.wave(&self.name, self.block, self.smem)
-                            .unwrap_or(gpu.sms as usize)
-                            / tiles.max(1)
-                    }
-                    n => n,
-                };
-                tiles * f16_splits(tiles, stages, want, slot)
+            let want = match (self.grid, stream_k()) {
+                (F16Grid::Stream, _) | (F16Grid::Picked, true) => None,
+                (F16Grid::Splits(n), _) => Some(n),
+                // a driver without the occupancy query: one block an SM
+                (F16Grid::Picked, false) => Some(
+                    gpu.wave(&self.name, self.block, self.smem)
+                        .unwrap_or(gpu.sms as usize)
+                        / tiles.max(1),
+                ),
+            };
+            let g = match want {
+                None => f16_blocks(tiles, stages, gpu.sms as usize, slot),
+                Some(n) => tiles * f16_splits(tiles, stages, n, slot),
             };
             (g as u32, 1, 1)
         } else {
@@ -299,7 +310,7 @@ pub fn mmq_launch(kind: crate::weights::Kind, t: usize, epi: u32, shape: MmqShap
         f16,
         kparts,
         tile,
-        splits: 0,
+        grid: F16Grid::Picked,
     }
 }
 

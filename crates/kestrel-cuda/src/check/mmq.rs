@@ -8,8 +8,8 @@ use super::{cfg, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
 use crate::mmq::{
-    mmq_block_shapes, mmq_kernel, mmq_launch, MmqInput, MmqLaunch, MmqMat, SplitBufs, MMQ_GROUP,
-    SPLIT_FLOATS, SPLIT_TILES,
+    mmq_block_shapes, mmq_kernel, mmq_launch, F16Grid, MmqInput, MmqLaunch, MmqMat, SplitBufs,
+    MMQ_GROUP, SPLIT_FLOATS, SPLIT_TILES,
 };
 use crate::weights::{to_device_layout, Kind};
 use cudarc::driver::PushKernelArg;
@@ -65,16 +65,15 @@ fn activations(
     Ok((MmqInput::F16 { x: x16.ptr, splits }, vec![x16, part, count]))
 }
 
-/// Every block shape of a mat-mat of `kind` at `t` tokens, the f16 ones in each count of
-/// column splits of `splits` (0: picked at launch).
-fn launches(kind: Kind, t: usize, epi: u32, splits: &[usize]) -> Vec<MmqLaunch> {
+/// Every block shape of a mat-mat of `kind` at `t` tokens, the f16 ones in each of `grids`.
+fn launches(kind: Kind, t: usize, epi: u32, grids: &[F16Grid]) -> Vec<MmqLaunch> {
     let mut all = Vec::new();
     for shape in mmq_block_shapes(kind, t) {
         if shape.f16 {
             all.extend(
-                splits
+                grids
                     .iter()
-                    .map(|&n| mmq_launch(kind, t, epi, shape).with_splits(n)),
+                    .map(|&g| mmq_launch(kind, t, epi, shape).with_grid(g)),
             );
         } else {
             all.push(mmq_launch(kind, t, epi, shape));
@@ -83,11 +82,11 @@ fn launches(kind: Kind, t: usize, epi: u32, splits: &[usize]) -> Vec<MmqLaunch> 
     all
 }
 
-/// The column splits the harness checks the f16 kernel in: the launch's pick (a block an SM
-/// sharing the work: on the emulator's 4 SMs each block walks several tiles, sharing its first
-/// and last), one, and three (a last split longer than the others where the stages
-/// do not divide by 3).
-const CHECKED_SPLITS: [usize; 3] = [0, 1, 3];
+/// The grids the harness checks the f16 kernel in: a block an SM sharing the work (on the
+/// emulator's 4 SMs each block walks several tiles, sharing its first and last), whole tiles
+/// in one split, and in three (a last split longer than the others where the stages do not
+/// divide by 3).
+const CHECKED_GRIDS: [F16Grid; 3] = [F16Grid::Stream, F16Grid::Splits(1), F16Grid::Splits(3)];
 
 /// The mat-mat against f64 dot products of the dequantized weights with the f32 activations
 /// (the 8-bit activations cost about 0.5%, as in the mat-vec cases, the f16 ones less:
@@ -128,7 +127,7 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                         })
                         .collect();
                     // every block shape, whichever the matrix would take
-                    for mmq in launches(kind, t, epi, &CHECKED_SPLITS) {
+                    for mmq in launches(kind, t, epi, &CHECKED_GRIDS) {
                         let dout = gpu.upload_f32(&base)?;
                         let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                         let mat = MmqMat {
@@ -156,13 +155,14 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
     Ok(())
 }
 
-/// " in N column splits" where an f16 launch forces more than one, " a block an SM" where it
-/// takes the pick.
+/// How an f16 launch's blocks share its tiles, for a case's name: " a block an SM", " in N
+/// column splits" (more than one); nothing for the int8 kernels and whole tiles.
 fn split_label(mmq: &MmqLaunch) -> String {
-    match (mmq.f16, mmq.splits) {
-        (false, _) | (true, 1) => String::new(),
-        (true, 0) => " a block an SM".into(),
-        (true, n) => format!(" in {n} column splits"),
+    match (mmq.f16, mmq.grid) {
+        (false, _) | (true, F16Grid::Splits(1)) => String::new(),
+        (true, F16Grid::Splits(n)) => format!(" in {n} column splits"),
+        (true, F16Grid::Stream) => " a block an SM".into(),
+        (true, F16Grid::Picked) => " as picked".into(),
     }
 }
 
@@ -193,7 +193,7 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
             mats.push((dw, r, want));
         }
         for t in [5usize, 16, 32, 64] {
-            for mmq in launches(kind, t, 0, &CHECKED_SPLITS) {
+            for mmq in launches(kind, t, 0, &CHECKED_GRIDS) {
                 let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                 let outs: Vec<DevBuf> = mats
                     .iter()
@@ -287,10 +287,19 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
             let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
             let shipped = mmq_kernel(kind, rows, cols, t, 0);
             let dout = gpu.alloc(t * rows * 4)?;
-            // every block shape, the shipped one first
-            // (the f16 shapes at their picked column splits, then forced to 1, 2, 4, 8 and 16)
-            let mut variants = launches(kind, t, 0, &[0, 1, 2, 4, 8, 16]);
-            variants.sort_by_key(|v| v.name != shipped.name || v.splits != 0);
+            // every block shape, the shipped one first (the f16 shapes as picked, a block an
+            // SM, then whole tiles in 1, 2, 4, 8 and 16 splits)
+            let grids = [
+                F16Grid::Picked,
+                F16Grid::Stream,
+                F16Grid::Splits(1),
+                F16Grid::Splits(2),
+                F16Grid::Splits(4),
+                F16Grid::Splits(8),
+                F16Grid::Splits(16),
+            ];
+            let mut variants = launches(kind, t, 0, &grids);
+            variants.sort_by_key(|v| v.name != shipped.name || v.grid != F16Grid::Picked);
             for mmq in variants {
                 let (input, _bufs) = activations(gpu, &mmq, &dx, t, cols)?;
                 let go = |gpu: &mut Gpu, i: usize| {
@@ -303,10 +312,11 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                 };
                 let us = super::time_us(gpu, 8, 50, true, go)?;
                 let ops = 2.0 * (rows * cols * t) as f64;
-                let picked = match (mmq.f16, mmq.splits) {
+                let picked = match (mmq.f16, mmq.grid) {
                     (false, _) => String::new(),
-                    (true, 0) => " a block an SM".into(),
-                    (true, n) => format!(" {n} splits"),
+                    (true, F16Grid::Picked) => " picked".into(),
+                    (true, F16Grid::Stream) => " a block an SM".into(),
+                    (true, F16Grid::Splits(n)) => format!(" {n} splits"),
                 };
                 res.push((
                     format!(
