@@ -47,8 +47,8 @@ pub struct MmqLaunch {
 /// How an f16 launch's blocks share its tiles (row blocks x token tiles, each a run of stages).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum F16Grid {
-    /// [`F16Grid::Stream`], or with `KESTREL_CUDA_STREAMK=0` whole tiles split as the
-    /// occupancy's wave allows ([`f16_splits`]).
+    /// Whole tiles split as the occupancy's wave allows ([`f16_splits`], as measured on the
+    /// H100), or with `KESTREL_CUDA_STREAMK=1` [`F16Grid::Stream`] (not yet timed on a GPU).
     Picked,
     /// Every tile's stages split evenly among this many blocks (`gpu-check --perf`).
     Splits(usize),
@@ -106,7 +106,7 @@ pub fn f16_splits(tiles: usize, stages: usize, want: usize, slot: usize) -> usiz
 /// same share wherever the tiles do not divide by the SMs, at least [`MIN_SPLIT_STAGES`] units
 /// a block and two slots a block within the buffer. One block an SM, not two: a second block
 /// did not add to an SM's speed (H100, 2026-12-07: four splits of the 4,096-row matrices, one
-/// block an SM, beat eight; on 12,288 rows one split beat two).
+/// block an SM, beat eight; on 12,288 rows one split beat two). Not yet timed itself.
 pub fn f16_blocks(tiles: usize, stages: usize, sms: usize, slot: usize) -> usize {
     if tiles == 0 || tiles > SPLIT_TILES {
         return tiles.max(1);
@@ -116,12 +116,11 @@ pub fn f16_blocks(tiles: usize, stages: usize, sms: usize, slot: usize) -> usize
         .max(1)
 }
 
-/// Whether the f16 kernel's blocks share the launch's work evenly ([`f16_blocks`]; default),
-/// not whole tiles split, as many a tile as the occupancy's wave allows
-/// (`KESTREL_CUDA_STREAMK=0`, A/B).
+/// Whether the picked f16 grid is [`F16Grid::Stream`] (`KESTREL_CUDA_STREAMK=1`). Off by
+/// default until a GPU times it: built and checked (the emulator's op harness), not measured.
 fn stream_k() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_STREAMK").as_deref() != Ok("0"))
+    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_STREAMK").as_deref() == Ok("1"))
 }
 
 impl MmqLaunch {

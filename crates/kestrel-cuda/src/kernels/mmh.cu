@@ -12,8 +12,9 @@
 // warps of column part p take half p of every stage, and add their sums at the end. The
 // launch's work is divided evenly among its blocks (stream-K, HStream): a block walks a run of
 // (tile, stage) units, so it may end one tile, take whole ones and start another; where a tile's
-// stages are shared, the last of its blocks adds their sums (mmh_partial_sum; mmq::f16_blocks
-// picks how many blocks: one an SM). Each lane
+// stages are shared, the last of its blocks adds their sums (mmh_partial_sum). mmq::F16Grid
+// sets the number of blocks: whole tiles in k splits each (G = tiles x k: no run crosses a
+// tile; the pick), or one block an SM (KESTREL_CUDA_STREAMK=1). Each lane
 // turns its rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64),
 // less 1024 or 1056 exactly, times the scale plus the min) and the mma sums the products in
 // f32 along the whole row: nothing is done after an mma.
