@@ -47,12 +47,13 @@ pub struct MmqLaunch {
 /// How an f16 launch's blocks share its tiles (row blocks x token tiles, each a run of stages).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum F16Grid {
-    /// Whole tiles split as the occupancy's wave allows ([`f16_splits`], as measured on the
-    /// H100), or with `KESTREL_CUDA_STREAMK=1` [`F16Grid::Stream`] (not yet timed on a GPU).
+    /// Whole tiles split as the occupancy's wave allows, or stream-K where whole tiles would
+    /// leave much of the wave idle ([`f16_picked_blocks`]); `KESTREL_CUDA_STREAMK=0` / `=1`
+    /// forces the one or the other.
     Picked,
     /// Every tile's stages split evenly among this many blocks (`gpu-check --perf`).
     Splits(usize),
-    /// A block an SM, sharing the launch's units evenly ([`f16_blocks`]).
+    /// A wave of blocks sharing the launch's units evenly ([`f16_blocks`]).
     Stream,
 }
 
@@ -102,25 +103,53 @@ pub fn f16_splits(tiles: usize, stages: usize, want: usize, slot: usize) -> usiz
 
 /// Blocks of an f16 launch over `tiles` tiles of `stages` stages and `slot` floats of sums,
 /// sharing its work evenly (stream-K, `kernels/mmh.cu`'s HStream: block b of G walks units
-/// [b U / G, (b + 1) U / G) of the U = tiles x stages): one block an SM, so every SM has the
-/// same share wherever the tiles do not divide by the SMs, at least [`MIN_SPLIT_STAGES`] units
-/// a block and two slots a block within the buffer. One block an SM, not two: a second block
-/// did not add to an SM's speed (H100, 2026-12-07: four splits of the 4,096-row matrices, one
-/// block an SM, beat eight; on 12,288 rows one split beat two). Not yet timed itself.
-pub fn f16_blocks(tiles: usize, stages: usize, sms: usize, slot: usize) -> usize {
+/// [b U / G, (b + 1) U / G) of the U = tiles x stages): one `wave` (the blocks the GPU runs
+/// at once), so every SM has the same share wherever the tiles do not divide by the wave, at
+/// least [`MIN_SPLIT_STAGES`] units a block and two slots a block within the buffer.
+pub fn f16_blocks(tiles: usize, stages: usize, wave: usize, slot: usize) -> usize {
     if tiles == 0 || tiles > SPLIT_TILES {
         return tiles.max(1);
     }
-    sms.min(tiles * stages / MIN_SPLIT_STAGES)
+    wave.min(tiles * stages / MIN_SPLIT_STAGES)
         .min(SPLIT_FLOATS / (2 * slot).max(1))
         .max(1)
 }
 
-/// Whether the picked f16 grid is [`F16Grid::Stream`] (`KESTREL_CUDA_STREAMK=1`). Off by
-/// default until a GPU times it: built and checked (the emulator's op harness), not measured.
-fn stream_k() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KESTREL_CUDA_STREAMK").as_deref() == Ok("1"))
+/// Blocks of the picked f16 grid ([`F16Grid::Picked`]): whole tiles split as the `wave`
+/// allows ([`f16_splits`]) where their blocks fill at least 85% of the waves they take, else
+/// stream-K over one wave ([`f16_blocks`]). H100, 2026-12-07 (`gpu-check --perf mmq`, the
+/// w4 r2 k2 s3 kernels, us, whole tiles / a block an SM): 12,288 rows (96 tiles, 73% of a
+/// wave) at 32 / 64 tokens Q4_K 30.9 / 40.0 against 29.5 / 37.5, Q6_K 37.6 / 48.7 against
+/// 33.6 / 43.1; 4,096 rows (4 splits of 32 tiles, 97%) Q4_K 28.2 / 36.4 against 29.7 / 39.2
+/// at 12,288 columns; the 151,936-row head (1,187 tiles, 99.9% of 9 waves) 336 against 329
+/// at 32 tokens, 288 against 317 at 16. `force`: `Some(true)` stream-K, `Some(false)`
+/// whole tiles.
+pub fn f16_picked_blocks(
+    tiles: usize,
+    stages: usize,
+    wave: usize,
+    slot: usize,
+    force: Option<bool>,
+) -> usize {
+    let wave = wave.max(1);
+    let whole = tiles * f16_splits(tiles, stages, wave / tiles.max(1), slot);
+    let filled = 100 * whole >= 85 * whole.div_ceil(wave) * wave;
+    if force.unwrap_or(!filled) {
+        f16_blocks(tiles, stages, wave, slot)
+    } else {
+        whole
+    }
+}
+
+/// `KESTREL_CUDA_STREAMK`: `1` the picked f16 grid is always stream-K, `0` always whole
+/// tiles, unset [`f16_picked_blocks`] chooses.
+fn stream_k() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("KESTREL_CUDA_STREAMK").as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    })
 }
 
 impl MmqLaunch {
@@ -164,19 +193,14 @@ impl MmqLaunch {
             let tiles = blocks * self.token_tiles as usize;
             let stages = cols.div_ceil(128).div_ceil(self.kparts);
             let slot = self.block_rows * self.tile;
-            let want = match (self.grid, stream_k()) {
-                (F16Grid::Stream, _) | (F16Grid::Picked, true) => None,
-                (F16Grid::Splits(n), _) => Some(n),
-                // a driver without the occupancy query: one block an SM
-                (F16Grid::Picked, false) => Some(
-                    gpu.wave(&self.name, self.block, self.smem)
-                        .unwrap_or(gpu.sms as usize)
-                        / tiles.max(1),
-                ),
-            };
-            let g = match want {
-                None => f16_blocks(tiles, stages, gpu.sms as usize, slot),
-                Some(n) => tiles * f16_splits(tiles, stages, n, slot),
+            // the blocks the GPU runs at once (a driver without the occupancy query: one an SM)
+            let wave = gpu
+                .wave(&self.name, self.block, self.smem)
+                .unwrap_or(gpu.sms as usize);
+            let g = match self.grid {
+                F16Grid::Picked => f16_picked_blocks(tiles, stages, wave, slot, stream_k()),
+                F16Grid::Splits(n) => tiles * f16_splits(tiles, stages, n, slot),
+                F16Grid::Stream => f16_blocks(tiles, stages, wave, slot),
             };
             (g as u32, 1, 1)
         } else {
@@ -580,6 +604,27 @@ mod tests {
         }
     }
 
+    /// The pick: whole tiles where they fill the waves they take, stream-K over a wave where
+    /// they leave more than 15% of it idle; the forced settings take the one or the other.
+    #[test]
+    fn picked_f16_grid_streams_where_whole_tiles_leave_the_wave_idle() {
+        let slot = 128 * 32;
+        // the 8B's 4096-row matrices at 32 tokens: 32 tiles in 4 splits fill 128 of 132
+        assert_eq!(f16_picked_blocks(32, 16, 132, slot, None), 128);
+        assert_eq!(f16_picked_blocks(32, 16, 264, slot, None), 256);
+        // 12,288 rows: 96 whole tiles are 73% of a wave of 132, 192 of 264
+        assert_eq!(f16_picked_blocks(96, 16, 132, slot, None), 132);
+        assert_eq!(f16_picked_blocks(96, 16, 264, slot, None), 264);
+        // the head's 1,187 tiles fill 9 waves of 132 (99.9%) and 5 of 264 (89.9%)
+        assert_eq!(f16_picked_blocks(1187, 16, 132, slot, None), 1187);
+        assert_eq!(f16_picked_blocks(1187, 16, 264, slot, None), 1187);
+        // forced
+        assert_eq!(f16_picked_blocks(32, 16, 132, slot, Some(true)), 132);
+        assert_eq!(f16_picked_blocks(96, 16, 132, slot, Some(false)), 96);
+        // no wave known: still a grid
+        assert_eq!(f16_picked_blocks(5, 1, 0, slot, None), 5);
+    }
+
     /// The stream-K walk of `kernels/mmh.cu` (HStream), as the kernel does it: every block's
     /// runs of units, tile by tile.
     fn runs(tiles: usize, stages: usize, g: usize) -> Vec<Vec<(usize, usize, usize)>> {
@@ -599,7 +644,7 @@ mod tests {
             .collect()
     }
 
-    /// Picked blocks: one an SM within the buffers. Every unit is walked once; the blocks
+    /// Stream-K's blocks: a wave within the buffers. Every unit is walked once; the blocks
     /// sharing a tile are the consecutive ones the kernel's `block_of` names, and their slots
     /// (`slot`: a block's first tile in 2 b, its last in 2 b + 1) never collide.
     #[test]

@@ -82,7 +82,7 @@ fn launches(kind: Kind, t: usize, epi: u32, grids: &[F16Grid]) -> Vec<MmqLaunch>
     all
 }
 
-/// The grids the harness checks the f16 kernel in: a block an SM sharing the work (on the
+/// The grids the harness checks the f16 kernel in: stream-K, a wave sharing the work (on the
 /// emulator's 4 SMs each block walks several tiles, sharing its first and last), whole tiles
 /// in one split, and in three (a last split longer than the others where the stages do not
 /// divide by 3).
@@ -155,13 +155,13 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
     Ok(())
 }
 
-/// How an f16 launch's blocks share its tiles, for a case's name: " a block an SM", " in N
+/// How an f16 launch's blocks share its tiles, for a case's name: " stream-K", " in N
 /// column splits" (more than one); nothing for the int8 kernels and whole tiles.
 fn split_label(mmq: &MmqLaunch) -> String {
     match (mmq.f16, mmq.grid) {
         (false, _) | (true, F16Grid::Splits(1)) => String::new(),
         (true, F16Grid::Splits(n)) => format!(" in {n} column splits"),
-        (true, F16Grid::Stream) => " a block an SM".into(),
+        (true, F16Grid::Stream) => " stream-K".into(),
         (true, F16Grid::Picked) => " as picked".into(),
     }
 }
@@ -287,8 +287,8 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
             let dx = gpu.upload_f32(&rng.vec(t * cols, 1.0))?;
             let shipped = mmq_kernel(kind, rows, cols, t, 0);
             let dout = gpu.alloc(t * rows * 4)?;
-            // every block shape, the shipped one first (the f16 shapes as picked, a block an
-            // SM, then whole tiles in 1, 2, 4, 8 and 16 splits)
+            // every block shape, the shipped one first (the f16 shapes as picked, stream-K over
+            // a wave, then whole tiles in 1, 2, 4, 8 and 16 splits)
             let grids = [
                 F16Grid::Picked,
                 F16Grid::Stream,
@@ -315,7 +315,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                 let picked = match (mmq.f16, mmq.grid) {
                     (false, _) => String::new(),
                     (true, F16Grid::Picked) => " picked".into(),
-                    (true, F16Grid::Stream) => " a block an SM".into(),
+                    (true, F16Grid::Stream) => " stream-K".into(),
                     (true, F16Grid::Splits(n)) => format!(" {n} splits"),
                 };
                 res.push((

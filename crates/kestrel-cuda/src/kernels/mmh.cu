@@ -14,7 +14,7 @@
 // (tile, stage) units, so it may end one tile, take whole ones and start another; where a tile's
 // stages are shared, the last of its blocks adds their sums (mmh_partial_sum). mmq::F16Grid
 // sets the number of blocks: whole tiles in k splits each (G = tiles x k: no run crosses a
-// tile; the pick), or one block an SM (KESTREL_CUDA_STREAMK=1). Each lane
+// tile), or one wave of blocks where whole tiles would leave much of it idle. Each lane
 // turns its rows' quants into f16 weights (1024 + q read as an f16 from the bytes (q, 0x64),
 // less 1024 or 1056 exactly, times the scale plus the min) and the mma sums the products in
 // f32 along the whole row: nothing is done after an mma.
@@ -48,16 +48,6 @@ struct HStage {
         BYTES = X + TW * PITCH,
     };
 };
-
-// Where chunk c (16 bytes) of row record `rec`'s quants sits among the row's four in a stage's
-// QS plane. Q4_K's lanes read two chunks of each of 8 rows 64 bytes apart, which would fall on 4
-// of a 128-byte line's 8 bank groups (4 wavefronts a load); rotating the chunks by bits 1-2 of
-// the record spreads them over all 8 (2 wavefronts). Q6_K's lanes read all four chunks of each
-// row: already spread.
-template <int TY>
-__device__ __forceinline__ int qs_chunk(int rec, int c) {
-    return TY == T_Q4_K ? c ^ ((rec >> 1) & 3) : c;
-}
 
 // A thread's share of every stage's copies, found once before the walk (loops over rows and
 // tokens with their clamps and 64-bit products, run again every stage, cost more issue slots
@@ -126,9 +116,6 @@ __device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__
     using C = HCopies<TY, NJ, RG, MR, KP>;
     const int tid = threadIdx.x;
     const u32 so = (u32)s * (KP / 2) * C::BB;  // the stage's first block in each row
-    // copy i = tid + k NT is chunk i % 4 of record i / 4: the rotation depends on tid alone
-    // (NT is a multiple of 32)
-    const int qdst = 64 * (tid >> 2) + 16 * qs_chunk<TY>(tid >> 2, tid & 3);
 #pragma unroll
     for (int p = 0; p < KP; p++) {
         if (s * KP + p >= halves) break;
@@ -138,7 +125,7 @@ __device__ __forceinline__ void mmh_stage_weights(u8* st, const u8* __restrict__
         for (int k = 0; k < C::KQ; k++) {
             int i = tid + k * C::NT;
             if (C::NQ % C::NT == 0 || i < C::NQ)
-                cp_async16(hs + G::QS + 16 * k * C::NT + qdst, W + c.q[k] + po + 64 * (p & 1));
+                cp_async16(hs + G::QS + 16 * i, W + c.q[k] + po + 64 * (p & 1));
         }
 #pragma unroll
         for (int k = 0; k < C::KH; k++) {
@@ -195,8 +182,7 @@ __device__ __forceinline__ HRow mmh_row(const u8* st, int rec, int nib, int h, i
     const int tid = lane & 3;
     HRow r;
     if constexpr (TY == T_Q4_K) {
-        // rec is 8 k + the lane's gid: its rotation is gid's (a constant of the lane)
-        r.q = *(const uint4*)(st + G::QS + 64 * rec + 16 * qs_chunk<TY>(lane >> 2, 2 * nib + (tid & 1)));
+        r.q = *(const uint4*)(st + G::QS + 64 * rec + 32 * nib + 16 * (tid & 1));
         uint4 hd = *(const uint4*)(st + G::HD + 16 * rec);
         int sc, mn;
         scale_min_k4_word(2 * h + nib, tid >> 1, hd.y, hd.z, hd.w, sc, mn);
