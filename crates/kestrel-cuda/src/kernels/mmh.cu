@@ -274,17 +274,16 @@ __device__ __forceinline__ bool mmh_partial_sum(float* acc, bool holder, int rg,
     return true;
 }
 
-// The weights of the first S - 1 stages of a run (stages s0 .. s0 + n of row block rblk, token
-// tile ty) into the ring: no kernel writes them, so a block's first run issues them before its
+// The weights of the first S - 1 stages of a run (stages s0 .. s0 + n, the thread's copies
+// `cp`) into the ring: no kernel writes them, so a block's first run issues them before its
 // wait on the kernel before.
 template <int TY, int NJ, int RG, int MR, int KP, int S>
-__device__ __forceinline__ void mmh_weights_ahead(const u8* __restrict__ W, int rows, int cols, int rblk, int ty,
-                                                  int s0, int n, int T) {
+__device__ __forceinline__ void mmh_weights_ahead(const u8* __restrict__ W, int rows, int cols,
+                                                  const HCopies<TY, NJ, RG, MR, KP>& cp, int s0, int n) {
     using G = HStage<TY, NJ, RG, MR, KP>;
     extern __shared__ __align__(16) u8 smem[];
     const int bpr = cols / 256;
     const u8* Wd = W + (u64)rows * bpr * 208;  // Q6_K's d plane
-    const auto cp = mmh_copies<TY, NJ, RG, MR, KP>(rblk * G::R, rows, bpr, ty * G::TW, T, cols);
 #pragma unroll
     for (int s = 0; s < S - 1; s++)
         if (s < n) mmh_stage_weights<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, W, Wd, cp, 2 * bpr, s0 + s);
@@ -306,7 +305,7 @@ __device__ __forceinline__ void mmh(const u8* __restrict__ W, int rows, int cols
     u64 nblk = (u64)rows * bpr;
     const u8* Wd = W + nblk * 208;  // Q6_K's d plane
     const auto cp = mmh_copies<TY, NJ, RG, MR, KP>(r0, rows, bpr, t0, T, cols);
-    if (!ahead) mmh_weights_ahead<TY, NJ, RG, MR, KP, S>(W, rows, cols, rblk, ty, s0, n, T);
+    if (!ahead) mmh_weights_ahead<TY, NJ, RG, MR, KP, S>(W, rows, cols, cp, s0, n);
 #pragma unroll
     for (int s = 0; s < S - 1; s++) {
         if (s < n) mmh_stage_acts<TY, NJ, RG, MR, KP>(smem + s * G::BYTES, x, cp, cols, s0 + s);
@@ -419,8 +418,9 @@ __device__ __forceinline__ void mmh_stream(MMQ_MATS_ARGS, int cols, const u16* _
     if (begin < end) {
         const u32 tile = begin / stages, s = begin % stages;
         MmqPick p = mmq_pick_at(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, G::R, tile % rblocks);
-        mmh_weights_ahead<TY, NJ, RG, MR, KP, S>(p.W, p.rows, cols, p.rblk, tile / rblocks, s,
-                                                  min(stages - s, end - begin), T);
+        const auto cp = mmh_copies<TY, NJ, RG, MR, KP>(p.rblk * G::R, p.rows, cols / 256, (tile / rblocks) * G::TW,
+                                                       T, cols);
+        mmh_weights_ahead<TY, NJ, RG, MR, KP, S>(p.W, p.rows, cols, cp, s, min(stages - s, end - begin));
     }
     GRID_DEP();  // in the kernel's scope: the timeline's stamps live until the block returns
     for (u32 u = begin; u < end;) {
