@@ -3,8 +3,8 @@
 # and llama.cpp on the same files. Runs from the repository root with the bundle made by
 # scripts/gpu/bundle.sh in $B (default .gpu-cuda): kestrel.xz (the release binary),
 # llama-src.tar.xz (llama.cpp trimmed to build llama-bench, llama-batched-bench and
-# llama-quantize), gguf wheel, make_dense_model.py / make_qwen35_model.py + vocab. Logs go
-# under $OUT.
+# llama-quantize), gguf wheel, make_dense_model.py / make_qwen35_model.py + vocab. Every
+# stage's output goes to stdout too, and all of it to $OUT/summary.txt at the end.
 # STAGES (default "check small"): check = op harness + tiny fixtures vs transformers (with
 # --perf lines: mat-vec variants, the logits download; PERF=0 without); small = Qwen2.5-1.5B-shape Q4_K_M: GPU
 # vs CPU logits, pp512/tg128; big = Qwen3-8B shape; hybrid = Qwen3.5: tiny-qwen3_5 (GGUF and
@@ -46,7 +46,11 @@ B=${B:-.gpu-cuda}
 [ -f $B/env.sh ] && . $B/env.sh
 OUT=${OUT:-/tmp/out}
 STAGES=${STAGES:-"check small"}
-mkdir -p "$OUT" /tmp/w
+# each stage's log under $L, all of them in $OUT/summary.txt at the end: the device tool brings
+# back at most 8 files from $OUT (what stays there: summary.txt, the timeline CSVs, ncu's detail)
+L=/tmp/w/logs
+rm -rf $L
+mkdir -p "$OUT" /tmp/w $L
 # the kernels bundle.sh compiled ahead: loaded instead of compiled (~3 minutes on a fresh host)
 mkdir -p /tmp/w/cubins
 for f in $B/cubins/*.cubin.xz; do
@@ -56,7 +60,7 @@ export KESTREL_CUDA_CUBINS=${KESTREL_CUDA_CUBINS:-/tmp/w/cubins}
 export PYTHONUNBUFFERED=1
 xz -dc $B/kestrel.xz > /tmp/w/kestrel && chmod +x /tmp/w/kestrel
 K=/tmp/w/kestrel
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv | tee $OUT/gpu.txt
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used,memory.total --format=csv | tee $L/gpu.txt
 MODELS=${MODELS:-target/gpu-models}
 PEER=${PEER:-$PWD/target/gpu-peer}
 mkdir -p "$MODELS"
@@ -135,18 +139,18 @@ ab() {  # ab MODEL: tg128 again with each comma-separated setting of $AB_ENV (A/
 }
 concurrent() {  # concurrent MODEL SHAPE: aggregate decode of 1/8/32 sequences through the engine
   # (again with each setting of $SCEN_AB, as AB_ENV)
-  $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee $OUT/concurrent-$2.log
+  $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee $L/concurrent-$2.log
   local e
   for e in $(echo "${SCEN_AB:-}" | tr ',' ' '); do
-    echo "--- $e" | tee -a $OUT/concurrent-$2.log
-    env $(echo $e | tr '+' ' ') $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee -a $OUT/concurrent-$2.log
+    echo "--- $e" | tee -a $L/concurrent-$2.log
+    env $(echo $e | tr '+' ' ') $K bench -m $1 --scenario concurrent -c 1,8,32 -r 3 --device cuda 2>&1 | tee -a $L/concurrent-$2.log
   done
 }
 profile() {  # profile MODEL NAME [BENCH ARGS]: per-kernel times (ncu, clocks left alone) of the
   # first $PROF kernels of a bench, by default eager decode steps
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   $NCU --clock-control none --metrics gpu__time_duration.sum --csv -c ${PROF} $K bench -m $1 ${3:--p 0 -n 2 --no-graphs} -r 1 --device cuda > /tmp/w/ncu.csv 2>/tmp/w/ncu.err
-  python3 - /tmp/w/ncu.csv <<'PY' | tee $OUT/prof-$2.log
+  python3 - /tmp/w/ncu.csv <<'PY' | tee $L/prof-$2.log
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 h = rows[0]; ki = h.index("Kernel Name"); vi = h.index("Metric Value")
@@ -165,7 +169,7 @@ for s in $STAGES; do
   echo "=== stage $s ($(date +%T))"
   case $s in
   check)
-    $K gpu-check $([ "${PERF:-1}" = 1 ] && echo --perf) -m $T/tiny-llama/llama-f32.gguf -m $T/tiny-qwen2/qwen2-f32.gguf -m $T/tiny-qwen3/qwen3-f32.gguf 2>&1 | tee $OUT/check.log
+    $K gpu-check $([ "${PERF:-1}" = 1 ] && echo --perf) -m $T/tiny-llama/llama-f32.gguf -m $T/tiny-qwen2/qwen2-f32.gguf -m $T/tiny-qwen3/qwen3-f32.gguf 2>&1 | tee $L/check.log
     # the second start loads the cached kernels
     $K run -m $T/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1,2,3 -n 8 --temp 0 --device cuda 2>&1 | tail -3
     ;;
@@ -174,32 +178,32 @@ for s in $STAGES; do
     while kill -0 $WARM 2>/dev/null; do sleep 1; done
     for d in "" $B/kernels-*/; do
       [ -z "$d" ] || [ -d "$d" ] || continue
-      echo "--- kernels: ${d:-built in}" | tee -a $OUT/perf.log
-      KESTREL_CUDA_KERNELS=$d $K gpu-check --ops none --perf ${PERF_GROUPS:-mmq} 2>&1 | tee -a $OUT/perf.log
+      echo "--- kernels: ${d:-built in}" | tee -a $L/perf.log
+      KESTREL_CUDA_KERNELS=$d $K gpu-check --ops none --perf ${PERF_GROUPS:-mmq} 2>&1 | tee -a $L/perf.log
     done
     ;;
   serve)  # kestrel serve --device cuda against --device cpu (tiny fixtures: greedy ties are rare there),
     # then on the Qwen2.5-1.5B shape (texts not compared: near-ties; SERVE_EXACT=0)
     for f in $T/tiny-qwen2/qwen2-f32.gguf $T/tiny-llama/llama-f32.gguf; do
-      python3 $B/serve-check.py $K $f 2>&1 | tee -a $OUT/serve.log
+      python3 $B/serve-check.py $K $f 2>&1 | tee -a $L/serve.log
     done
-    M=$(model qwen2.5-1.5b) && SERVE_EXACT=0 python3 $B/serve-check.py $K $M 2>&1 | grep -v "INFO\|WARN" | tee -a $OUT/serve.log
+    M=$(model qwen2.5-1.5b) && SERVE_EXACT=0 python3 $B/serve-check.py $K $M 2>&1 | grep -v "INFO\|WARN" | tee -a $L/serve.log
     ;;
   hybrid)
     if [ -z "${SKIP_TINY:-}" ]; then
-      $K gpu-check -m $T/tiny-qwen3_5/qwen3_5-f32.gguf -m $T/tiny-qwen3_5 2>&1 | grep -v "^ok  " | tee $OUT/check-hybrid.log
-      python3 $B/serve-check.py $K $T/tiny-qwen3_5/qwen3_5-f32.gguf 2>&1 | tee $OUT/serve-hybrid.log
+      $K gpu-check -m $T/tiny-qwen3_5/qwen3_5-f32.gguf -m $T/tiny-qwen3_5 2>&1 | grep -v "^ok  " | tee $L/check-hybrid.log
+      python3 $B/serve-check.py $K $T/tiny-qwen3_5/qwen3_5-f32.gguf 2>&1 | tee $L/serve-hybrid.log
     fi
     for SH in ${HYBRID_SHAPES:-qwen35-0.8b}; do
       M=$(model $SH) || continue
-      [ $SH = qwen35-0.8b ] && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  " | tee $OUT/parity-$SH.log
-      $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
-      $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
-      ab $M | tee -a $OUT/bench-$SH.log
-      [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
+      [ $SH = qwen35-0.8b ] && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  " | tee $L/parity-$SH.log
+      $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $L/bench-$SH.log
+      $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $L/bench-$SH.log
+      ab $M | tee -a $L/bench-$SH.log
+      [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $L/bench-$SH.log
       if [ -n "${SCEN:-}" ]; then  # the serving engine on the GPU: batched decode, agent turns
         concurrent $M $SH
-        $K bench -m $M --scenario agent --device cuda 2>&1 | tee $OUT/agent-$SH.log
+        $K bench -m $M --scenario agent --device cuda 2>&1 | tee $L/agent-$SH.log
       fi
       [ -n "${PROF:-}" ] && profile $M $SH
     done
@@ -207,19 +211,19 @@ for s in $STAGES; do
   small|big)
     if [ $s = small ]; then SH=qwen2.5-1.5b; else SH=qwen3-8b; fi
     M=$(model $SH) || continue
-    { [ $s = small ] || [ -n "${PARITY_BIG:-}" ]; } && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  matvec\|^ok  rms\|^ok  qkv\|^ok  att\|^ok  embed\|^ok  deq" | tee $OUT/parity-$SH.log
-    $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/bench-$SH.log
-    $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $OUT/bench-$SH.log
-    ab $M | tee -a $OUT/bench-$SH.log
-    [ $s = big ] && [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $OUT/bench-$SH.log
+    { [ $s = small ] || [ -n "${PARITY_BIG:-}" ]; } && $K gpu-check -m $M --prompt-len 64 --gen 32 2>&1 | grep -v "^ok  matvec\|^ok  rms\|^ok  qkv\|^ok  att\|^ok  embed\|^ok  deq" | tee $L/parity-$SH.log
+    $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $L/bench-$SH.log
+    $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $L/bench-$SH.log
+    ab $M | tee -a $L/bench-$SH.log
+    [ $s = big ] && [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $L/bench-$SH.log
     [ -n "${SCEN:-}" ] && concurrent $M $SH
     [ -n "${PROF:-}" ] && profile $M $SH
     ;;
   prefill)  # prompt speed of every shape in PREFILL_SHAPES, the prompt attention kernel on and off
     for SH in ${PREFILL_SHAPES:-qwen3-8b qwen35-0.8b qwen2.5-1.5b}; do
       M=$(model $SH) || continue
-      $K bench -m $M -p 512,4096 -n ${PREFILL_GEN:-0} -r ${REPS:-3} --device cuda 2>&1 | tee $OUT/prefill-$SH.log
-      [ -n "${FLASH_AB:-}" ] && KESTREL_CUDA_FLASH=0 $K bench -m $M -p 4096 -n 0 -r 2 --device cuda 2>&1 | grep "| qwen" | sed 's/$/ (KESTREL_CUDA_FLASH=0)/' | tee -a $OUT/prefill-$SH.log
+      $K bench -m $M -p 512,4096 -n ${PREFILL_GEN:-0} -r ${REPS:-3} --device cuda 2>&1 | tee $L/prefill-$SH.log
+      [ -n "${FLASH_AB:-}" ] && KESTREL_CUDA_FLASH=0 $K bench -m $M -p 4096 -n 0 -r 2 --device cuda 2>&1 | grep "| qwen" | sed 's/$/ (KESTREL_CUDA_FLASH=0)/' | tee -a $L/prefill-$SH.log
       [ -n "${PROF:-}" ] && profile $M $SH-prefill "-p 2048 -n 0 --check-tokens 0"
     done
     ;;
@@ -236,48 +240,48 @@ for s in $STAGES; do
   timeline)  # where a replayed decode step's time goes, kernel by kernel (crate::timeline)
     for SH in ${TIMELINE_SHAPES:-qwen3-8b qwen2.5-1.5b}; do
       M=$(model $SH) || continue
-      $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep "| tg" | sed 's/$/ (unstamped)/' | tee $OUT/timeline-$SH.log
-      KESTREL_CUDA_TIMELINE=$OUT/timeline-$SH.csv $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep -v "^ok  " | tee -a $OUT/timeline-$SH.log
+      $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep "| tg" | sed 's/$/ (unstamped)/' | tee $L/timeline-$SH.log
+      KESTREL_CUDA_TIMELINE=$OUT/timeline-$SH.csv $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep -v "^ok  " | tee -a $L/timeline-$SH.log
       i=0
       for e in $(echo "${TIMELINE_AB:-}" | tr ',' ' '); do  # again with each setting (AB_ENV's form)
         i=$((i + 1))
-        echo "--- $e" | tee -a $OUT/timeline-$SH.log
-        env $(echo $e | tr '+' ' ') KESTREL_CUDA_TIMELINE=$OUT/timeline-$SH-ab$i.csv $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep -v "^ok  " | tee -a $OUT/timeline-$SH.log
+        echo "--- $e" | tee -a $L/timeline-$SH.log
+        env $(echo $e | tr '+' ' ') KESTREL_CUDA_TIMELINE=$OUT/timeline-$SH-ab$i.csv $K bench -m $M -p 0 -n 128 -r 2 --device cuda 2>&1 | grep -v "^ok  " | tee -a $L/timeline-$SH.log
       done
     done
     ;;
   sampled)  # decode through `kestrel serve --device cuda` with sampling chains (scripts/gpu/sampled.py)
     M=$(model ${SAMPLED_SHAPE:-qwen3-8b}) || continue
-    python3 $B/sampled.py $K $M 2>&1 | tee $OUT/sampled.log
+    python3 $B/sampled.py $K $M 2>&1 | tee $L/sampled.log
     ;;
   peer)  # llama.cpp on the same files, flash attention on, all layers on the GPU
     while [ ! -s $PEER/status.txt ] && [ -d $PEER/trim ]; do sleep 5; done
-    cat $PEER/status.txt 2>/dev/null | tee $OUT/peer-build.txt
+    cat $PEER/status.txt 2>/dev/null | tee $L/peer-build.txt
     LB=$PEER/build/bin
     [ -x $LB/llama-bench ] || { echo "no llama.cpp build (bundle without llama-src?)"; tail -20 $PEER/build.log 2>/dev/null; continue; }
     for M in $MODELS/*-$Q.gguf; do
       SH=$(basename $M -$Q.gguf)
       [ -n "${PEER_SHAPES:-}" ] && ! echo " $PEER_SHAPES " | grep -q " $SH " && continue
-      $LB/llama-bench -m $M -ngl 99 -fa 1 -p 512,4096 -n 128 -r ${REPS:-3} 2>&1 | grep "^|" | tee $OUT/peer-$SH.log
+      $LB/llama-bench -m $M -ngl 99 -fa 1 -p 512,4096 -n 128 -r ${REPS:-3} 2>&1 | grep "^|" | tee $L/peer-$SH.log
       [ -n "${PEER_QUICK:-}" ] && [ "$PEER_QUICK" != depth ] && continue
-      $LB/llama-bench -m $M -ngl 99 -fa 1 -p 0 -n 128 -d 16384 -r 1 2>&1 | grep "^| [a-z]" | tail -1 | tee -a $OUT/peer-$SH.log
+      $LB/llama-bench -m $M -ngl 99 -fa 1 -p 0 -n 128 -d 16384 -r 1 2>&1 | grep "^| [a-z]" | tail -1 | tee -a $L/peer-$SH.log
       [ -n "${PEER_QUICK:-}" ] && continue
-      $LB/llama-batched-bench -m $M -ngl 99 -fa 1 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32 2>&1 | grep "^|" | tee -a $OUT/peer-$SH.log
+      $LB/llama-batched-bench -m $M -ngl 99 -fa 1 -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32 2>&1 | grep "^|" | tee -a $L/peer-$SH.log
     done
     ;;
   esac
 done
 echo "=== summary ($(date +%T))"
 # failures first and never cut (a FAIL line past the perf lines was lost to head before)
-grep -H "FAIL" $OUT/*.log 2>/dev/null
-grep -h "serve check\|op harness\|reference prompt\|GPU vs CPU\|perf decode\|perf prompt\|dequantize" $OUT/*.log 2>/dev/null | head -40
-grep -h "perf mat-vec" $OUT/*.log 2>/dev/null | grep "decode's\|read floor" | head -40
-grep -h "| tg\|| pp" $OUT/bench-*.log $OUT/prefill-*.log 2>/dev/null
-grep -h "timeline\|in the kernels\|| tg" $OUT/timeline-*.log 2>/dev/null
-grep -h "tok/s\|^---" $OUT/concurrent-*.log 2>/dev/null
-grep -h "^sampled" $OUT/sampled.log 2>/dev/null
-grep -h "tok/s\|^|" $OUT/peer-*.log 2>/dev/null
-# everything in one file (the device tool brings back a bounded number of files)
-for f in $OUT/gpu.txt $OUT/perf.log $OUT/sampled.log $OUT/parity-*.log $OUT/check-hybrid.log $OUT/serve*.log $OUT/bench-*.log $OUT/prefill-*.log $OUT/concurrent-*.log $OUT/agent-*.log $OUT/timeline-*.log $OUT/peer*; do
+grep -H "FAIL" $L/*.log 2>/dev/null
+grep -h "serve check\|op harness\|reference prompt\|GPU vs CPU\|perf decode\|perf prompt\|dequantize" $L/*.log 2>/dev/null | head -40
+grep -h "perf mat-vec" $L/*.log 2>/dev/null | grep "decode's\|read floor" | head -40
+grep -h "| tg\|| pp" $L/bench-*.log $L/prefill-*.log 2>/dev/null
+grep -h "timeline\|in the kernels\|| tg" $L/timeline-*.log 2>/dev/null
+grep -h "tok/s\|^---" $L/concurrent-*.log 2>/dev/null
+grep -h "^sampled" $L/sampled.log 2>/dev/null
+grep -h "tok/s\|^|" $L/peer-*.log 2>/dev/null
+# everything in one file
+for f in $L/gpu.txt $L/perf.log $L/check.log $L/prof-*.log $L/sampled.log $L/parity-*.log $L/check-hybrid.log $L/serve*.log $L/bench-*.log $L/prefill-*.log $L/concurrent-*.log $L/agent-*.log $L/timeline-*.log $L/peer*; do
   [ -f "$f" ] && { echo "=== $(basename $f)"; cat "$f"; }
 done > $OUT/summary.txt 2>/dev/null
