@@ -375,11 +375,11 @@ impl MmqShape {
 
 /// The block shapes a mat-mat of `kind` for `t` tokens comes in (`kernels/mmq.cu` builds these):
 /// 8 warps at 8 tokens, 4 or 8 at 16-32, 4 at 64; for the K-quants the staged kernels at 16-64
-/// tokens instead of the register kernel's 8 warps at 64; for Q4_K and Q6_K at 16-64 tokens
+/// tokens instead of the register kernel's 8 warps at 64; for Q4_K and Q6_K at 8-64 tokens
 /// also the f16 kernel's blocks (`kernels/mmh.cu`).
 pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
     let mut shapes = int8_block_shapes(kind, t);
-    if takes_f16(kind, t) {
+    if takes_f16(kind) {
         shapes.extend(f16_block_shapes(t));
     }
     shapes
@@ -389,7 +389,7 @@ pub fn mmq_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 /// tiles over halves of the columns (8 warps, 3 stages), 64 rows as 2 groups of two tiles over
 /// quarters of the columns (8 warps, 2 stages): the fastest two of six timed on an H100
 /// (2026-12-07, docs/cuda.md lab book; without column parts, 4 warps a block, every shape was
-/// slower). At 16-32 tokens also the 128-row block with a ring of 4 stages, built for
+/// slower). At 8-32 tokens also the 128-row block with a ring of 4 stages, built for
 /// `gpu-check --perf` and not picked: ncu found the 3-stage kernel waiting on its copies most
 /// (thirty-sixth session), and a ring of 4 fits shared memory only up to 32 tokens.
 fn f16_block_shapes(t: usize) -> Vec<MmqShape> {
@@ -400,10 +400,10 @@ fn f16_block_shapes(t: usize) -> Vec<MmqShape> {
     shapes
 }
 
-/// Whether the f16 kernel is built for `kind` at `t` tokens: Q4_K and Q6_K, tiles of 16-64.
-fn takes_f16(kind: crate::weights::Kind, t: usize) -> bool {
+/// Whether the f16 kernel is built for `kind`: Q4_K and Q6_K, at every tile (8-64 tokens).
+fn takes_f16(kind: crate::weights::Kind) -> bool {
     use crate::weights::Kind;
-    matches!(kind, Kind::Q4K | Kind::Q6K) && mmq_tile(t) >= 16
+    matches!(kind, Kind::Q4K | Kind::Q6K)
 }
 
 fn int8_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
@@ -447,7 +447,7 @@ pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize)
     let f16 = match f16_picks() {
         F16Picks::Off => None,
         F16Picks::Measured => f16_shape(kind, rows, cols, t),
-        F16Picks::All => f16_everywhere(kind, rows, cols, t),
+        F16Picks::All => f16_everywhere(kind, rows, cols),
     };
     f16.unwrap_or_else(|| int8_shape(kind, rows, cols, t))
 }
@@ -471,22 +471,17 @@ fn f16_picks() -> F16Picks {
     })
 }
 
-/// Whether the f16 kernel can take a `kind` matrix of `rows` x `cols` at `t` tokens: Q4_K or
-/// Q6_K rows of 4,096+ columns, a matrix under 4 GiB (its copies take 32-bit offsets).
-fn f16_fits(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> bool {
+/// Whether the f16 kernel can take a `kind` matrix of `rows` x `cols`: Q4_K or Q6_K rows of
+/// 4,096+ columns, a matrix under 4 GiB (its copies take 32-bit offsets).
+fn f16_fits(kind: crate::weights::Kind, rows: usize, cols: usize) -> bool {
     let bytes = kestrel_quant::row_bytes(kind.ggml(), cols).map_or(u64::MAX, |b| (b * rows) as u64);
-    takes_f16(kind, t) && cols / unit_cols(kind) >= 64 && bytes < 1 << 32
+    takes_f16(kind) && cols / unit_cols(kind) >= 64 && bytes < 1 << 32
 }
 
 /// The f16 kernel on every matrix it can take (`KESTREL_CUDA_MMH=all`): 128-row blocks of 3
 /// stages, the faster shape on all but one of the 8B's matrices in `gpu-check --perf`.
-fn f16_everywhere(
-    kind: crate::weights::Kind,
-    rows: usize,
-    cols: usize,
-    t: usize,
-) -> Option<MmqShape> {
-    f16_fits(kind, rows, cols, t).then_some(MmqShape::half(4, 2, 2, 3))
+fn f16_everywhere(kind: crate::weights::Kind, rows: usize, cols: usize) -> Option<MmqShape> {
+    f16_fits(kind, rows, cols).then_some(MmqShape::half(4, 2, 2, 3))
 }
 
 /// The f16 kernel's block for a mat-mat, where it beat the int8 kernels ([`mmq_shape`]), with
@@ -498,15 +493,19 @@ fn f16_everywhere(
 /// 32 30.9 against 29.7), its long rows at 32 and 64 (4096x12288 27.4 / 37.2 against 28.6 /
 /// 47.4); not Q4_K's 4096x4096 (11.8 / 14.8 / 18.0 against 9.8 / 12.0 / 17.7), nor matrices of
 /// fewer than 4,096 rows (not measured: the 1.5B's 1536x8960 down stays int8). Q6_K's rows of
-/// 4,096 at 16 tokens take blocks of 64 rows (29.1 against 31.6 us), the rest of 128.
+/// 4,096 at 16 tokens take blocks of 64 rows (29.1 against 31.6 us), the rest of 128. Not at
+/// 5-8 tokens: its 8-token kernels are built for `gpu-check --perf` and `KESTREL_CUDA_MMH=all`,
+/// not yet timed on a GPU (the int8 kernels read the 8B's Q6_K head at 40% of the bandwidth
+/// there: 335 us, H100, against the f16 kernel's 284 at 16 tokens).
 fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
     use crate::weights::Kind;
-    if !f16_fits(kind, rows, cols, t) {
+    if !f16_fits(kind, rows, cols) {
         return None;
     }
     let (tile, many, long) = (mmq_tile(t), rows >= 8192, cols >= 8192);
     let take = rows >= 4096
         && match (kind, tile) {
+            (_, 8) => false,
             (Kind::Q6K, _) => true,
             (_, 16) => many,
             (_, 32) => long,
@@ -705,7 +704,7 @@ mod tests {
                 for cols in [1024, 4096, 12288] {
                     for t in MMQ_MIN..=MMQ_MAX {
                         let f16 = f16_shape(kind, rows, cols, t);
-                        let all = f16_everywhere(kind, rows, cols, t);
+                        let all = f16_everywhere(kind, rows, cols);
                         for s in [int8_shape(kind, rows, cols, t)]
                             .into_iter()
                             .chain(f16)

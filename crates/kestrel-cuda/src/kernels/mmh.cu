@@ -443,11 +443,11 @@ __device__ __forceinline__ void mmh_stream(MMQ_MATS_ARGS, int cols, const u16* _
         mmh_stream<TY, NJ, RG, MR, KP, S, EPI>(W0, r0, o0, W1, r1, o1, W2, r2, o2, W3, r3, o3, cols, x, T, part, cnt); \
     }
 #define MMH(NAME, TY, NJ, RG, MR, KP, S) MMH1(NAME, TY, NJ, 0, RG, MR, KP, S) MMH1(NAME, TY, NJ, 1, RG, MR, KP, S)
-// the shapes mmq::f16_block_shapes lists, at 16, 32 and 64 tokens: blocks of 128 rows (4 row
-// groups of two tiles over halves of the columns) and 64 (2 of two over quarters); at 16 and
-// 32 tokens the 128-row block with a ring of 4 stages too (150-174 KB of shared memory)
+// the shapes mmq::f16_block_shapes lists, at 8, 16, 32 and 64 tokens: blocks of 128 rows (4
+// row groups of two tiles over halves of the columns) and 64 (2 of two over quarters); at 8-32
+// tokens the 128-row block with a ring of 4 stages too (150-174 KB of shared memory at 16-32)
 #define MMH_NJ(NAME, TY, NJ) MMH(NAME, TY, NJ, 4, 2, 2, 3) MMH(NAME, TY, NJ, 2, 2, 4, 2)
-#define MMH_ALL(NAME, TY) MMH_NJ(NAME, TY, 2) MMH_NJ(NAME, TY, 4) MMH_NJ(NAME, TY, 8) \
-    MMH(NAME, TY, 2, 4, 2, 2, 4) MMH(NAME, TY, 4, 4, 2, 2, 4)
+#define MMH_ALL(NAME, TY) MMH_NJ(NAME, TY, 1) MMH_NJ(NAME, TY, 2) MMH_NJ(NAME, TY, 4) MMH_NJ(NAME, TY, 8) \
+    MMH(NAME, TY, 1, 4, 2, 2, 4) MMH(NAME, TY, 2, 4, 2, 2, 4) MMH(NAME, TY, 4, 4, 2, 2, 4)
 MMH_ALL(q4_k, T_Q4_K)
 MMH_ALL(q6_k, T_Q6_K)
