@@ -215,7 +215,7 @@ for s in $STAGES; do
     $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $L/bench-$SH.log
     $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $L/bench-$SH.log
     ab $M | tee -a $L/bench-$SH.log
-    [ $s = big ] && [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $L/bench-$SH.log
+    [ -n "${DEPTH:-}" ] && $K bench -m $M -p 4096 -n 128 -d 0,16384 -r 2 --device cuda 2>&1 | grep "| qwen" | tee -a $L/bench-$SH.log
     [ -n "${SCEN:-}" ] && concurrent $M $SH
     [ -n "${PROF:-}" ] && profile $M $SH
     ;;
