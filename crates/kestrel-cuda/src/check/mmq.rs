@@ -141,7 +141,7 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
                             op: format!(
                                 "mat-mat {}{} [{rows}x{cols}] tokens {t} epilogue {}",
                                 mmq.name,
-                                split_label(&mmq),
+                                grid_label(&mmq),
                                 ["store", "add"][epi as usize]
                             ),
                             err: rel_err(&got, &expect),
@@ -155,14 +155,14 @@ pub fn check_mmq(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
     Ok(())
 }
 
-/// How an f16 launch's blocks share its tiles, for a case's name: " stream-K", " in N
-/// column splits" (more than one); nothing for the int8 kernels and whole tiles.
-fn split_label(mmq: &MmqLaunch) -> String {
+/// How an f16 launch's blocks share its tiles, for a case's or a `--perf` line's name:
+/// " picked", " stream-K", " N splits"; nothing for the int8 kernels.
+fn grid_label(mmq: &MmqLaunch) -> String {
     match (mmq.f16, mmq.grid) {
-        (false, _) | (true, F16Grid::Splits(1)) => String::new(),
-        (true, F16Grid::Splits(n)) => format!(" in {n} column splits"),
+        (false, _) => String::new(),
+        (true, F16Grid::Picked) => " picked".into(),
         (true, F16Grid::Stream) => " stream-K".into(),
-        (true, F16Grid::Picked) => " as picked".into(),
+        (true, F16Grid::Splits(n)) => format!(" {n} splits"),
     }
 }
 
@@ -216,7 +216,7 @@ pub fn check_mmq_group(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) 
                         op: format!(
                             "mat-mat {}{} grouped [{}x{cols}] of {rows:?}, tokens {t}",
                             mmq.name,
-                            split_label(&mmq),
+                            grid_label(&mmq),
                             r
                         ),
                         err: rel_err(&got, &expect),
@@ -312,12 +312,7 @@ pub fn perf_mmq(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64, f
                 };
                 let us = super::time_us(gpu, 8, 50, true, go)?;
                 let ops = 2.0 * (rows * cols * t) as f64;
-                let picked = match (mmq.f16, mmq.grid) {
-                    (false, _) => String::new(),
-                    (true, F16Grid::Picked) => " picked".into(),
-                    (true, F16Grid::Stream) => " stream-K".into(),
-                    (true, F16Grid::Splits(n)) => format!(" {n} splits"),
-                };
+                let picked = grid_label(&mmq);
                 res.push((
                     format!(
                         "{} {rows}x{cols}, {t} tokens ({}{picked})",
