@@ -83,6 +83,20 @@ pub fn short_rows(kind: crate::weights::Kind, cols: usize) -> bool {
     kind.int8_activations() && cols / unit_cols(kind) <= 16
 }
 
+/// Whether a one-token row of `cols` columns takes a warp of its own (`mv_*_1_<epi>_1`, 64
+/// registers, 8 blocks an SM) rather than the row kernels' two rows a warp (128 registers, 4
+/// blocks): rows of 17-31 units (the 1.5B's 1,536 columns: 24) are one round of the warp's
+/// lanes, so two rows a warp give each lane one unit of each and the warps no more loads in
+/// flight than twice as many warps would. H100 `gpu-check --perf`, the 1.5B's head (151,936 x
+/// 1,536 Q6_K): 64.9 us against 69.8 (docs/cuda.md). `KESTREL_CUDA_ONEROUND=0`: the row kernels.
+pub fn one_round(kind: crate::weights::Kind, cols: usize) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let units = cols / unit_cols(kind);
+    kind.k_quant()
+        && (17..32).contains(&units)
+        && crate::ops::switch_on(&ON, "KESTREL_CUDA_ONEROUND")
+}
+
 /// Rows per half-warp of the short-row kernels (`mv_*_h<R>`, `mvx_1_h<R>`): 2 where that still
 /// leaves [`ROW_GROUP_WARPS`] warps (and divides `rows` where `exact`), else 1.
 pub fn half_rows_per_warp(rows: usize, exact: bool) -> usize {
@@ -118,6 +132,12 @@ pub fn matvec_kernel(
             return (
                 format!("mv_{}_1_{epi}_{w}", kind.name()),
                 rows.div_ceil(4 / w) as u32,
+            );
+        }
+        if one_round(kind, cols) {
+            return (
+                format!("mv_{}_1_{epi}_1", kind.name()),
+                rows.div_ceil(4) as u32,
             );
         }
         let r = rows_per_warp(rows, false);

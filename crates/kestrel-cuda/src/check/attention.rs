@@ -387,9 +387,11 @@ pub fn perf_decode(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64
     // (heads, KV heads, head size, context, tokens, ranges, what)
     for (nh, nkv, hd, len, t, splits, label) in [
         (32, 8, 128, 16384, 1, ns / 2, q3),
+        (32, 8, 128, 16384, 1, 3 * ns / 4, q3),
         (32, 8, 128, 16384, 1, ns, q3),
         (32, 8, 128, 16384, 1, 2 * ns, q3),
         (32, 8, 128, 4096, 1, ns / 2, q3),
+        (32, 8, 128, 4096, 1, 3 * ns / 4, q3),
         (32, 8, 128, 4096, 1, ns, q3),
         (32, 8, 128, 1024, 1, ns / 2, q3),
         (32, 8, 128, 1024, 1, ns, q3),

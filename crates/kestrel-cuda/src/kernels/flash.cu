@@ -256,18 +256,24 @@ __device__ __forceinline__ void attn_decode_mma(const float* __restrict__ Q, int
         e.y = it < ntiles && (b + 1) * block_size < p1 ? tbl[b + 1] : 0;
     };
     // tile `it` (positions p0 + 16 it ..) into stage `st` of this warp's ring; always one
-    // commit group, empty past the last tile, so the waits below count tiles
+    // commit group, empty past the last tile, so the waits below count tiles. A position's
+    // row comes from its offset into the tile's first block, with no division a piece (the
+    // copies' issue is most of a warp's instructions a tile): blocks of 16+ rows hold a tile
+    // in its two; smaller ones look the others up.
     auto issue = [&](int it, int st, int2 e) {
         if (it < ntiles) {
             u16* K = ring + st * STAGE;
-            const int tp0 = p0 + it * TP, b0 = tp0 / block_size;
+            const int tp0 = p0 + it * TP, b0 = tp0 / block_size, off0 = tp0 - b0 * block_size;
 #pragma unroll
             for (int i = lane; i < TP * CPR; i += 32) {
-                const int r = i / CPR, c = 8 * (i % CPR), p = tp0 + r;
+                const int r = i / CPR, c = 8 * (i % CPR), p = tp0 + r, off = off0 + r;
                 const bool ok = p < p1;
-                const int b = p / block_size;
-                const int blk = b == b0 ? e.x : (b == b0 + 1 ? e.y : (ok ? tbl[b] : 0));
-                const u64 row = ok ? (u64)blk * block_size + p % block_size : 0;
+                u64 row;
+                if (block_size >= TP)
+                    row = off < block_size ? (u64)e.x * block_size + off : (u64)e.y * block_size + off - block_size;
+                else
+                    row = (u64)(ok ? tbl[p / block_size] : 0) * block_size + p % block_size;
+                row = ok ? row : 0;
                 cp_async16(K + r * LD + c, kc + row * kv_dim + col + c, ok);
                 cp_async16(K + TP * LD + r * LD + c, vc + row * kv_dim + col + c, ok);
             }
