@@ -610,3 +610,37 @@ pub(crate) fn dequant_f16(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Kind;
+
+    #[test]
+    fn one_token_rows_of_one_round_of_lanes_take_a_warp_each() {
+        // the 1.5B's head and o projection: 24 units a row
+        assert_eq!(
+            matvec_kernel(Kind::Q6K, 151_936, 1536, 1, 0).0,
+            "mv_q6_k_1_0_1"
+        );
+        assert_eq!(
+            matvec_kernel(Kind::Q4K, 1536, 1536, 1, 1),
+            ("mv_q4_k_1_1_1".into(), 384)
+        );
+        // 16 units: half-warps; 64: two rows a warp; the SwiGLU keeps warps per row
+        assert_eq!(
+            matvec_kernel(Kind::Q4K, 65_536, 1024, 1, 0).0,
+            "mv_q4_k_1_0_h2"
+        );
+        assert_eq!(
+            matvec_kernel(Kind::Q4K, 6144, 4096, 1, 0).0,
+            "mv_q4_k_1_0_r2"
+        );
+        assert_eq!(
+            matvec_kernel(Kind::Q4K, 8960, 1536, 1, 2).0,
+            "mv_q4_k_1_2_1"
+        );
+        // Q8_0's 32-column units: 1,536 columns are 48 of them
+        assert!(!one_round(Kind::Q8_0, 1536));
+    }
+}
