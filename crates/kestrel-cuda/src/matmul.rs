@@ -88,13 +88,18 @@ pub fn short_rows(kind: crate::weights::Kind, cols: usize) -> bool {
 /// blocks): rows of 17-31 units (the 1.5B's 1,536 columns: 24) are one round of the warp's
 /// lanes, so two rows a warp give each lane one unit of each and the warps no more loads in
 /// flight than twice as many warps would. H100 `gpu-check --perf`, the 1.5B's head (151,936 x
-/// 1,536 Q6_K): 64.9 us against 69.8 (docs/cuda.md). `KESTREL_CUDA_ONEROUND=0`: the row kernels.
+/// 1,536 Q6_K): 64.9 us against 69.8. Opt-in (`KESTREL_CUDA_ONEROUND=1`) until the model is
+/// timed with it: the warps-per-row kernel has no L2 prefetch before its wait, so the 1.5B's
+/// one-wave o projection could lose what the head gains (docs/cuda.md, thirty-third session).
 pub fn one_round(kind: crate::weights::Kind, cols: usize) -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let units = cols / unit_cols(kind);
-    kind.k_quant()
-        && (17..32).contains(&units)
-        && crate::ops::switch_on(&ON, "KESTREL_CUDA_ONEROUND")
+    one_round_rows(kind, cols)
+        && *ON.get_or_init(|| std::env::var("KESTREL_CUDA_ONEROUND").is_ok_and(|v| v == "1"))
+}
+
+/// Rows that are one round of a warp's lanes: 17-31 K-quant units.
+fn one_round_rows(kind: crate::weights::Kind, cols: usize) -> bool {
+    kind.k_quant() && (17..32).contains(&(cols / unit_cols(kind)))
 }
 
 /// Rows per half-warp of the short-row kernels (`mv_*_h<R>`, `mvx_1_h<R>`): 2 where that still
@@ -617,16 +622,19 @@ mod tests {
     use crate::weights::Kind;
 
     #[test]
-    fn one_token_rows_of_one_round_of_lanes_take_a_warp_each() {
-        // the 1.5B's head and o projection: 24 units a row
-        assert_eq!(
-            matvec_kernel(Kind::Q6K, 151_936, 1536, 1, 0).0,
-            "mv_q6_k_1_0_1"
-        );
-        assert_eq!(
-            matvec_kernel(Kind::Q4K, 1536, 1536, 1, 1),
-            ("mv_q4_k_1_1_1".into(), 384)
-        );
+    fn one_token_picks_by_row_length() {
+        // off by default (KESTREL_CUDA_ONEROUND=1 opts in): 24-unit rows on the row kernels
+        if std::env::var("KESTREL_CUDA_ONEROUND").is_err() {
+            assert!(!one_round(Kind::Q6K, 1536));
+            assert_eq!(
+                matvec_kernel(Kind::Q6K, 151_936, 1536, 1, 0).0,
+                "mv_q6_k_1_0_r2"
+            );
+            assert_eq!(
+                matvec_kernel(Kind::Q4K, 1536, 1536, 1, 1),
+                ("mv_q4_k_1_1_r1".into(), 384)
+            );
+        }
         // 16 units: half-warps; 64: two rows a warp; the SwiGLU keeps warps per row
         assert_eq!(
             matvec_kernel(Kind::Q4K, 65_536, 1024, 1, 0).0,
@@ -640,7 +648,10 @@ mod tests {
             matvec_kernel(Kind::Q4K, 8960, 1536, 1, 2).0,
             "mv_q4_k_1_2_1"
         );
-        // Q8_0's 32-column units: 1,536 columns are 48 of them
-        assert!(!one_round(Kind::Q8_0, 1536));
+        // the rows one_round takes: the 1.5B's 1,536 columns of a K-quant (24 units), not
+        // 1,024 (16: half-warps) or 2,048 (32), nor Q8_0's 48 units of 32 columns
+        assert!(one_round_rows(Kind::Q6K, 1536) && one_round_rows(Kind::Q4K, 1984));
+        assert!(!one_round_rows(Kind::Q4K, 1024) && !one_round_rows(Kind::Q4K, 2048));
+        assert!(!one_round_rows(Kind::Q8_0, 1536));
     }
 }
