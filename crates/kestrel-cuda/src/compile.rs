@@ -19,7 +19,7 @@ use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 /// The kernel files, in the order they form one translation unit.
-const FILES: [(&str, &str); 9] = [
+const FILES: [(&str, &str); 10] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matvec.cu", include_str!("kernels/matvec.cu")),
     ("qkv.cu", include_str!("kernels/qkv.cu")),
@@ -29,6 +29,7 @@ const FILES: [(&str, &str); 9] = [
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("flash.cu", include_str!("kernels/flash.cu")),
     ("deltanet.cu", include_str!("kernels/deltanet.cu")),
+    ("moe.cu", include_str!("kernels/moe.cu")),
 ];
 
 /// Where `KESTREL_CUDA_KERNELS` points: a directory holding the same files, compiled instead of

@@ -334,7 +334,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// Copies `out.len()` bytes from device address `src`, waiting for them.
     /// Copies device memory at `src` into `out` (plain values: bytes, f32, ints).
     pub fn read<T: Copy>(&self, src: u64, out: &mut [T]) -> Result<()> {
         // SAFETY: src points into a live allocation at least size_of_val(out) bytes long, and

@@ -27,6 +27,7 @@ mod graph;
 mod hybrid_ops;
 mod matmul;
 mod mmq;
+pub mod moe;
 pub mod model;
 pub mod ops;
 pub mod plan;

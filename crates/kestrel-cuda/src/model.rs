@@ -10,17 +10,27 @@ use crate::ops::{AttnDecode, MATVEC_MAX, MMQ_MAX};
 pub use crate::scratch::{decode_splits, Scratch, DECODE_SPLITS, STEP_SECTIONS};
 use crate::weights::DevMatrix;
 use cudarc::driver::sys;
-use kestrel_models::backend::{dense, hybrid, Buf};
-use kestrel_models::layers::{LayerWeights, Mixer};
+use kestrel_models::backend::{dense, hybrid, moe, Buf};
+use crate::moe::MoeDev;
+use kestrel_models::layers::{Ffn, LayerWeights, Mixer};
 use kestrel_models::weights::TensorStore;
 use kestrel_models::{recipes, Arch, ModelConfig};
 use std::collections::HashMap;
 
 /// One layer's weights on the device: its mixer (attention, or a DeltaNet layer in hybrid
-/// models), then the SwiGLU MLP.
+/// models), then its FFN: the SwiGLU MLP, or routed experts (Qwen3-MoE).
 pub struct LayerDev {
     pub mixer: MixerDev,
     pub ffn_norm: DevBuf,
+    pub ffn: FfnDev,
+}
+
+pub enum FfnDev {
+    Dense(MlpDev),
+    Moe(MoeDev),
+}
+
+pub struct MlpDev {
     pub gate: DevMatrix,
     pub up: DevMatrix,
     pub down: DevMatrix,
@@ -60,7 +70,7 @@ pub struct DeltaNetDev {
 }
 
 impl LayerDev {
-    fn upload(gpu: &Gpu, cfg: &ModelConfig, l: &LayerWeights, i: usize) -> Result<Self> {
+    fn upload(gpu: &Gpu, cfg: &ModelConfig, l: &LayerWeights) -> Result<Self> {
         let m = |w| DevMatrix::upload(gpu, w);
         // Qwen3.5's attention: attn_q's rows alternate between queries and gates, a head each
         let gated = cfg.hybrid.is_some();
@@ -106,27 +116,50 @@ impl LayerDev {
                 out: m(&d.out)?,
             }),
         };
-        let mlp = l.mlp(i)?;
+        let (ffn_norm, ffn) = match &l.ffn {
+            Ffn::Dense(mlp) => (
+                gpu.upload_f32(&mlp.norm)?,
+                FfnDev::Dense(MlpDev {
+                    gate: m(&mlp.gate)?,
+                    up: m(&mlp.up)?,
+                    down: m(&mlp.down)?,
+                }),
+            ),
+            Ffn::Moe(moe) => (gpu.upload_f32(&moe.norm)?, FfnDev::Moe(MoeDev::upload(gpu, moe)?)),
+        };
         Ok(Self {
             mixer,
-            ffn_norm: gpu.upload_f32(&mlp.norm)?,
-            gate: m(&mlp.gate)?,
-            up: m(&mlp.up)?,
-            down: m(&mlp.down)?,
+            ffn_norm,
+            ffn,
         })
     }
 
-    /// Every matrix of the layer (what a decode step reads).
+    /// Every matrix of the layer (expert stacks whole).
     pub fn matrices(&self) -> Vec<&DevMatrix> {
-        let mut v = match &self.mixer {
+        self.matrices_read().into_iter().map(|(m, _)| m).collect()
+    }
+
+    /// Every matrix of the layer with the share of it a token reads: 1, or for an expert stack
+    /// `n_used / n_experts` (a token's routes, on average).
+    pub fn matrices_read(&self) -> Vec<(&DevMatrix, f64)> {
+        let mut v: Vec<(&DevMatrix, f64)> = match &self.mixer {
             MixerDev::Attention(a) => {
                 let mut v = vec![&a.wq, &a.wk, &a.wv, &a.wo];
                 v.extend(&a.wgate);
                 v
             }
             MixerDev::DeltaNet(d) => vec![&d.qkv, &d.z, &d.alpha, &d.beta, &d.out],
-        };
-        v.extend([&self.gate, &self.up, &self.down]);
+        }
+        .into_iter()
+        .map(|m| (m, 1.0))
+        .collect();
+        match &self.ffn {
+            FfnDev::Dense(d) => v.extend([(&d.gate, 1.0), (&d.up, 1.0), (&d.down, 1.0)]),
+            FfnDev::Moe(e) => {
+                let share = e.n_used as f64 / e.n_experts as f64;
+                v.extend([(&e.router, 1.0), (&e.gate, share), (&e.up, share), (&e.down, share)]);
+            }
+        }
         v
     }
 }
@@ -254,6 +287,7 @@ pub struct SeqIn<'a> {
 pub(crate) enum Recipe {
     Dense(dense::Family),
     Hybrid,
+    Moe,
 }
 
 /// Rows of logits a step returns: one per sequence that wants them, one per token where it
@@ -342,13 +376,17 @@ impl CudaModel {
                 (Arch::Llama, Some(f)) => (Recipe::Dense(f), recipes::llama::load_layer),
                 (Arch::Qwen2, Some(f)) => (Recipe::Dense(f), recipes::qwen2::load_layer),
                 (Arch::Qwen3, Some(f)) => (Recipe::Dense(f), recipes::qwen3::load_layer),
+                (Arch::Qwen3Moe, _) => (Recipe::Moe, recipes::qwen3moe::load_layer),
                 _ => {
                     return Err(CudaError::Unsupported(format!(
-                        "the {} architecture (llama, qwen2, qwen3 and qwen35 only)",
+                        "the {} architecture (llama, qwen2, qwen3, qwen3moe and qwen35 only)",
                         cfg.arch.name()
                     )))
                 }
             };
+        if let Some(m) = &cfg.moe {
+            crate::moe::check_config(m, shape.max_batch)?;
+        }
         if let Some(h) = &cfg.hybrid {
             if ![16, 32, 64, 128].contains(&h.head_k_dim)
                 || h.conv_kernel > 8
@@ -370,7 +408,7 @@ impl CudaModel {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let mut weight_bytes = 0u64;
         for i in 0..cfg.n_layers {
-            let d = LayerDev::upload(&gpu, &cfg, &load_layer(store, &cfg, i)?, i)?;
+            let d = LayerDev::upload(&gpu, &cfg, &load_layer(store, &cfg, i)?)?;
             weight_bytes += d.matrices().iter().map(|m| m.bytes() as u64).sum::<u64>();
             layers.push(d);
         }
@@ -443,14 +481,15 @@ impl CudaModel {
         &self.gpu
     }
 
-    /// Bytes of weights one decode step reads (every matrix, one embedding row).
+    /// Bytes of weights one decode step reads (every matrix, an expert stack by the share a
+    /// token's routes read; one embedding row).
     pub fn weight_bytes_per_token(&self) -> u64 {
         let w = &self.weights;
         let mats: u64 = w
             .layers
             .iter()
-            .flat_map(|l| l.matrices())
-            .map(|m| m.bytes() as u64)
+            .flat_map(|l| l.matrices_read())
+            .map(|(m, share)| (m.bytes() as f64 * share) as u64)
             .sum();
         mats + w.output.as_ref().unwrap_or(&w.embed).bytes() as u64
             + (w.embed.bytes() / w.embed.rows) as u64
@@ -463,8 +502,8 @@ impl CudaModel {
         self.weights
             .layers
             .iter()
-            .flat_map(|l| l.matrices())
-            .map(|m| 2 * (m.rows * m.cols) as u64)
+            .flat_map(|l| l.matrices_read())
+            .map(|(m, share)| (2.0 * (m.rows * m.cols) as f64 * share) as u64)
             .sum()
     }
 
@@ -661,6 +700,7 @@ impl CudaModel {
         match self.recipe {
             Recipe::Dense(fam) => dense::forward(self, &cfg, fam)?,
             Recipe::Hybrid => hybrid::forward(self, &cfg)?,
+            Recipe::Moe => moe::forward(self, &cfg)?,
         }
         self.flush()
     }

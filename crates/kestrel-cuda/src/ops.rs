@@ -13,7 +13,8 @@
 use crate::device::Gpu;
 use crate::error::{CudaError, Result};
 pub use crate::matmul::{warps_per_row, MVX_MATS};
-use crate::model::{AttnDev, CudaModel, DeltaNetDev, LayerDev, MixerDev};
+use crate::model::{AttnDev, CudaModel, DeltaNetDev, FfnDev, LayerDev, MixerDev, MlpDev};
+use crate::moe::MoeDev;
 use crate::weights::DevMatrix;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use kestrel_models::backend::{Buf, Ops, Param, W};
@@ -221,10 +222,12 @@ impl CudaModel {
             Buf::Alpha => (s.alpha.ptr, c.hybrid.as_ref().map_or(0, |h| h.n_v_heads)),
             Buf::Beta => (s.beta.ptr, c.hybrid.as_ref().map_or(0, |h| h.n_v_heads)),
             Buf::Delta => (s.delta.ptr, c.hybrid.as_ref().map_or(0, |h| h.value_dim())),
+            Buf::Router => (s.moe.router.ptr, c.moe.as_ref().map_or(0, |m| m.n_experts)),
+            Buf::ExpertFfn => (s.moe.ffn.ptr, c.moe.as_ref().map_or(0, |m| m.expert_ffn_dim)),
         }
     }
 
-    fn layer(&self, l: usize) -> Result<&LayerDev> {
+    pub(crate) fn layer(&self, l: usize) -> Result<&LayerDev> {
         self.weights
             .layers
             .get(l)
@@ -236,6 +239,24 @@ impl CudaModel {
             MixerDev::Attention(a) => Ok(a),
             MixerDev::DeltaNet(_) => Err(CudaError::Other(format!(
                 "layer {l} is a DeltaNet layer where attention was expected"
+            ))),
+        }
+    }
+
+    fn mlp(&self, l: usize) -> Result<&MlpDev> {
+        match &self.layer(l)?.ffn {
+            FfnDev::Dense(m) => Ok(m),
+            FfnDev::Moe(_) => Err(CudaError::Other(format!(
+                "layer {l} has experts where a dense MLP was expected"
+            ))),
+        }
+    }
+
+    pub(crate) fn moe(&self, l: usize) -> Result<&MoeDev> {
+        match &self.layer(l)?.ffn {
+            FfnDev::Moe(m) => Ok(m),
+            FfnDev::Dense(_) => Err(CudaError::Other(format!(
+                "layer {l} has a dense MLP where experts were expected"
             ))),
         }
     }
@@ -253,6 +274,7 @@ impl CudaModel {
     pub(crate) fn rows(&self, b: Buf) -> usize {
         match b {
             Buf::Picked | Buf::Logits => self.step.n_out,
+            Buf::ExpertFfn => self.step.t * self.config.moe.as_ref().map_or(1, |m| m.n_used),
             _ => self.step.t,
         }
     }
@@ -275,7 +297,6 @@ impl CudaModel {
             W::Embed => &ws.embed,
             W::Output => ws.output.as_ref().unwrap_or(&ws.embed),
             W::Layer(l, p) => {
-                let layer = self.layer(l)?;
                 match p {
                     Param::Wq => &self.attn(l)?.wq,
                     Param::WqGate => self.attn(l)?.wgate.as_ref().ok_or_else(|| {
@@ -289,9 +310,13 @@ impl CudaModel {
                     Param::SsmAlpha => &self.deltanet(l)?.alpha,
                     Param::SsmBeta => &self.deltanet(l)?.beta,
                     Param::SsmOut => &self.deltanet(l)?.out,
-                    Param::Gate => &layer.gate,
-                    Param::Up => &layer.up,
-                    Param::Down => &layer.down,
+                    Param::Gate => &self.mlp(l)?.gate,
+                    Param::Up => &self.mlp(l)?.up,
+                    Param::Down => &self.mlp(l)?.down,
+                    Param::MoeRouter => &self.moe(l)?.router,
+                    Param::GateExps => &self.moe(l)?.gate,
+                    Param::UpExps => &self.moe(l)?.up,
+                    Param::DownExps => &self.moe(l)?.down,
                     other => return Err(CudaError::Other(format!("{other:?} is not a matrix"))),
                 }
             }

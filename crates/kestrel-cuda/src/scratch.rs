@@ -33,6 +33,8 @@ pub struct Scratch {
     pub alpha: DevBuf,
     pub beta: DevBuf,
     pub delta: DevBuf,
+    /// Mixture-of-experts models' buffers (`crate::moe::MoeBufs`); placeholders for the others.
+    pub moe: crate::moe::MoeBufs,
     pub xq: DevBuf,
     pub xd: DevBuf,
     /// The mat-mat's 8-bit copy (`kernels/mmq.cu`: piece-major, up to MMQ_MAX tokens).
@@ -154,6 +156,7 @@ impl Scratch {
             + WF16_ELEMS as u64 * 2
             + partial
             + 4 * (STEP_SECTIONS as u64 * t + max_table as u64)
+            + crate::moe::MoeBufs::bytes_for(cfg, max_batch)
     }
 
     /// Decode attention's per-range results (a step's tokens x its ranges ([`decode_splits`],
@@ -198,6 +201,7 @@ impl Scratch {
             alpha: f(t * nv)?,
             beta: f(t * nv)?,
             delta: f(t * vd)?,
+            moe: crate::moe::MoeBufs::new(gpu, cfg, t)?,
             xq: f(MATVEC_MAX * widest / 4 + 4)?,
             xd: f(MATVEC_MAX * widest.div_ceil(32) * 2 + 2)?,
             xqt: f(MMQ_MAX * widest / 4 + 4)?,

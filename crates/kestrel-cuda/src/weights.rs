@@ -158,6 +158,31 @@ impl DevMatrix {
         })
     }
 
+    /// Matrices of one type and shape stacked into one (`n * rows`, cols): a mixture's experts,
+    /// expert `e`'s row `r` at row `e * rows + r`.
+    pub fn upload_stack(gpu: &Gpu, ws: &[Weight]) -> Result<Self> {
+        let first = ws
+            .first()
+            .ok_or_else(|| CudaError::Other("an empty stack of matrices".into()))?;
+        let kind = Self::kind(first)?;
+        if let Some(w) = ws
+            .iter()
+            .find(|w| (w.ty, w.rows, w.cols) != (first.ty, first.rows, first.cols))
+        {
+            return Err(CudaError::Unsupported(format!(
+                "{}: a {} [{}, {}] among {} [{}, {}] experts",
+                w.name, w.ty, w.rows, w.cols, first.ty, first.rows, first.cols
+            )));
+        }
+        let bytes: Vec<u8> = ws.iter().flat_map(|w| w.bytes().iter().copied()).collect();
+        Ok(Self {
+            kind,
+            rows: ws.len() * first.rows,
+            cols: first.cols,
+            buf: gpu.upload(&to_device_layout(kind, &bytes))?,
+        })
+    }
+
     /// The rows of `w` that come in runs of `run` alternating between `parts` parts, part `part`
     /// of each (Qwen3.5's attn_q: per head `head_dim` query rows, then `head_dim` gate rows).
     /// Rows are whole blocks, so their bytes move as they are.

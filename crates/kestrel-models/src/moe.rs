@@ -130,6 +130,7 @@ pub fn forward(ctx: &Ctx, m: &MoeWeights, layer: usize, x: &mut [f32]) -> Result
     ops::rms_norm_into(x, &m.norm, ctx.cfg.rms_eps, &mut h);
     tap("ffn_norm", layer, &h);
     let logits = ctx.matmul(&m.router, &h)?;
+    tap("ffn_moe_logits", layer, &logits);
     let routes = route(&logits, n_experts, k, m.norm_top_k);
 
     // tokens by expert: `members[e]` lists (token, slot j of its top-k)

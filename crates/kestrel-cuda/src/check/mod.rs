@@ -10,6 +10,7 @@ mod attention;
 mod deltanet;
 mod matvec;
 mod mmq;
+mod moe;
 mod rows;
 use crate::error::{CudaError, Result};
 use crate::weights::Kind;
@@ -18,6 +19,7 @@ use cudarc::driver::LaunchConfig;
 pub use deltanet::{check_deltanet, perf_delta_rule};
 pub use matvec::{check_matvec, check_mvx, check_qkv_rope, perf_matvec};
 pub use mmq::{check_mmq, check_mmq_group, perf_mmq};
+pub use moe::check_moe;
 pub use rows::{check_argmax, check_epilogue, check_gemm_embed, check_norm};
 
 /// A small xorshift generator: inputs differ per case, and a case can be rerun from its seed.
@@ -282,6 +284,7 @@ const GROUPS: &[(&str, Check)] = &[
     ("deltanet", check_deltanet),
     ("gemm_embed", check_gemm_embed),
     ("qkv_rope", check_qkv_rope),
+    ("moe", check_moe),
 ];
 
 /// The groups' names.

@@ -12,7 +12,14 @@ pub struct Family {
 }
 
 impl Family {
-    /// The dense families; `None` for architectures this recipe does not cover (Qwen3.5).
+    /// Qwen3's attention block (per-head q/k norms, no biases): Qwen3 and Qwen3-MoE.
+    pub const QWEN3: Self = Self {
+        qkv_bias: false,
+        qk_norm: true,
+    };
+
+    /// The dense families; `None` for architectures this recipe does not cover (Qwen3-MoE's
+    /// routed FFN: [`super::moe`]; Qwen3.5: [`super::hybrid`]).
     pub fn of(arch: Arch) -> Option<Self> {
         match arch {
             Arch::Llama => Some(Self {
@@ -23,10 +30,7 @@ impl Family {
                 qkv_bias: true,
                 qk_norm: false,
             }),
-            Arch::Qwen3 => Some(Self {
-                qkv_bias: false,
-                qk_norm: true,
-            }),
+            Arch::Qwen3 => Some(Self::QWEN3),
             Arch::Qwen3Moe | Arch::Qwen35 => None,
         }
     }
@@ -36,15 +40,22 @@ impl Family {
 pub fn forward<O: Ops + ?Sized>(o: &mut O, cfg: &ModelConfig, f: Family) -> Result<(), O::Error> {
     o.embed(Buf::X)?;
     for l in 0..cfg.n_layers {
-        layer(o, f, l)?;
+        attention(o, f, l)?;
+        mlp(o, l)?;
     }
+    logits(o)
+}
+
+/// The rows whose logits were asked for, through the final norm and the output head (every
+/// recipe's last step).
+pub fn logits<O: Ops + ?Sized>(o: &mut O) -> Result<(), O::Error> {
     o.pick_rows(Buf::X, Buf::Picked)?;
     o.rms_norm(Buf::Picked, W::OutputNorm, Buf::Picked)?;
     o.matmul(W::Output, Buf::Picked, Buf::Logits)
 }
 
-/// One pre-norm layer: attention then the SwiGLU MLP, each added to the residual stream X.
-pub fn layer<O: Ops + ?Sized>(o: &mut O, f: Family, l: usize) -> Result<(), O::Error> {
+/// A pre-norm attention block added to the residual stream X.
+pub fn attention<O: Ops + ?Sized>(o: &mut O, f: Family, l: usize) -> Result<(), O::Error> {
     let w = |p| W::Layer(l, p);
     // attention block: norm, q/k/v projections
     o.rms_norm(Buf::X, w(Param::AttnNorm), Buf::H)?;
@@ -66,8 +77,7 @@ pub fn layer<O: Ops + ?Sized>(o: &mut O, f: Family, l: usize) -> Result<(), O::E
     o.rope(Buf::K)?;
     o.kv_write(l, Buf::K, Buf::V)?;
     o.attention(l, Buf::Q, Buf::Att)?;
-    o.matmul_add(w(Param::Wo), Buf::Att, Buf::X)?;
-    mlp(o, l)
+    o.matmul_add(w(Param::Wo), Buf::Att, Buf::X)
 }
 
 /// The SwiGLU MLP of layer `l`: `x += down(silu(gate(norm(x))) * up(norm(x)))`.

@@ -17,9 +17,7 @@ pub fn forward<O: HybridOps + ?Sized>(o: &mut O, cfg: &ModelConfig) -> Result<()
         }
         dense::mlp(o, l)?;
     }
-    o.pick_rows(Buf::X, Buf::Picked)?;
-    o.rms_norm(Buf::Picked, W::OutputNorm, Buf::Picked)?;
-    o.matmul(W::Output, Buf::Picked, Buf::Logits)
+    dense::logits(o)
 }
 
 /// Qwen3's attention with an output gate: the q projection also yields, per head, a gate that

@@ -17,6 +17,7 @@
 pub mod cpu;
 pub mod dense;
 pub mod hybrid;
+pub mod moe;
 
 /// A weight of one layer, by role (GGUF's names in comments).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,6 +50,11 @@ pub enum Param {
     SsmDtBias, // ssm_dt.bias (n_v_heads)
     SsmNorm,   // ssm_norm (head_v_dim): the gated RMSNorm's weight
     SsmOut,    // ssm_out (dim, value_dim)
+    // Qwen3-MoE's routed FFN (n_experts experts of expert_ffn_dim rows each)
+    MoeRouter, // ffn_gate_inp (n_experts, dim)
+    GateExps,  // ffn_gate_exps (n_experts, expert_ffn_dim, dim)
+    UpExps,    // ffn_up_exps (n_experts, expert_ffn_dim, dim)
+    DownExps,  // ffn_down_exps (n_experts, dim, expert_ffn_dim)
 }
 
 /// A weight of the model.
@@ -85,10 +91,13 @@ pub enum Buf {
     Alpha, // [T, n_v_heads]
     Beta,  // [T, n_v_heads]
     Delta, // [T, value_dim] the delta rule's output
+    // mixture-of-experts models (Qwen3-MoE)
+    Router,    // [T, n_experts] the router's logits
+    ExpertFfn, // [T * n_used, expert_ffn_dim] silu(gate) * up of each token's routed experts
 }
 
 impl Buf {
-    pub const COUNT: usize = Buf::Delta as usize + 1;
+    pub const COUNT: usize = Buf::ExpertFfn as usize + 1;
 }
 
 /// The operations a backend carries out. Every call is enqueued work: no host
@@ -144,4 +153,21 @@ pub trait HybridOps: Ops {
     ) -> Result<(), Self::Error>;
     /// Per value head, in place: `x = rms_norm(x) * w * silu(z)`.
     fn gated_norm(&mut self, x: Buf, z: Buf, w: W) -> Result<(), Self::Error>;
+}
+
+/// The operations of mixture-of-experts models (Qwen3-MoE) beyond [`Ops`]: a router picks
+/// each token's `n_used` experts, the tokens go through them, and the outputs are summed with
+/// the router's weights. The routes live in the backend between [`MoeOps::moe_route`] and the
+/// expert operations of the same layer.
+pub trait MoeOps: Ops {
+    /// Routes each token from its router logits (`[T, n_experts]`): softmax over every expert,
+    /// the `n_used` most probable (ties to the lower index), their probabilities renormalized
+    /// to sum to 1 where the config says so (`norm_top_k`).
+    fn moe_route(&mut self, layer: usize, logits: Buf) -> Result<(), Self::Error>;
+    /// For token `t` and its `j`-th route to expert `e`: `out[t * n_used + j] =
+    /// silu(gate_e · x[t]) * (up_e · x[t])`.
+    fn expert_swiglu(&mut self, layer: usize, x: Buf, out: Buf) -> Result<(), Self::Error>;
+    /// `out[t] += sum over j of weight_j * (down_{e_j} · ffn[t * n_used + j])`, the routes in
+    /// order (as the CPU sums them).
+    fn expert_down_add(&mut self, layer: usize, ffn: Buf, out: Buf) -> Result<(), Self::Error>;
 }
