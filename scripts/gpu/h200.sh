@@ -169,7 +169,7 @@ for s in $STAGES; do
   echo "=== stage $s ($(date +%T))"
   case $s in
   check)
-    $K gpu-check $([ "${PERF:-1}" = 1 ] && echo --perf) -m $T/tiny-llama/llama-f32.gguf -m $T/tiny-qwen2/qwen2-f32.gguf -m $T/tiny-qwen3/qwen3-f32.gguf 2>&1 | tee $L/check.log
+    $K gpu-check $([ "${PERF:-1}" = 1 ] && echo --perf) -m $T/tiny-llama/llama-f32.gguf -m $T/tiny-qwen2/qwen2-f32.gguf -m $T/tiny-qwen3/qwen3-f32.gguf -m $T/tiny-qwen3_moe/qwen3_moe-f32.gguf 2>&1 | tee $L/check.log
     # the second start loads the cached kernels
     $K run -m $T/tiny-qwen2/qwen2-f32.gguf --prompt-ids 1,2,3 -n 8 --temp 0 --device cuda 2>&1 | tail -3
     ;;

@@ -490,6 +490,14 @@ pub fn check(
                 );
             }
         }
+        if timed("moe") {
+            for (what, us, gbs) in kestrel_cuda::check::perf_moe(&mut gpu, &mut rng)? {
+                println!(
+                    "perf moe {what}: {us:7.1} us, {gbs:6.0} GB/s of expert weights{}",
+                    share(gbs)
+                );
+            }
+        }
         if timed("delta") {
             for (what, us, gbs) in kestrel_cuda::check::perf_delta_rule(&mut gpu, &mut rng)? {
                 println!("perf delta rule {what}: {us:7.1} us, {gbs:6.0} GB/s of state");
@@ -546,7 +554,12 @@ pub fn check(
                 let errs: Vec<f32> = got
                     .chunks_exact(vocab)
                     .zip(want.chunks_exact(vocab))
-                    .map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max))
+                    .map(|(a, b)| {
+                        a.iter()
+                            .zip(b)
+                            .map(|(x, y)| (x - y).abs())
+                            .fold(0f32, f32::max)
+                    })
                     .collect();
                 let worst = errs.iter().copied().fold(0f32, f32::max);
                 let (_, greedy) = st_tensor(&st, &format!("greedy_{i}"))?;
@@ -718,4 +731,22 @@ pub fn compile_only(arch: &str, out: Option<&std::path::Path>) -> Result<()> {
         t.elapsed().as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::routing_tie;
+
+    #[test]
+    fn a_routing_tie_explains_only_a_break_at_a_thin_margin() {
+        let errs = [1e-3, 2e-3, 0.5, 0.01];
+        // the first position over 1e-2 is 2; its margin is under twice the 2e-3 before it
+        let tie = routing_tie(&errs, &[1.0, 1.0, 1e-6, 1.0], 1e-2).expect("a tie");
+        assert_eq!((tie.pos, tie.before), (2, 2e-3));
+        // a wide margin there: a real difference, not explained
+        assert!(routing_tie(&errs, &[1e-6, 1e-6, 0.5, 1e-6], 1e-2).is_none());
+        // agreement, or a model without experts
+        assert!(routing_tie(&[1e-3, 2e-3], &[1e-6, 1e-6], 1e-2).is_none());
+        assert!(routing_tie(&errs, &[], 1e-2).is_none());
+    }
 }

@@ -120,11 +120,12 @@ enum Command {
         #[arg(long, default_value_t = 32)]
         gen: usize,
         /// Also time the kernels: every group, or those named, comma-separated (matvec, mmq,
-        /// decode, delta, flash, download).
+        /// decode, delta, flash, download, moe).
         #[arg(long, num_args = 0.., value_delimiter = ',')]
         perf: Option<Vec<String>>,
         /// The op harness's groups to run, comma-separated (matvec, mvx, mmq, mmq_group, norm,
-        /// argmax, epilogue, attention, flash, deltanet, gemm_embed), or none; default all.
+        /// argmax, epilogue, attention, flash, deltanet, gemm_embed, qkv_rope, moe), or none;
+        /// default all.
         #[arg(long, value_delimiter = ',')]
         ops: Vec<String>,
         /// Only compile the kernels with NVRTC for this architecture (needs no GPU).

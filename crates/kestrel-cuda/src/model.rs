@@ -6,12 +6,12 @@
 use crate::deferred::{Pending, PendingNorm};
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
+use crate::moe::MoeDev;
 use crate::ops::{AttnDecode, MATVEC_MAX, MMQ_MAX};
 pub use crate::scratch::{decode_splits, Scratch, DECODE_SPLITS, STEP_SECTIONS};
 use crate::weights::DevMatrix;
 use cudarc::driver::sys;
 use kestrel_models::backend::{dense, hybrid, moe, Buf};
-use crate::moe::MoeDev;
 use kestrel_models::layers::{Ffn, LayerWeights, Mixer};
 use kestrel_models::weights::TensorStore;
 use kestrel_models::{recipes, Arch, ModelConfig};
@@ -125,7 +125,10 @@ impl LayerDev {
                     down: m(&mlp.down)?,
                 }),
             ),
-            Ffn::Moe(moe) => (gpu.upload_f32(&moe.norm)?, FfnDev::Moe(MoeDev::upload(gpu, moe)?)),
+            Ffn::Moe(moe) => (
+                gpu.upload_f32(&moe.norm)?,
+                FfnDev::Moe(MoeDev::upload(gpu, moe)?),
+            ),
         };
         Ok(Self {
             mixer,
@@ -157,7 +160,12 @@ impl LayerDev {
             FfnDev::Dense(d) => v.extend([(&d.gate, 1.0), (&d.up, 1.0), (&d.down, 1.0)]),
             FfnDev::Moe(e) => {
                 let share = e.n_used as f64 / e.n_experts as f64;
-                v.extend([(&e.router, 1.0), (&e.gate, share), (&e.up, share), (&e.down, share)]);
+                v.extend([
+                    (&e.router, 1.0),
+                    (&e.gate, share),
+                    (&e.up, share),
+                    (&e.down, share),
+                ]);
             }
         }
         v

@@ -223,7 +223,10 @@ impl CudaModel {
             Buf::Beta => (s.beta.ptr, c.hybrid.as_ref().map_or(0, |h| h.n_v_heads)),
             Buf::Delta => (s.delta.ptr, c.hybrid.as_ref().map_or(0, |h| h.value_dim())),
             Buf::Router => (s.moe.router.ptr, c.moe.as_ref().map_or(0, |m| m.n_experts)),
-            Buf::ExpertFfn => (s.moe.ffn.ptr, c.moe.as_ref().map_or(0, |m| m.expert_ffn_dim)),
+            Buf::ExpertFfn => (
+                s.moe.ffn.ptr,
+                c.moe.as_ref().map_or(0, |m| m.expert_ffn_dim),
+            ),
         }
     }
 
@@ -296,30 +299,28 @@ impl CudaModel {
         let m = match w {
             W::Embed => &ws.embed,
             W::Output => ws.output.as_ref().unwrap_or(&ws.embed),
-            W::Layer(l, p) => {
-                match p {
-                    Param::Wq => &self.attn(l)?.wq,
-                    Param::WqGate => self.attn(l)?.wgate.as_ref().ok_or_else(|| {
-                        CudaError::Other(format!("layer {l}'s attention has no output gate"))
-                    })?,
-                    Param::Wk => &self.attn(l)?.wk,
-                    Param::Wv => &self.attn(l)?.wv,
-                    Param::Wo => &self.attn(l)?.wo,
-                    Param::SsmQkv => &self.deltanet(l)?.qkv,
-                    Param::SsmZ => &self.deltanet(l)?.z,
-                    Param::SsmAlpha => &self.deltanet(l)?.alpha,
-                    Param::SsmBeta => &self.deltanet(l)?.beta,
-                    Param::SsmOut => &self.deltanet(l)?.out,
-                    Param::Gate => &self.mlp(l)?.gate,
-                    Param::Up => &self.mlp(l)?.up,
-                    Param::Down => &self.mlp(l)?.down,
-                    Param::MoeRouter => &self.moe(l)?.router,
-                    Param::GateExps => &self.moe(l)?.gate,
-                    Param::UpExps => &self.moe(l)?.up,
-                    Param::DownExps => &self.moe(l)?.down,
-                    other => return Err(CudaError::Other(format!("{other:?} is not a matrix"))),
-                }
-            }
+            W::Layer(l, p) => match p {
+                Param::Wq => &self.attn(l)?.wq,
+                Param::WqGate => self.attn(l)?.wgate.as_ref().ok_or_else(|| {
+                    CudaError::Other(format!("layer {l}'s attention has no output gate"))
+                })?,
+                Param::Wk => &self.attn(l)?.wk,
+                Param::Wv => &self.attn(l)?.wv,
+                Param::Wo => &self.attn(l)?.wo,
+                Param::SsmQkv => &self.deltanet(l)?.qkv,
+                Param::SsmZ => &self.deltanet(l)?.z,
+                Param::SsmAlpha => &self.deltanet(l)?.alpha,
+                Param::SsmBeta => &self.deltanet(l)?.beta,
+                Param::SsmOut => &self.deltanet(l)?.out,
+                Param::Gate => &self.mlp(l)?.gate,
+                Param::Up => &self.mlp(l)?.up,
+                Param::Down => &self.mlp(l)?.down,
+                Param::MoeRouter => &self.moe(l)?.router,
+                Param::GateExps => &self.moe(l)?.gate,
+                Param::UpExps => &self.moe(l)?.up,
+                Param::DownExps => &self.moe(l)?.down,
+                other => return Err(CudaError::Other(format!("{other:?} is not a matrix"))),
+            },
             W::OutputNorm => return Err(CudaError::Other("output_norm is not a matrix".into())),
         };
         Ok(m)

@@ -1,5 +1,5 @@
-//! The shared dense recipe (kestrel_models::backend::dense) carried out by the CPU backend
-//! gives the same logits as the CPU serving path's own recipes, on the tiny fixtures: the
+//! The shared recipes (kestrel_models::backend::dense, ::moe) carried out by the CPU backend
+//! give the same logits as the CPU serving path's own recipes, on the tiny fixtures: the
 //! recipe the GPU runs is the one the CPU is checked with. Tolerance: 1e-5 absolute (same
 //! kernels, same order; only the thread-pool grouping differs).
 
@@ -94,4 +94,9 @@ fn shared_recipe_matches_the_cpu_recipes_qwen2() {
 #[test]
 fn shared_recipe_matches_the_cpu_recipes_qwen3() {
     check("qwen3");
+}
+
+#[test]
+fn shared_recipe_matches_the_cpu_recipes_qwen3_moe() {
+    check("qwen3_moe");
 }

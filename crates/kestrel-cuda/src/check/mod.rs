@@ -19,7 +19,7 @@ use cudarc::driver::LaunchConfig;
 pub use deltanet::{check_deltanet, perf_delta_rule};
 pub use matvec::{check_matvec, check_mvx, check_qkv_rope, perf_matvec};
 pub use mmq::{check_mmq, check_mmq_group, perf_mmq};
-pub use moe::check_moe;
+pub use moe::{check_moe, perf_moe};
 pub use rows::{check_argmax, check_epilogue, check_gemm_embed, check_norm};
 
 /// A small xorshift generator: inputs differ per case, and a case can be rerun from its seed.

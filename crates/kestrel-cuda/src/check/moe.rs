@@ -23,8 +23,13 @@ fn as_read(kind: Kind, x: &[f32]) -> Vec<f32> {
     x.chunks(32)
         .flat_map(|b| {
             let d = b.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-            b.iter()
-                .map(move |&v| if d == 0.0 { 0.0 } else { (v / d).round_ties_even() * d })
+            b.iter().map(move |&v| {
+                if d == 0.0 {
+                    0.0
+                } else {
+                    (v / d).round_ties_even() * d
+                }
+            })
         })
         .collect()
 }
@@ -44,7 +49,11 @@ pub fn check_moe(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
         let logits = rng.vec(t * N_EXP, 3.0);
         let want = kestrel_models::moe::route(&logits, N_EXP, K, true);
         let dl = gpu.upload_f32(&logits)?;
-        let (ids, wts, margin) = (gpu.alloc(t * K * 4)?, gpu.alloc(t * K * 4)?, gpu.alloc(t * 4)?);
+        let (ids, wts, margin) = (
+            gpu.alloc(t * K * 4)?,
+            gpu.alloc(t * K * 4)?,
+            gpu.alloc(t * 4)?,
+        );
         let f = gpu.func("moe_route")?;
         let (ne, k, norm, first) = (N_EXP as i32, K as i32, 1i32, 1i32);
         // SAFETY: logits t x N_EXP floats; ids / wts t x K, margin t entries.
@@ -208,4 +217,131 @@ fn check_experts(
         tol,
     });
     Ok(())
+}
+
+/// A stack of `rows` random rows of `cols` (speed does not depend on the values) and the bytes
+/// of one of its `n_exp` experts.
+fn random_stack(
+    gpu: &Gpu,
+    kind: Kind,
+    n_exp: usize,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> Result<(crate::device::DevBuf, usize)> {
+    let rb = kestrel_quant::row_bytes(kind.ggml(), cols)
+        .map_err(|e| crate::error::CudaError::Other(e.to_string()))?;
+    let bytes: Vec<u8> = (0..rows * rb).map(|_| rng.next_u64() as u8).collect();
+    Ok((gpu.upload(&bytes)?, rb * rows / n_exp))
+}
+
+/// `gpu-check --perf moe`: the expert kernels on Qwen3-30B-A3B's shapes (128 experts of 768 x
+/// 2,048, 8 routes a token; gate/up Q4_K, down Q4_K and Q6_K as in its Q4_K_M file) for one
+/// token and for 8, each replay of the captured launches with other random routes: (what, us
+/// a launch, GB/s of the distinct experts' bytes it reads).
+pub fn perf_moe(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
+    // 30B-A3B's experts, routes a token, width and expert width; launches timed
+    let (n_exp, eff, dim, k_used, reps) = (128usize, 768usize, 2048usize, 8usize, 20usize);
+    let (gate, gate_bytes) = random_stack(gpu, Kind::Q4K, n_exp, n_exp * eff, dim, rng)?;
+    let (up, _) = random_stack(gpu, Kind::Q4K, n_exp, n_exp * eff, dim, rng)?;
+    let mut res = Vec::new();
+    for t in [1usize, 8] {
+        // reps sets of routes: each token's k_used distinct experts
+        let mut sets = Vec::new();
+        let mut distinct = 0usize;
+        for _ in 0..reps {
+            let mut ids = Vec::with_capacity(t * k_used);
+            for _ in 0..t {
+                let mut mine: Vec<i32> = Vec::new();
+                while mine.len() < k_used {
+                    let e = (rng.next_u64() % n_exp as u64) as i32;
+                    if !mine.contains(&e) {
+                        mine.push(e);
+                    }
+                }
+                ids.extend(mine);
+            }
+            let mut u = ids.clone();
+            u.sort_unstable();
+            u.dedup();
+            distinct += u.len();
+            sets.push(gpu.upload(&super::bytes_i32(&ids))?);
+        }
+        let distinct = distinct as f64 / reps as f64;
+        let wts = gpu.upload_f32(&vec![1.0 / k_used as f32; t * k_used])?;
+        let x = gpu.upload_f32(&rng.vec(t * dim, 1.0))?;
+        let (xq, xd) = (gpu.alloc(t * dim)?, gpu.alloc(t * dim / 32 * 8)?);
+        quantize_rows(gpu, x.ptr, xq.ptr, xd.ptr, t, dim)?;
+        let ffn = gpu.upload_f32(&rng.vec(t * k_used * eff, 1.0))?;
+        let (fq, fd) = (
+            gpu.alloc(t * k_used * eff)?,
+            gpu.alloc(t * k_used * eff / 32 * 8)?,
+        );
+        quantize_rows(gpu, ffn.ptr, fq.ptr, fd.ptr, t * k_used, eff)?;
+        let out = gpu.alloc(t * k_used * eff * 4)?;
+        let f = gpu.func("moe_gate_up_q4_k")?;
+        let (e, c, ne, k) = (eff as i32, dim as i32, n_exp as i32, k_used as i32);
+        let us = super::time_us(gpu, 2, reps, true, |gpu, i| {
+            // SAFETY: as in check_experts, on these shapes.
+            unsafe {
+                gpu.stream
+                    .launch_builder(&f)
+                    .arg(&gate.ptr)
+                    .arg(&up.ptr)
+                    .arg(&e)
+                    .arg(&c)
+                    .arg(&ne)
+                    .arg(&sets[i % reps].ptr)
+                    .arg(&k)
+                    .arg(&xq.ptr)
+                    .arg(&xd.ptr)
+                    .arg(&x.ptr)
+                    .arg(&out.ptr)
+                    .launch(cfg(((eff / 4) as u32, (t * k_used) as u32, 1), 128))?;
+            }
+            Ok(())
+        })?;
+        let bytes = 2.0 * distinct * gate_bytes as f64;
+        res.push((
+            format!("gate/up q4_k [{n_exp}x{eff}x{dim}], {t} token(s), {distinct:.1} experts"),
+            us,
+            bytes / us / 1e3,
+        ));
+        for kind in [Kind::Q4K, Kind::Q6K] {
+            let (down, down_bytes) = random_stack(gpu, kind, n_exp, n_exp * dim, eff, rng)?;
+            let resid = gpu.alloc(t * dim * 4)?;
+            let f = gpu.func(&format!("moe_down_{}", kind.name()))?;
+            let (d, e) = (dim as i32, eff as i32);
+            let us = super::time_us(gpu, 2, reps, true, |gpu, i| {
+                // SAFETY: as in check_experts, on these shapes.
+                unsafe {
+                    gpu.stream
+                        .launch_builder(&f)
+                        .arg(&down.ptr)
+                        .arg(&d)
+                        .arg(&e)
+                        .arg(&ne)
+                        .arg(&sets[i % reps].ptr)
+                        .arg(&wts.ptr)
+                        .arg(&k)
+                        .arg(&fq.ptr)
+                        .arg(&fd.ptr)
+                        .arg(&ffn.ptr)
+                        .arg(&resid.ptr)
+                        .launch(cfg(((dim / 4) as u32, t as u32, 1), 128))?;
+                }
+                Ok(())
+            })?;
+            let bytes = distinct * down_bytes as f64;
+            res.push((
+                format!(
+                    "down {} [{n_exp}x{dim}x{eff}], {t} token(s), {distinct:.1} experts",
+                    kind.name()
+                ),
+                us,
+                bytes / us / 1e3,
+            ));
+        }
+    }
+    Ok(res)
 }

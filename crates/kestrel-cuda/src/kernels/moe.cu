@@ -72,24 +72,23 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* logits, 
     }
 }
 
-// Route p's token activations dotted with row `row` of a stack of `rows` rows (and with TWO, the same row of
-// a second stack), one warp, into acc[0][0] (acc[1][0]) of each lane: int8 activations
-// (xq, xd, `cols` wide) for the quantized types, f32 (xf) for F32 / F16.
+// Unit u of row `row` of a stack of `rows` rows (and with TWO, of the same row of a second
+// stack) dotted with one token's activations, added to acc[0][0] (acc[1][0]): units and
+// activations as the mat-vecs take them (matvec.cu: int8 xq / xd for the quantized types, 64 or
+// 32 weights a unit; f32 xf for F32 / F16, 8 a unit), `cols` wide.
+template <int TY> struct StackUnit { enum { COLS = Blk<TY>::UNIT }; };
+template <> struct StackUnit<T_F32> { enum { COLS = 8 }; };
+template <> struct StackUnit<T_F16> { enum { COLS = 8 }; };
 template <int TY, bool TWO>
-__device__ __forceinline__ void stack_row_acc(const u8* A, const u8* B, int row, int rows, int cols,
-                                              const i8* xq, const float2* xd, const float* xf,
-                                              float (*acc)[1]) {
-    int lane = threadIdx.x & 31;
+__device__ __forceinline__ void stack_unit(const u8* A, const u8* B, int row, int rows, int cols, int u,
+                                           const i8* xq, const float2* xd, const float* xf,
+                                           float (*acc)[1]) {
     if constexpr (TY == T_F32 || TY == T_F16) {
-        for (int u = lane; u < cols / 8; u += 32) {
-            unit_acc_f<TY, 1>(A, row, cols, u, xf, cols, acc[0]);
-            if (TWO) unit_acc_f<TY, 1>(B, row, cols, u, xf, cols, acc[1]);
-        }
+        unit_acc_f<TY, 1>(A, row, cols, u, xf, cols, acc[0]);
+        if (TWO) unit_acc_f<TY, 1>(B, row, cols, u, xf, cols, acc[1]);
     } else {
         int bpr = cols / Blk<TY>::QK, rm[1] = {row};
-        u64 nblk = (u64)rows * bpr;
-        for (int u = lane; u < cols / Blk<TY>::UNIT; u += 32)
-            units_acc<TY, 1, 1, TWO>(A, B, rm, nblk, bpr, u, xq, xd, cols, acc);
+        units_acc<TY, 1, 1, TWO>(A, B, rm, (u64)rows * bpr, bpr, u, xq, xd, cols, acc);
     }
 }
 
@@ -101,32 +100,36 @@ __device__ __forceinline__ void moe_gate_up(const u8* G, const u8* U, int eff, i
                                             const float* xf, float* out) {
     GRID_DEP();
     int p = blockIdx.y, row = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    int e = ids[p], t = p / k;
+    int t = p / k, wr = ids[p] * eff + min(row, eff - 1);
     float acc[2][1] = {{0.f}, {0.f}};
-    stack_row_acc<TY, true>(G, U, e * eff + min(row, eff - 1), n_exp * eff, cols, xq + (u64)t * cols,
-                            xd + (u64)t * (cols / 32), xf + (u64)t * cols, acc);
+    for (int u = lane; u < cols / StackUnit<TY>::COLS; u += 32)
+        stack_unit<TY, true>(G, U, wr, n_exp * eff, cols, u, xq + (u64)t * cols, xd + (u64)t * (cols / 32),
+                             xf + (u64)t * cols, acc);
     float g = warp_sum(acc[0][0]), u = warp_sum(acc[1][0]);
     if (lane == 0 && row < eff) out[(u64)p * eff + row] = silu(g) * u;
 }
 
 // x[t][r] += sum over j < k of wts[p] * (D_e[r] . ffn[p]), p = t * k + j, e = ids[p]: a warp a
-// row r of the `dim` output rows, grid (dim / 4, tokens). The routes' products are summed in
-// order, each weighted whole, as the CPU does.
+// row r of the `dim` output rows, grid (dim / 4, tokens). The warp's lanes take the units of
+// all k routes together (an expert's row of 768 columns is 12 K-quant units: one route a
+// round would leave 20 of 32 lanes idle), each unit's dot weighted by its route's weight.
 template <int TY>
 __device__ __forceinline__ void moe_down(const u8* D, int dim, int eff, int n_exp, const int* ids,
                                          const float* wts, int k, const i8* fq, const float2* fd,
                                          const float* ff, float* x) {
     GRID_DEP();
     int t = blockIdx.y, row = blockIdx.x * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    int r = min(row, dim - 1);
+    int r = min(row, dim - 1), units = eff / StackUnit<TY>::COLS;
     float sum = 0.f;
-    for (int j = 0; j < k; j++) {
+    for (int i = lane; i < k * units; i += 32) {
+        int j = i / units, u = i - j * units;
         u64 p = (u64)t * k + j;
         float acc[1][1] = {{0.f}};
-        stack_row_acc<TY, false>(D, D, ids[p] * dim + r, n_exp * dim, eff, fq + p * eff, fd + p * (eff / 32),
-                                 ff + p * eff, acc);
-        sum += wts[p] * warp_sum(acc[0][0]);
+        stack_unit<TY, false>(D, D, ids[p] * dim + r, n_exp * dim, eff, u, fq + p * eff, fd + p * (eff / 32),
+                              ff + p * eff, acc);
+        sum += wts[p] * acc[0][0];
     }
+    sum = warp_sum(sum);
     if (lane == 0 && row < dim) x[(u64)t * dim + row] += sum;
 }
 

@@ -1,14 +1,14 @@
-//! The CPU carrying out the shared recipe ([`super::dense`]) with the CPU kernels of
-//! [`crate::ops`] and [`crate::attention`]: the reference any other backend of the seam is
-//! compared with, step for step, and the proof that the recipe the GPU runs is the CPU's.
+//! The CPU carrying out the shared recipes ([`super::dense`], [`super::moe`]) with the CPU
+//! kernels of [`crate::ops`] and [`crate::attention`]: the reference any other backend of the
+//! seam is compared with, step for step, and the proof that the recipe the GPU runs is the CPU's.
 //! The serving path still runs the recipes of [`crate::recipes`] (same kernels, fused into
 //! fewer thread-pool jobs); `tests/backend_seam.rs` checks both give the same logits.
 
-use super::{dense, Buf, Ops, Param, W};
+use super::{dense, moe, Buf, MoeOps, Ops, Param, W};
 use crate::attention::{causal_attention, TokenKv};
 use crate::config::{Arch, ModelConfig, RopeLayout};
 use crate::kv::{row_of, KvPool, KvType};
-use crate::layers::LayerWeights;
+use crate::layers::{Ffn, LayerWeights};
 use crate::model::{SeqStep, WantLogits};
 use crate::ops::{self, MatmulPath, Rope};
 use crate::pool::ThreadPool;
@@ -16,7 +16,8 @@ use crate::recipes;
 use crate::weights::{TensorStore, Weight};
 use crate::ModelError;
 
-/// A dense model's weights and its KV pool, run through [`dense::forward`].
+/// A dense or mixture model's weights and its KV pool, run through [`dense::forward`] or
+/// [`moe::forward`].
 pub struct CpuBackend {
     pub config: ModelConfig,
     weights: CpuWeights,
@@ -30,7 +31,8 @@ struct CpuWeights {
     output_norm: Vec<f32>,  // (dim)
     pool: ThreadPool,
     path: MatmulPath,
-    family: dense::Family,
+    /// The dense family, or None for the mixture recipe (Qwen3-MoE).
+    family: Option<dense::Family>,
 }
 
 impl CpuBackend {
@@ -44,13 +46,18 @@ impl CpuBackend {
         threads: usize,
         path: MatmulPath,
     ) -> Result<Self, ModelError> {
-        let family = dense::Family::of(config.arch).ok_or_else(|| {
-            ModelError::Unsupported(format!("{} in the shared dense recipe", config.arch.name()))
-        })?;
+        let family = dense::Family::of(config.arch);
         let load_layer = match config.arch {
             Arch::Llama => recipes::llama::load_layer,
             Arch::Qwen2 => recipes::qwen2::load_layer,
-            _ => recipes::qwen3::load_layer,
+            Arch::Qwen3 => recipes::qwen3::load_layer,
+            Arch::Qwen3Moe => recipes::qwen3moe::load_layer,
+            Arch::Qwen35 => {
+                return Err(ModelError::Unsupported(format!(
+                    "{} in the CPU backend of the seam",
+                    config.arch.name()
+                )))
+            }
         };
         let layers = (0..config.n_layers)
             .map(|i| load_layer(store, &config, i))
@@ -138,8 +145,12 @@ impl CpuBackend {
             picks,
             rope,
             bufs: Default::default(),
+            routes: Vec::new(),
         };
-        dense::forward(&mut step, cfg, self.weights.family)?;
+        match self.weights.family {
+            Some(f) => dense::forward(&mut step, cfg, f)?,
+            None => moe::forward(&mut step, cfg)?,
+        }
         Ok(std::mem::take(&mut step.bufs[slot(Buf::Logits)]))
     }
 }
@@ -159,9 +170,11 @@ struct Step<'a> {
     picks: Vec<usize>,
     rope: Rope,
     bufs: [Vec<f32>; Buf::COUNT],
+    /// The last `moe_route`'s choices, `n_used` a token.
+    routes: Vec<crate::moe::Route>,
 }
 
-impl Step<'_> {
+impl<'a> Step<'a> {
     fn matrix(&self, w: W) -> Result<&Weight, ModelError> {
         let ws = self.w;
         Ok(match w {
@@ -181,6 +194,7 @@ impl Step<'_> {
                     Param::Gate => &layer.mlp(l)?.gate,
                     Param::Up => &layer.mlp(l)?.up,
                     Param::Down => &layer.mlp(l)?.down,
+                    Param::MoeRouter => &self.experts(l)?.router,
                     other => return Err(bad(format!("{other:?} is not a matrix"))),
                 }
             }
@@ -203,7 +217,10 @@ impl Step<'_> {
                 let qk = a.qk_norm.as_ref();
                 match p {
                     Param::AttnNorm => &a.norm,
-                    Param::FfnNorm => &layer.mlp(l)?.norm,
+                    Param::FfnNorm => match &layer.ffn {
+                        Ffn::Dense(m) => &m.norm,
+                        Ffn::Moe(m) => &m.norm,
+                    },
                     Param::BiasQ => &bias.ok_or_else(|| missing("q bias"))?.q,
                     Param::BiasK => &bias.ok_or_else(|| missing("k bias"))?.k,
                     Param::BiasV => &bias.ok_or_else(|| missing("v bias"))?.v,
@@ -214,6 +231,22 @@ impl Step<'_> {
             }
             other => return Err(bad(format!("{other:?} is not a vector"))),
         })
+    }
+
+    /// Layer `l`'s experts (borrowed from the weights, not the step).
+    fn experts(&self, l: usize) -> Result<&'a crate::moe::MoeWeights, ModelError> {
+        let w: &'a CpuWeights = self.w;
+        match w.layers.get(l).map(|layer| &layer.ffn) {
+            Some(Ffn::Moe(m)) => Ok(m),
+            _ => Err(bad(format!("layer {l} has no experts"))),
+        }
+    }
+
+    /// `w · x` for one row `x`.
+    fn row_product(&self, w: &Weight, x: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let mut out = vec![0f32; w.rows];
+        ops::matmul(&self.w.pool, self.w.path, w, x, &mut out)?;
+        Ok(out)
     }
 
     fn product(&self, w: W, x: Buf) -> Result<Vec<f32>, ModelError> {
@@ -334,6 +367,56 @@ impl Ops for Step<'_> {
             .flat_map(|&t| src[t * dim..(t + 1) * dim].iter().copied())
             .collect();
         self.bufs[slot(out)] = picked;
+        Ok(())
+    }
+}
+
+impl MoeOps for Step<'_> {
+    fn moe_route(&mut self, layer: usize, logits: Buf) -> Result<(), ModelError> {
+        let m = self.experts(layer)?;
+        self.routes = crate::moe::route(
+            &self.bufs[slot(logits)],
+            m.gate.len(),
+            m.n_used,
+            m.norm_top_k,
+        );
+        Ok(())
+    }
+
+    fn expert_swiglu(&mut self, layer: usize, x: Buf, out: Buf) -> Result<(), ModelError> {
+        let m = self.experts(layer)?;
+        let (dim, k) = (self.cfg.dim, m.n_used);
+        let mut rows = Vec::new();
+        for (p, r) in self.routes.iter().enumerate() {
+            let xt = &self.bufs[slot(x)][(p / k) * dim..(p / k + 1) * dim];
+            let mut g = self.row_product(&m.gate[r.expert], xt)?;
+            let u = self.row_product(&m.up[r.expert], xt)?;
+            crate::vexp::swiglu_row(&mut g, &u);
+            rows.extend(g);
+        }
+        self.bufs[slot(out)] = rows;
+        Ok(())
+    }
+
+    fn expert_down_add(&mut self, layer: usize, ffn: Buf, out: Buf) -> Result<(), ModelError> {
+        let m = self.experts(layer)?;
+        let (dim, k) = (self.cfg.dim, m.n_used);
+        let eff = m.down.first().map_or(0, |w| w.cols);
+        let mut x = std::mem::take(&mut self.bufs[slot(out)]);
+        let mut sum = vec![0f32; dim];
+        for (t, xt) in x.chunks_exact_mut(dim).enumerate() {
+            sum.fill(0.0);
+            for p in t * k..(t + 1) * k {
+                let r = self.routes[p];
+                let f = &self.bufs[slot(ffn)][p * eff..(p + 1) * eff];
+                let o = self.row_product(&m.down[r.expert], f)?;
+                for (s, o) in sum.iter_mut().zip(o) {
+                    *s += r.weight * o;
+                }
+            }
+            ops::add_in_place(xt, &sum);
+        }
+        self.bufs[slot(out)] = x;
         Ok(())
     }
 }
