@@ -4,9 +4,9 @@
 # release binary, llama.cpp trimmed to build llama-quantize (LLAMA_SRC: a trimmed tree; left
 # out when unset: kestrel's own quantizer writes the same bytes), the gguf wheel (WHEEL) and
 # make_dense_model.py / make_qwen35_model.py with their vocabulary. BASE_KERNELS="REV ..." adds
-# each REV's kernel sources as kernels-REV/: h200.sh's AB_ENV="KESTREL_CUDA_KERNELS=.gpu-cuda/kernels-REV"
-# then times them against the binary's own in the same call (same host code: the kernels'
-# names and arguments must match); every kernel set is compiled ahead into cubins/ (below).
+# each REV's kernel sources as kernels-REV/ (files REV lacks from the working tree):
+# h200.sh's AB_ENV="KESTREL_CUDA_KERNELS=.gpu-cuda/kernels-REV" then times them against the
+# binary's own in the same call (same host code: the kernels' names and arguments must match); every kernel set is compiled ahead into cubins/ (below).
 # ENV_SH=FILE ships FILE as env.sh, which h200.sh sources
 # after the caller's settings (a call already queued with other settings then runs these).
 set -eu
@@ -25,6 +25,10 @@ for REV in ${BASE_KERNELS:-}; do
   FILES=$(git -C "$ROOT" ls-tree --name-only "$REV" crates/kestrel-cuda/src/kernels/)
   for f in $FILES; do
     git -C "$ROOT" show "$REV:$f" > "$K/$(basename "$f")"
+  done
+  # a kernel file added after REV (moe.cu) comes from the working tree: the binary names it
+  for f in "$ROOT"/crates/kestrel-cuda/src/kernels/*; do
+    [ -e "$K/$(basename "$f")" ] || cp "$f" "$K/"
   done
 done
 rm -f "$DEST/env.sh"

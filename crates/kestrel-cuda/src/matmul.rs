@@ -8,7 +8,7 @@
 use crate::error::{CudaError, Result};
 use crate::mmq::{mmq_kernel, takes_mmq, MmqInput, MmqMat, SplitBufs, MMQ_GROUP};
 use crate::model::CudaModel;
-use crate::ops::{cfg, MATVEC_MAX};
+use crate::ops::{cfg, MATVEC_MAX, MMQ_MAX};
 use cudarc::driver::PushKernelArg;
 use kestrel_models::backend::{Buf, W};
 
@@ -110,6 +110,18 @@ pub fn half_rows_per_warp(rows: usize, exact: bool) -> usize {
     } else {
         1
     }
+}
+
+/// Bytes up to which an F32 / F16 matrix takes the mat-vec kernels, [`MATVEC_MAX`] tokens a
+/// launch, in steps of up to [`MMQ_MAX`] tokens instead of a cuBLAS GEMM (a mixture's router:
+/// 1 MiB for Qwen3-30B-A3B; the tiny fixtures' matrices): reading it again every 8 tokens
+/// costs less than a GEMM's launch, and a batched decode step without cuBLAS calls can be a
+/// graph.
+const FLOAT_MAT_VEC_BYTES: usize = 8 << 20;
+
+/// Whether a step of `t` tokens takes the float matrix `m` through the mat-vec kernels.
+pub(crate) fn float_mat_vecs(m: &crate::weights::DevMatrix, t: usize) -> bool {
+    !m.kind.int8_activations() && m.bytes() <= FLOAT_MAT_VEC_BYTES && t <= MMQ_MAX
 }
 
 /// The mat-vec kernel for `nt` tokens over a `rows x cols` matrix of `kind` with epilogue
@@ -412,14 +424,14 @@ impl CudaModel {
     ) -> Result<()> {
         let rows = self.rows(x);
         let (xp, _) = self.buf(x);
-        let (kind, wrows, wcols, wp) = {
+        let (kind, wrows, wcols, wp, chunks) = {
             let m = self.matrix(w)?;
-            (m.kind, m.rows, m.cols, m.buf.ptr)
+            (m.kind, m.rows, m.cols, m.buf.ptr, float_mat_vecs(m, rows))
         };
         if takes_mmq(kind, rows) {
             return self.mmq(w, x, op, add);
         }
-        if rows > MATVEC_MAX {
+        if rows > MATVEC_MAX && !chunks {
             return self.gemm(w, x, op, add);
         }
         let up_ptr = match up {
@@ -429,28 +441,36 @@ impl CudaModel {
         if kind.int8_activations() {
             self.quantize(x)?;
         }
-        let nt = rows.next_power_of_two();
         let epi = if up.is_some() { 2 } else { add as u32 };
-        let (name, grid) = matvec_kernel(kind, wrows, wcols, nt, epi);
-        let f = self.gpu.func(&name)?;
         let (q, qd) = (self.scratch.xq.ptr, self.scratch.xd.ptr);
         let (r, c, ld, old) = (wrows as i32, wcols as i32, wcols as i32, wrows as i32);
-        // SAFETY: as in flush.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&wp)
-                .arg(&up_ptr)
-                .arg(&r)
-                .arg(&c)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&ld)
-                .arg(&xp)
-                .arg(&op)
-                .arg(&old)
-                .launch(cfg((grid, 1, 1), 128))?;
+        // MATVEC_MAX tokens a launch (more only for small float matrices, which read the f32
+        // rows: the int8 copy is never offset); a launch of nt tokens past the step's last one
+        // writes rows of `out` beyond it, which the buffers hold (max_batch rows) and no one reads
+        let mut t0 = 0;
+        while t0 < rows {
+            let n = (rows - t0).min(MATVEC_MAX);
+            let (name, grid) = matvec_kernel(kind, wrows, wcols, n.next_power_of_two(), epi);
+            let f = self.gpu.func(&name)?;
+            let (xt, ot) = (xp + (t0 * wcols * 4) as u64, op + (t0 * wrows * 4) as u64);
+            // SAFETY: as in flush.
+            unsafe {
+                self.gpu
+                    .stream
+                    .launch_builder(&f)
+                    .arg(&wp)
+                    .arg(&up_ptr)
+                    .arg(&r)
+                    .arg(&c)
+                    .arg(&q)
+                    .arg(&qd)
+                    .arg(&ld)
+                    .arg(&xt)
+                    .arg(&ot)
+                    .arg(&old)
+                    .launch(cfg((grid, 1, 1), 128))?;
+            }
+            t0 += n;
         }
         Ok(())
     }

@@ -142,31 +142,31 @@ impl LayerDev {
         self.matrices_read().into_iter().map(|(m, _)| m).collect()
     }
 
-    /// Every matrix of the layer with the share of it a token reads: 1, or for an expert stack
-    /// `n_used / n_experts` (a token's routes, on average).
-    pub fn matrices_read(&self) -> Vec<(&DevMatrix, f64)> {
-        let mut v: Vec<(&DevMatrix, f64)> = match &self.mixer {
+    /// The matrices the recipe's matmuls read (all but the expert stacks, which the mixture's
+    /// own kernels read).
+    pub fn products(&self) -> Vec<&DevMatrix> {
+        let mut v = match &self.mixer {
             MixerDev::Attention(a) => {
                 let mut v = vec![&a.wq, &a.wk, &a.wv, &a.wo];
                 v.extend(&a.wgate);
                 v
             }
             MixerDev::DeltaNet(d) => vec![&d.qkv, &d.z, &d.alpha, &d.beta, &d.out],
-        }
-        .into_iter()
-        .map(|m| (m, 1.0))
-        .collect();
+        };
         match &self.ffn {
-            FfnDev::Dense(d) => v.extend([(&d.gate, 1.0), (&d.up, 1.0), (&d.down, 1.0)]),
-            FfnDev::Moe(e) => {
-                let share = e.n_used as f64 / e.n_experts as f64;
-                v.extend([
-                    (&e.router, 1.0),
-                    (&e.gate, share),
-                    (&e.up, share),
-                    (&e.down, share),
-                ]);
-            }
+            FfnDev::Dense(d) => v.extend([&d.gate, &d.up, &d.down]),
+            FfnDev::Moe(e) => v.push(&e.router),
+        }
+        v
+    }
+
+    /// Every matrix of the layer with the share of it a token reads: 1, or for an expert stack
+    /// `n_used / n_experts` (a token's routes, on average).
+    pub fn matrices_read(&self) -> Vec<(&DevMatrix, f64)> {
+        let mut v: Vec<(&DevMatrix, f64)> = self.products().into_iter().map(|m| (m, 1.0)).collect();
+        if let FfnDev::Moe(e) = &self.ffn {
+            let share = e.n_used as f64 / e.n_experts as f64;
+            v.extend([(&e.gate, share), (&e.up, share), (&e.down, share)]);
         }
         v
     }
@@ -344,8 +344,10 @@ pub struct CudaModel {
     pub programmatic_edges: usize,
     /// The shape of the last replayed step graph ([`CudaModel::time_replays`]).
     last_replay: Option<GraphKey>,
-    /// Every matrix is of a type the int8 kernels read (batched decode steps can be graphs).
-    int8_only: bool,
+    /// Every matmul of a batched decode step takes a kernel of kestrel's own (the int8 ones, or
+    /// mat-vecs for small float matrices: `matmul::float_mat_vecs`), no cuBLAS call: such steps
+    /// can be graphs.
+    batched_graphs: bool,
     /// The decode attention kernels of the model's heads: on the CUDA cores, and on the tensor
     /// cores where the heads take it (steps that read enough of the cache).
     pub(crate) attn: AttnDecode,
@@ -433,11 +435,11 @@ impl CudaModel {
             None
         };
         weight_bytes += embed.bytes() as u64 + output.as_ref().map_or(0, |o| o.bytes() as u64);
-        let int8_only = layers
+        let batched_graphs = layers
             .iter()
-            .flat_map(|l| l.matrices())
+            .flat_map(|l| l.products())
             .chain([output.as_ref().unwrap_or(&embed)])
-            .all(|m| m.kind.int8_activations());
+            .all(|m| m.kind.int8_activations() || crate::matmul::float_mat_vecs(m, MMQ_MAX));
         let output_norm = gpu.upload_f32(&recipes::output_norm(store, &cfg)?)?;
         let max_blocks_per_seq = shape.max_context.div_ceil(shape.block_size);
         let max_table = shape.max_batch.max(MATVEC_MAX) * max_blocks_per_seq;
@@ -477,7 +479,7 @@ impl CudaModel {
             use_graphs: true,
             programmatic_edges: 0,
             last_replay: None,
-            int8_only,
+            batched_graphs,
             attn,
             attn_mma,
             weight_bytes,
@@ -744,9 +746,9 @@ impl CudaModel {
 
     /// Whether a step of `t` tokens over `n_seqs` sequences runs as a CUDA graph: every step of
     /// up to [`MATVEC_MAX`] tokens, and batched decode (one token per sequence) up to
-    /// [`MMQ_MAX`] where every matrix takes the int8 kernels (no cuBLAS call in the step).
+    /// [`MMQ_MAX`] where no matmul of the step calls cuBLAS.
     fn graphable(&self, t: usize, n_seqs: usize) -> bool {
-        t <= MATVEC_MAX || (t <= MMQ_MAX && t == n_seqs && self.int8_only)
+        t <= MATVEC_MAX || (t <= MMQ_MAX && t == n_seqs && self.batched_graphs)
     }
 
     /// A fresh step of `t` tokens (`n_out` rows of logits, `n_seqs` sequences), its decode
