@@ -324,19 +324,8 @@ impl CudaModel {
             return Ok(());
         }
         let (ptr, n) = self.buf(x);
-        let f = self.gpu.func("quantize_q")?;
-        let (q, qd, ni) = (self.scratch.xq.ptr, self.scratch.xd.ptr, n as i32);
-        // SAFETY: as in flush.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&ptr)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&ni)
-                .launch(cfg((self.rows(x) as u32, n.div_ceil(256) as u32, 1), 256))?;
-        }
+        let (q, qd, rows) = (self.scratch.xq.ptr, self.scratch.xd.ptr, self.rows(x));
+        quantize_rows(&mut self.gpu, ptr, q, qd, rows, n)?;
         self.step.q8_of = Some(x);
         Ok(())
     }
@@ -596,6 +585,32 @@ impl CudaModel {
         }
         Ok(())
     }
+}
+
+/// The 8-bit blocks (`kernels/common.cuh`'s `quant32`) of `rows` activation rows of `cols`
+/// floats at `x` into `q` (`rows * cols` bytes) / `qd` (`rows * cols / 32` (d, d * sum) pairs),
+/// enqueued.
+pub(crate) fn quantize_rows(
+    gpu: &mut crate::device::Gpu,
+    x: u64,
+    q: u64,
+    qd: u64,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    let f = gpu.func("quantize_q")?;
+    let n = cols as i32;
+    // SAFETY: the caller sized x, q and qd for rows x cols; the arguments match the kernel.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&x)
+            .arg(&q)
+            .arg(&qd)
+            .arg(&n)
+            .launch(cfg((rows as u32, cols.div_ceil(256) as u32, 1), 256))?;
+    }
+    Ok(())
 }
 
 /// Rows `r0 .. r0 + n` of a `rows x cols` matrix of `kind` at `w` (device layout) as f16 at

@@ -10,9 +10,10 @@
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
+use crate::matmul::quantize_rows;
 use crate::model::CudaModel;
 use crate::ops::{cfg, MATVEC_MAX};
-use crate::weights::DevMatrix;
+use crate::weights::{DevMatrix, Kind};
 use cudarc::driver::PushKernelArg;
 use kestrel_models::backend::{Buf, MoeOps};
 use kestrel_models::config::MoeConfig;
@@ -60,9 +61,15 @@ impl MoeDev {
         })
     }
 
-    /// Rows of one expert's gate / up (the config's expert_ffn_dim).
-    fn eff(&self) -> usize {
-        self.gate.rows / self.n_experts.max(1)
+    /// The launches' shape, with `stack`'s type (the gate / up stacks', or the down stack's).
+    fn shape(&self, stack: &DevMatrix) -> Experts {
+        Experts {
+            kind: stack.kind,
+            n_exp: self.n_experts,
+            eff: self.down.cols,
+            dim: self.gate.cols,
+            k: self.n_used,
+        }
     }
 }
 
@@ -141,6 +148,137 @@ impl MoeBufs {
     }
 }
 
+/// The shape of a layer's expert launches: the stacks' type, experts, rows of one expert's
+/// gate / up (`eff`), the model's width (`dim`) and routes a token (`k`).
+#[derive(Clone, Copy)]
+pub(crate) struct Experts {
+    pub kind: Kind,
+    pub n_exp: usize,
+    pub eff: usize,
+    pub dim: usize,
+    pub k: usize,
+}
+
+/// Activation rows as the expert kernels read them: int8 blocks (`q`, `d`: the quantized
+/// types; 0 for F32 / F16) and the f32 rows (`f`).
+pub(crate) struct Acts {
+    pub q: u64,
+    pub d: u64,
+    pub f: u64,
+}
+
+/// The routes of `tokens` tokens from their router logits (`moe_route`) into `ids` / `wts`
+/// (`tokens * k` each) and `margin` (one a token; `first`: this layer starts it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_route(
+    gpu: &mut Gpu,
+    logits: u64,
+    n_exp: usize,
+    k: usize,
+    norm: bool,
+    (ids, wts, margin): (u64, u64, u64),
+    first: bool,
+    tokens: usize,
+) -> Result<()> {
+    let f = gpu.func("moe_route")?;
+    let (ne, k, norm, first) = (n_exp as i32, k as i32, norm as i32, first as i32);
+    // SAFETY: logits holds tokens x n_exp floats; ids / wts tokens x k entries, margin tokens.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&logits)
+            .arg(&ne)
+            .arg(&k)
+            .arg(&norm)
+            .arg(&ids)
+            .arg(&wts)
+            .arg(&margin)
+            .arg(&first)
+            .launch(cfg((tokens as u32, 1, 1), 32))?;
+    }
+    Ok(())
+}
+
+impl Experts {
+    /// `moe_gate_up_<kind>`: each of the `tokens * k` routes' SwiGLU rows into `out`.
+    pub(crate) fn gate_up(
+        &self,
+        gpu: &mut Gpu,
+        (gate, up): (u64, u64),
+        ids: u64,
+        x: &Acts,
+        out: u64,
+        tokens: usize,
+    ) -> Result<()> {
+        let f = gpu.func(&format!("moe_gate_up_{}", self.kind.name()))?;
+        let (e, c, n, k) = (
+            self.eff as i32,
+            self.dim as i32,
+            self.n_exp as i32,
+            self.k as i32,
+        );
+        let grid = (self.eff.div_ceil(4) as u32, (tokens * self.k) as u32, 1);
+        // SAFETY: the stacks hold n_exp x eff rows of dim; x tokens rows; out tokens x k rows
+        // of eff; ids tokens x k experts below n_exp.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&gate)
+                .arg(&up)
+                .arg(&e)
+                .arg(&c)
+                .arg(&n)
+                .arg(&ids)
+                .arg(&k)
+                .arg(&x.q)
+                .arg(&x.d)
+                .arg(&x.f)
+                .arg(&out)
+                .launch(cfg(grid, 128))?;
+        }
+        Ok(())
+    }
+
+    /// `moe_down_<kind>`: each token's routes' down projections of `ffn`, weighted by `wts`,
+    /// added into its row of `x`.
+    pub(crate) fn down(
+        &self,
+        gpu: &mut Gpu,
+        down: u64,
+        (ids, wts): (u64, u64),
+        ffn: &Acts,
+        x: u64,
+        tokens: usize,
+    ) -> Result<()> {
+        let f = gpu.func(&format!("moe_down_{}", self.kind.name()))?;
+        let (d, e, n, k) = (
+            self.dim as i32,
+            self.eff as i32,
+            self.n_exp as i32,
+            self.k as i32,
+        );
+        // SAFETY: the stack holds n_exp x dim rows of eff; ffn tokens x k rows of eff; x tokens
+        // rows of dim.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&down)
+                .arg(&d)
+                .arg(&e)
+                .arg(&n)
+                .arg(&ids)
+                .arg(&wts)
+                .arg(&k)
+                .arg(&ffn.q)
+                .arg(&ffn.d)
+                .arg(&ffn.f)
+                .arg(&x)
+                .launch(cfg((self.dim.div_ceil(4) as u32, tokens as u32, 1), 128))?;
+        }
+        Ok(())
+    }
+}
+
 impl CudaModel {
     /// Per token of the last pass: the smallest gap, in router logits, between the last expert
     /// a route took and the next one, over its layers (infinite when every expert is used;
@@ -156,24 +294,6 @@ impl CudaModel {
         self.gpu.read(self.scratch.moe.margin.ptr, &mut margins)?;
         Ok(margins)
     }
-
-    /// 8-bit blocks of `rows` rows of `n` floats at `src` into `q` / `qd` (`quantize_q`).
-    fn quantize_rows(&mut self, src: u64, n: usize, rows: usize, q: u64, qd: u64) -> Result<()> {
-        let f = self.gpu.func("quantize_q")?;
-        let ni = n as i32;
-        // SAFETY: src holds rows x n floats; q and qd are sized for them (MoeBufs).
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&src)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&ni)
-                .launch(cfg((rows as u32, n.div_ceil(256) as u32, 1), 256))?;
-        }
-        Ok(())
-    }
 }
 
 impl MoeOps for CudaModel {
@@ -182,7 +302,7 @@ impl MoeOps for CudaModel {
         let m = self.moe(layer)?;
         let (ne, k, norm) = (m.n_experts, m.n_used, m.norm_top_k);
         // the step's first routed layer starts the margins
-        let first = (0..layer).all(|l| self.moe(l).is_err()) as i32;
+        let first = (0..layer).all(|l| self.moe(l).is_err());
         let (lp, n) = self.buf(logits);
         let t = self.rows(logits);
         if n != ne {
@@ -193,45 +313,29 @@ impl MoeOps for CudaModel {
         if t == 0 {
             return Ok(());
         }
-        let (ids, wts) = (self.scratch.moe.ids.ptr, self.scratch.moe.wts.ptr);
-        let margin = self.scratch.moe.margin.ptr;
-        let (ne, k, norm) = (ne as i32, k as i32, norm as i32);
-        let f = self.gpu.func("moe_route")?;
-        // SAFETY: logits holds t x ne floats; ids / wts t x k entries (MoeBufs).
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&lp)
-                .arg(&ne)
-                .arg(&k)
-                .arg(&norm)
-                .arg(&ids)
-                .arg(&wts)
-                .arg(&margin)
-                .arg(&first)
-                .launch(cfg((t as u32, 1, 1), 32))?;
-        }
-        Ok(())
+        let b = &self.scratch.moe;
+        let out = (b.ids.ptr, b.wts.ptr, b.margin.ptr);
+        launch_route(&mut self.gpu, lp, ne, k, norm, out, first, t)
     }
 
     fn expert_swiglu(&mut self, layer: usize, x: Buf, out: Buf) -> Result<()> {
         self.flush()?;
         let m = self.moe(layer)?;
-        let (kind, eff, cols, ne, k) = (m.gate.kind, m.eff(), m.gate.cols, m.n_experts, m.n_used);
-        let (gp, upp) = (m.gate.buf.ptr, m.up.buf.ptr);
+        let e = m.shape(&m.gate);
+        let stacks = (m.gate.buf.ptr, m.up.buf.ptr);
         let (xp, xn) = self.buf(x);
         let (op, on) = self.buf(out);
-        if xn != cols || on != eff {
+        if xn != e.dim || on != e.eff || m.up.kind != e.kind {
             return Err(CudaError::Other(format!(
-                "experts of [{eff}, {cols}] against rows of {xn} -> {on}"
+                "experts of [{}, {}] against rows of {xn} -> {on}",
+                e.eff, e.dim
             )));
         }
         let t = self.rows(x);
         if t == 0 {
             return Ok(());
         }
-        let (q, qd) = if !kind.int8_activations() {
+        let (q, d) = if !e.kind.int8_activations() {
             (0, 0)
         } else if t <= MATVEC_MAX {
             // the norm's 8-bit copy, where it already is
@@ -239,30 +343,11 @@ impl MoeOps for CudaModel {
             (self.scratch.xq.ptr, self.scratch.xd.ptr)
         } else {
             let (hq, hd) = (self.scratch.moe.hq.ptr, self.scratch.moe.hd.ptr);
-            self.quantize_rows(xp, cols, t, hq, hd)?;
+            quantize_rows(&mut self.gpu, xp, hq, hd, t, e.dim)?;
             (hq, hd)
         };
         let ids = self.scratch.moe.ids.ptr;
-        let (e, c, n, ki) = (eff as i32, cols as i32, ne as i32, k as i32);
-        let f = self.gpu.func(&format!("moe_gate_up_{}", kind.name()))?;
-        // SAFETY: the stacks hold ne x eff rows of cols; x t rows, out t x k rows of eff.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&gp)
-                .arg(&upp)
-                .arg(&e)
-                .arg(&c)
-                .arg(&n)
-                .arg(&ids)
-                .arg(&ki)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&xp)
-                .arg(&op)
-                .launch(cfg((eff.div_ceil(4) as u32, (t * k) as u32, 1), 128))?;
-        }
+        e.gate_up(&mut self.gpu, stacks, ids, &Acts { q, d, f: xp }, op, t)?;
         self.wrote(out);
         Ok(())
     }
@@ -270,47 +355,29 @@ impl MoeOps for CudaModel {
     fn expert_down_add(&mut self, layer: usize, ffn: Buf, out: Buf) -> Result<()> {
         self.flush()?;
         let m = self.moe(layer)?;
-        let (kind, ne, k) = (m.down.kind, m.n_experts, m.n_used);
-        let (eff, dim, dp) = (m.down.cols, m.down.rows / ne.max(1), m.down.buf.ptr);
+        let e = m.shape(&m.down);
+        let dp = m.down.buf.ptr;
         let (fp, fnn) = self.buf(ffn);
         let (xp, xn) = self.buf(out);
-        if fnn != eff || xn != dim {
+        if fnn != e.eff || xn != e.dim {
             return Err(CudaError::Other(format!(
-                "experts' down of [{dim}, {eff}] against rows of {fnn} -> {xn}"
+                "experts' down of [{}, {}] against rows of {fnn} -> {xn}",
+                e.dim, e.eff
             )));
         }
         let t = self.rows(out);
         if t == 0 {
             return Ok(());
         }
-        let (q, qd) = if kind.int8_activations() {
+        let (q, d) = if e.kind.int8_activations() {
             let (fq, fd) = (self.scratch.moe.fq.ptr, self.scratch.moe.fd.ptr);
-            self.quantize_rows(fp, eff, t * k, fq, fd)?;
+            quantize_rows(&mut self.gpu, fp, fq, fd, t * e.k, e.eff)?;
             (fq, fd)
         } else {
             (0, 0)
         };
-        let (ids, wts) = (self.scratch.moe.ids.ptr, self.scratch.moe.wts.ptr);
-        let (d, e, n, ki) = (dim as i32, eff as i32, ne as i32, k as i32);
-        let f = self.gpu.func(&format!("moe_down_{}", kind.name()))?;
-        // SAFETY: the stack holds ne x dim rows of eff; ffn t x k rows of eff; out t x dim.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&dp)
-                .arg(&d)
-                .arg(&e)
-                .arg(&n)
-                .arg(&ids)
-                .arg(&wts)
-                .arg(&ki)
-                .arg(&q)
-                .arg(&qd)
-                .arg(&fp)
-                .arg(&xp)
-                .launch(cfg((dim.div_ceil(4) as u32, t as u32, 1), 128))?;
-        }
+        let routes = (self.scratch.moe.ids.ptr, self.scratch.moe.wts.ptr);
+        e.down(&mut self.gpu, dp, routes, &Acts { q, d, f: fp }, xp, t)?;
         self.wrote(out);
         Ok(())
     }

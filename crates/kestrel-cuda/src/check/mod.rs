@@ -13,6 +13,7 @@ mod mmq;
 mod moe;
 mod rows;
 use crate::error::{CudaError, Result};
+pub(super) use crate::matmul::quantize_rows;
 use crate::weights::Kind;
 pub use attention::{check_attention, check_flash, perf_decode, perf_flash};
 use cudarc::driver::LaunchConfig;
@@ -173,34 +174,6 @@ pub fn random_matrix(
     Ok((bytes, deq))
 }
 
-/// The 8-bit blocks of `tokens` activation rows of `cols` (f32 at `x`) into `q` / `qd`, as
-/// decode makes them (`quantize_q`, launched as `matmul.rs`'s `quantize` does).
-pub(super) fn quantize_rows(
-    gpu: &mut Gpu,
-    x: u64,
-    q: u64,
-    qd: u64,
-    tokens: usize,
-    cols: usize,
-) -> Result<()> {
-    use cudarc::driver::PushKernelArg;
-    let f = gpu.func("quantize_q")?;
-    let n = cols as i32;
-    // SAFETY: the caller sized x (tokens * cols f32), q (tokens * cols bytes) and qd (tokens *
-    // cols / 32 float2); the arguments match the kernel.
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(&x)
-            .arg(&q)
-            .arg(&qd)
-            .arg(&n)
-            .launch(cfg((tokens as u32, cols.div_ceil(256) as u32, 1), 256))?;
-    }
-    Ok(())
-}
-
-/// `n` floats at `x` as f16 at `out` (the `to_f16` kernel the GEMM and f16 mat-mat paths run).
 pub(super) fn f16_rows(gpu: &mut Gpu, x: u64, out: u64, n: usize) -> Result<()> {
     use cudarc::driver::PushKernelArg;
     let f = gpu.func("to_f16")?;

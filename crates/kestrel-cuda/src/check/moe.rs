@@ -2,11 +2,11 @@
 //! (kestrel-models' `moe::route`), each route's SwiGLU expert and the weighted sum of the
 //! routes' down projections (f64 dots over the dequantized stacks).
 
-use super::{cfg, quantize_rows, random_matrix, rel_err, CaseResult, Rng};
+use super::{quantize_rows, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::Gpu;
 use crate::error::Result;
+use crate::moe::{launch_route, Acts, Experts};
 use crate::weights::{to_device_layout, Kind};
-use cudarc::driver::PushKernelArg;
 
 /// Experts, routes a token, model width and expert width of the cases (a K-quant row's 256).
 const N_EXP: usize = 8;
@@ -54,22 +54,8 @@ pub fn check_moe(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
             gpu.alloc(t * K * 4)?,
             gpu.alloc(t * 4)?,
         );
-        let f = gpu.func("moe_route")?;
-        let (ne, k, norm, first) = (N_EXP as i32, K as i32, 1i32, 1i32);
-        // SAFETY: logits t x N_EXP floats; ids / wts t x K, margin t entries.
-        unsafe {
-            gpu.stream
-                .launch_builder(&f)
-                .arg(&dl.ptr)
-                .arg(&ne)
-                .arg(&k)
-                .arg(&norm)
-                .arg(&ids.ptr)
-                .arg(&wts.ptr)
-                .arg(&margin.ptr)
-                .arg(&first)
-                .launch(cfg((t as u32, 1, 1), 32))?;
-        }
+        let bufs = (ids.ptr, wts.ptr, margin.ptr);
+        launch_route(gpu, dl.ptr, N_EXP, K, true, bufs, true, t)?;
         let mut got_ids = vec![0i32; t * K];
         gpu.read(ids.ptr, &mut got_ids)?;
         let got_w = gpu.read_f32(wts.ptr, t * K)?;
@@ -116,7 +102,6 @@ fn check_experts(
     let int8 = kind.int8_activations();
     // the references read the activations as the kernels do: what is left is summation order
     let tol = 1e-4;
-    let (ne, k) = (N_EXP as i32, K as i32);
 
     // gate / up
     let x = rng.vec(t * DIM, 1.0);
@@ -126,25 +111,19 @@ fn check_experts(
         quantize_rows(gpu, dx.ptr, xq.ptr, xd.ptr, t, DIM)?;
     }
     let ffn = gpu.alloc(t * K * EFF * 4)?;
-    let f = gpu.func(&format!("moe_gate_up_{}", kind.name()))?;
-    let (e, c) = (EFF as i32, DIM as i32);
-    // SAFETY: stacks N_EXP x EFF rows of DIM; x t rows; ffn t x K rows of EFF.
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(&dg.ptr)
-            .arg(&du.ptr)
-            .arg(&e)
-            .arg(&c)
-            .arg(&ne)
-            .arg(&ids)
-            .arg(&k)
-            .arg(&xq.ptr)
-            .arg(&xd.ptr)
-            .arg(&dx.ptr)
-            .arg(&ffn.ptr)
-            .launch(cfg(((EFF / 4) as u32, (t * K) as u32, 1), 128))?;
-    }
+    let e = Experts {
+        kind,
+        n_exp: N_EXP,
+        eff: EFF,
+        dim: DIM,
+        k: K,
+    };
+    let acts = Acts {
+        q: xq.ptr,
+        d: xd.ptr,
+        f: dx.ptr,
+    };
+    e.gate_up(gpu, (dg.ptr, du.ptr), ids, &acts, ffn.ptr, t)?;
     let got = gpu.read_f32(ffn.ptr, t * K * EFF)?;
     let mut want = vec![0f32; t * K * EFF];
     let xr = as_read(kind, &x);
@@ -172,25 +151,12 @@ fn check_experts(
     }
     let base = rng.vec(t * DIM, 1.0);
     let dres = gpu.upload_f32(&base)?;
-    let f = gpu.func(&format!("moe_down_{}", kind.name()))?;
-    let (d, e) = (DIM as i32, EFF as i32);
-    // SAFETY: stack N_EXP x DIM rows of EFF; ffn t x K rows of EFF; residual t x DIM.
-    unsafe {
-        gpu.stream
-            .launch_builder(&f)
-            .arg(&dd.ptr)
-            .arg(&d)
-            .arg(&e)
-            .arg(&ne)
-            .arg(&ids)
-            .arg(&wts)
-            .arg(&k)
-            .arg(&fq.ptr)
-            .arg(&fd.ptr)
-            .arg(&dffn.ptr)
-            .arg(&dres.ptr)
-            .launch(cfg(((DIM / 4) as u32, t as u32, 1), 128))?;
-    }
+    let acts = Acts {
+        q: fq.ptr,
+        d: fd.ptr,
+        f: dffn.ptr,
+    };
+    e.down(gpu, dd.ptr, (ids, wts), &acts, dres.ptr, t)?;
     let got = gpu.read_f32(dres.ptr, t * DIM)?;
     let ffn_r = as_read(kind, &want);
     let mut want_x = vec![0f32; t * DIM];
@@ -279,27 +245,20 @@ pub fn perf_moe(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>>
         );
         quantize_rows(gpu, ffn.ptr, fq.ptr, fd.ptr, t * k_used, eff)?;
         let out = gpu.alloc(t * k_used * eff * 4)?;
-        let f = gpu.func("moe_gate_up_q4_k")?;
-        let (e, c, ne, k) = (eff as i32, dim as i32, n_exp as i32, k_used as i32);
+        let gate_up = Experts {
+            kind: Kind::Q4K,
+            n_exp,
+            eff,
+            dim,
+            k: k_used,
+        };
+        let xa = Acts {
+            q: xq.ptr,
+            d: xd.ptr,
+            f: x.ptr,
+        };
         let us = super::time_us(gpu, 2, reps, true, |gpu, i| {
-            // SAFETY: as in check_experts, on these shapes.
-            unsafe {
-                gpu.stream
-                    .launch_builder(&f)
-                    .arg(&gate.ptr)
-                    .arg(&up.ptr)
-                    .arg(&e)
-                    .arg(&c)
-                    .arg(&ne)
-                    .arg(&sets[i % reps].ptr)
-                    .arg(&k)
-                    .arg(&xq.ptr)
-                    .arg(&xd.ptr)
-                    .arg(&x.ptr)
-                    .arg(&out.ptr)
-                    .launch(cfg(((eff / 4) as u32, (t * k_used) as u32, 1), 128))?;
-            }
-            Ok(())
+            gate_up.gate_up(gpu, (gate.ptr, up.ptr), sets[i % reps].ptr, &xa, out.ptr, t)
         })?;
         let bytes = 2.0 * distinct * gate_bytes as f64;
         res.push((
@@ -310,27 +269,21 @@ pub fn perf_moe(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>>
         for kind in [Kind::Q4K, Kind::Q6K] {
             let (down, down_bytes) = random_stack(gpu, kind, n_exp, n_exp * dim, eff, rng)?;
             let resid = gpu.alloc(t * dim * 4)?;
-            let f = gpu.func(&format!("moe_down_{}", kind.name()))?;
-            let (d, e) = (dim as i32, eff as i32);
+            let e = Experts { kind, ..gate_up };
+            let fa = Acts {
+                q: fq.ptr,
+                d: fd.ptr,
+                f: ffn.ptr,
+            };
             let us = super::time_us(gpu, 2, reps, true, |gpu, i| {
-                // SAFETY: as in check_experts, on these shapes.
-                unsafe {
-                    gpu.stream
-                        .launch_builder(&f)
-                        .arg(&down.ptr)
-                        .arg(&d)
-                        .arg(&e)
-                        .arg(&ne)
-                        .arg(&sets[i % reps].ptr)
-                        .arg(&wts.ptr)
-                        .arg(&k)
-                        .arg(&fq.ptr)
-                        .arg(&fd.ptr)
-                        .arg(&ffn.ptr)
-                        .arg(&resid.ptr)
-                        .launch(cfg(((dim / 4) as u32, t as u32, 1), 128))?;
-                }
-                Ok(())
+                e.down(
+                    gpu,
+                    down.ptr,
+                    (sets[i % reps].ptr, wts.ptr),
+                    &fa,
+                    resid.ptr,
+                    t,
+                )
             })?;
             let bytes = distinct * down_bytes as f64;
             res.push((
