@@ -392,11 +392,6 @@ fn gpu_greedy(m: &mut CudaModel, table: &[u32], prompt: &[u32], n: usize) -> Res
     Ok(out)
 }
 
-/// `kestrel gpu-check`: the op harness, mat-vec speed, and for each model the GPU's logits and
-/// greedy tokens against the CPU path of this binary (and against the fixture's reference
-/// logits when a `reference.safetensors` sits beside it). `ops`: the op harness's groups
-/// (all when empty, none with `none`); `perf`: the speed groups to time (all when empty).
-/// Exit status 1 when a check fails.
 /// Where a mixture's logits leave a reference because of a routing near-tie: the first
 /// position over `tol`, the largest error before it, and the GPU's router margin there.
 struct RoutingTie {
@@ -420,6 +415,11 @@ fn routing_tie(errs: &[f32], margins: &[f32], tol: f32) -> Option<RoutingTie> {
     })
 }
 
+/// `kestrel gpu-check`: the op harness, mat-vec speed, and for each model the GPU's logits and
+/// greedy tokens against the CPU path of this binary (and against the fixture's reference
+/// logits when a `reference.safetensors` sits beside it). `ops`: the op harness's groups
+/// (all when empty, none with `none`); `perf`: the speed groups to time (all when empty).
+/// Exit status 1 when a check fails.
 pub fn check(
     ordinal: usize,
     models: &[std::path::PathBuf],

@@ -407,7 +407,9 @@ impl MoeOps for Step<'_> {
         for (t, xt) in x.chunks_exact_mut(dim).enumerate() {
             sum.fill(0.0);
             for p in t * k..(t + 1) * k {
-                let r = self.routes[p];
+                let r = *self.routes.get(p).ok_or_else(|| {
+                    bad(format!("no route {p}: expert_down_add before moe_route"))
+                })?;
                 let f = &self.bufs[slot(ffn)][p * eff..(p + 1) * eff];
                 let o = self.row_product(&m.down[r.expert], f)?;
                 for (s, o) in sum.iter_mut().zip(o) {
