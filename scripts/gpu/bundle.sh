@@ -33,7 +33,7 @@ for REV in ${BASE_KERNELS:-}; do
 done
 rm -f "$DEST/env.sh"
 [ -z "${ENV_SH:-}" ] || cp "$ENV_SH" "$DEST/env.sh"
-cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$ROOT/scripts/gpu/sampled.py" "$DEST/"
+cp "$WHEEL" "$ROOT/scripts/gpu/serve-check.py" "$ROOT/scripts/gpu/sampled.py" "$ROOT/scripts/gpu/make_moe_model.py" "$DEST/"
 cp "$ROOT/../shared/peers/gpu/make_dense_model.py" "$ROOT/../shared/peers/gpu/make_qwen35_model.py" \
   "$ROOT/../shared/peers/gpu/ggml-vocab-qwen2.gguf" "$DEST/"
 # The kernels compiled ahead for sm_90 (the binary's own and each kernels-REV/), so that a fresh

@@ -26,7 +26,9 @@
 # SCEN_AB (same form): the concurrent scenario again with each setting;
 # sampled = decode through `kestrel serve --device cuda` with sampling chains (OpenAI's defaults,
 # top-k, nucleus) beside greedy, and the host's time picking a token (SAMPLED_SHAPE, default
-# qwen3-8b; scripts/gpu/sampled.py);
+# qwen3-8b; scripts/gpu/sampled.py); moe = Qwen3-30B-A3B's layer shapes (MOE_LAYERS of its 48,
+# default 12; scripts/gpu/make_moe_model.py): pp512/tg128, eager tg128, SCEN=1 the concurrent
+# scenario (the peer stage with PEER_SHAPES=qwen3-30b-a3b times llama.cpp on the same file);
 # perf = gpu-check --perf PERF_GROUPS (default mmq) with no op harness, for this build's kernels
 # and each BASE_KERNELS revision's in the bundle;
 # ncu = ncu's detailed sections of decode kernels (NCU_SHAPE, NCU_K, NCU_C); timeline = one
@@ -91,7 +93,11 @@ Q=${QUANT:-q4_k_m}
 write_model() {  # write_model SHAPE: random weights of SHAPE, quantized to $Q, into $MODELS
   local M=$MODELS/$1-$Q.gguf F=/tmp/w/$1-f16.gguf
   [ -s $M ] && return 0
-  case $1 in qwen35*) python3 $B/make_qwen35_model.py $F $1 > /dev/null ;; *) python3 $B/make_dense_model.py $F $1 > /dev/null ;; esac
+  case $1 in
+  qwen35*) python3 $B/make_qwen35_model.py $F $1 > /dev/null ;;
+  qwen3-30b-a3b) python3 $B/make_moe_model.py $F ${MOE_LAYERS:-12} > /dev/null ;;
+  *) python3 $B/make_dense_model.py $F $1 > /dev/null ;;
+  esac
   $K quantize $F $M.part --type $Q -t 16 > /tmp/w/quant-$1.log 2>&1 && mv $M.part $M
   rm -f $F
 }
@@ -107,6 +113,7 @@ for s in $STAGES; do
   big) PRE="$PRE qwen3-8b" ;;
   sampled) PRE="$PRE ${SAMPLED_SHAPE:-qwen3-8b}" ;;
   hybrid) PRE="$PRE ${HYBRID_SHAPES:-qwen35-0.8b}" ;;
+  moe) PRE="$PRE qwen3-30b-a3b" ;;
   prefill) PRE="$PRE ${PREFILL_SHAPES:-qwen3-8b qwen35-0.8b qwen2.5-1.5b}" ;;
   ncu) PRE="$PRE ${NCU_SHAPE:-qwen2.5-1.5b}" ;;
   timeline) PRE="$PRE ${TIMELINE_SHAPES:-qwen3-8b qwen2.5-1.5b}" ;;
@@ -207,6 +214,13 @@ for s in $STAGES; do
       fi
       [ -n "${PROF:-}" ] && profile $M $SH
     done
+    ;;
+  moe)  # Qwen3-30B-A3B's layer shapes, MOE_LAYERS (12) of its 48 layers (make_moe_model.py):
+    # prompt and decode speed (SCEN=1: batched decode); PEER_SHAPES=qwen3-30b-a3b for llama.cpp
+    M=$(model qwen3-30b-a3b) || continue
+    $K bench -m $M -p 512 -n 128 -r ${REPS:-3} --device cuda 2>&1 | tee $L/bench-qwen3-30b-a3b.log
+    $K bench -m $M -p 0 -n 128 -r 3 --device cuda --no-graphs 2>&1 | tail -1 | tee -a $L/bench-qwen3-30b-a3b.log
+    [ -n "${SCEN:-}" ] && concurrent $M qwen3-30b-a3b
     ;;
   small|big)
     if [ $s = small ]; then SH=qwen2.5-1.5b; else SH=qwen3-8b; fi
