@@ -403,8 +403,12 @@ struct RoutingTie {
 /// Whether the first position whose error (`errs`, one a position) passes `tol` is one where
 /// two experts were within the GPU's own rounding of each other (a router margin under twice
 /// the error before it): the GPU took the other route, which a later position inherits
-/// through the cache. None for models without experts (`margins` empty) and for agreement.
+/// through the cache. None for models without experts (`margins` empty), for agreement, and
+/// where the margins are not one a position (a prompt run in more than one pass).
 fn routing_tie(errs: &[f32], margins: &[f32], tol: f32) -> Option<RoutingTie> {
+    if margins.len() != errs.len() {
+        return None;
+    }
     let pos = errs.iter().position(|&e| e > tol)?;
     let before = errs[..pos].iter().copied().fold(0f32, f32::max);
     let margin = *margins.get(pos)?;
@@ -745,8 +749,9 @@ mod tests {
         assert_eq!((tie.pos, tie.before), (2, 2e-3));
         // a wide margin there: a real difference, not explained
         assert!(routing_tie(&errs, &[1e-6, 1e-6, 0.5, 1e-6], 1e-2).is_none());
-        // agreement, or a model without experts
+        // agreement, a model without experts, margins of another pass
         assert!(routing_tie(&[1e-3, 2e-3], &[1e-6, 1e-6], 1e-2).is_none());
         assert!(routing_tie(&errs, &[], 1e-2).is_none());
+        assert!(routing_tie(&errs, &[1.0, 1.0, 1e-6], 1e-2).is_none());
     }
 }

@@ -73,6 +73,20 @@ pub fn check_moe(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Res
             },
             tol: 1e-5,
         });
+        // a NaN among the scores (a broken file) still routes to experts that exist
+        let mut bad = logits.clone();
+        bad[0] = f32::NAN;
+        let db = gpu.upload_f32(&bad)?;
+        launch_route(gpu, db.ptr, N_EXP, K, true, bufs, true, t)?;
+        let mut nan_ids = vec![0i32; t * K];
+        gpu.read(ids.ptr, &mut nan_ids)?;
+        let in_range = nan_ids.iter().all(|&e| (0..N_EXP as i32).contains(&e));
+        out.push(CaseResult {
+            op: format!("moe route {N_EXP} experts top {K} tokens {t}, a NaN score: ids in range"),
+            err: if in_range { 0.0 } else { f64::INFINITY },
+            tol: 0.0,
+        });
+        launch_route(gpu, dl.ptr, N_EXP, K, true, bufs, true, t)?;
         let routes: Vec<(usize, f32)> = want.iter().map(|r| (r.expert, r.weight)).collect();
         for kind in Kind::QUANTIZED.into_iter().chain([Kind::F16, Kind::F32]) {
             check_experts(gpu, rng, out, kind, t, &routes, ids.ptr, wts.ptr)?;

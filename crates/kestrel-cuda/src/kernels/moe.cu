@@ -57,7 +57,9 @@ extern "C" __global__ void __launch_bounds__(32) moe_route(const float* logits, 
 #pragma unroll
         for (int i = 0; i < PER; i++)
             if (lane + 32 * i == be) p[i] = -1.f;
-        if (lane == j) { mine = bv; mine_e = be; }
+        // NaN scores compare false everywhere: be stays out of range; the kernels that read the
+        // ids must never see one (a read past the stack would end the context)
+        if (lane == j) { mine = bv; mine_e = min(be, n_exp - 1); }
         total += bv;
         kth = bv;
     }
