@@ -4,7 +4,8 @@
 # release binary, llama.cpp trimmed to build llama-quantize (LLAMA_SRC: a trimmed tree; left
 # out when unset: kestrel's own quantizer writes the same bytes), the gguf wheel (WHEEL) and
 # make_dense_model.py / make_qwen35_model.py with their vocabulary. BASE_KERNELS="REV ..." adds
-# each REV's kernel sources as kernels-REV/ (files REV lacks from the working tree):
+# each REV's kernel sources as kernels-REV/ (files REV lacks from the working tree, or from
+# revision FILL_FROM):
 # h200.sh's AB_ENV="KESTREL_CUDA_KERNELS=.gpu-cuda/kernels-REV" then times them against the
 # binary's own in the same call (same host code: the kernels' names and arguments must match); every kernel set is compiled ahead into cubins/ (below).
 # ENV_SH=FILE ships FILE as env.sh, which h200.sh sources
@@ -26,9 +27,16 @@ for REV in ${BASE_KERNELS:-}; do
   for f in $FILES; do
     git -C "$ROOT" show "$REV:$f" > "$K/$(basename "$f")"
   done
-  # a kernel file added after REV (moe.cu) comes from the working tree: the binary names it
+  # a kernel file added after REV (moe.cu) comes from the working tree (the binary names it),
+  # or from revision FILL_FROM where the tree's copy needs what REV's other files lack
   for f in "$ROOT"/crates/kestrel-cuda/src/kernels/*; do
-    [ -e "$K/$(basename "$f")" ] || cp "$f" "$K/"
+    b=$(basename "$f")
+    [ -e "$K/$b" ] && continue
+    if [ -n "${FILL_FROM:-}" ]; then
+      git -C "$ROOT" show "$FILL_FROM:crates/kestrel-cuda/src/kernels/$b" > "$K/$b"
+    else
+      cp "$f" "$K/"
+    fi
   done
 done
 rm -f "$DEST/env.sh"

@@ -535,18 +535,7 @@ impl CudaModel {
     }
 
     pub(crate) fn swiglu(&mut self, gate: u64, up: u64, total: u64) -> Result<()> {
-        let f = self.gpu.func("swiglu")?;
-        // SAFETY: as in flush.
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&f)
-                .arg(&gate)
-                .arg(&up)
-                .arg(&total)
-                .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
-        }
-        Ok(())
+        swiglu(&mut self.gpu, gate, up, total)
     }
 
     /// Dequantize `w` to f16 in row chunks and multiply on the tensor cores (cuBLAS).
@@ -585,6 +574,21 @@ impl CudaModel {
         }
         Ok(())
     }
+}
+
+/// gate[i] = silu(gate[i]) * up[i] for `total` floats, enqueued.
+pub(crate) fn swiglu(gpu: &mut crate::device::Gpu, gate: u64, up: u64, total: u64) -> Result<()> {
+    let f = gpu.func("swiglu")?;
+    // SAFETY: gate and up hold `total` floats each.
+    unsafe {
+        gpu.stream
+            .launch_builder(&f)
+            .arg(&gate)
+            .arg(&up)
+            .arg(&total)
+            .launch(cfg((total.div_ceil(256) as u32, 1, 1), 256))?;
+    }
+    Ok(())
 }
 
 /// The 8-bit blocks (`kernels/common.cuh`'s `quant32`) of `rows` activation rows of `cols`

@@ -3,14 +3,15 @@
 //! down); the router is a plain matmul; the routes (expert ids and weights) stay in device
 //! memory, so a decode step with experts is one CUDA graph like a dense model's.
 //!
-//! Each route runs its expert as mat-vecs (a warp a row): a token reads only its `n_used`
-//! experts, which is what decode wants. A prompt step reads an expert once per route that
-//! picks it, not once for all its tokens (no grouping of routes by expert yet): correct at
-//! every size, but prompt steps re-read the experts their tokens share.
+//! Steps of up to [`MATVEC_MAX`] tokens run each route's expert as mat-vecs (a warp a row): a
+//! token reads only its `n_used` experts, which is what decode wants. Longer steps (prompts,
+//! batched decode) group the routes by expert ([`Experts::tile`]): `moe_sort` puts each
+//! expert's routes in consecutive slots, and the int8 mat-mat reads an expert once a tile of
+//! slots instead of once a route.
 
 use crate::device::{DevBuf, Gpu};
 use crate::error::{CudaError, Result};
-use crate::matmul::quantize_rows;
+use crate::matmul::{quantize_rows, swiglu};
 use crate::model::CudaModel;
 use crate::ops::{cfg, MATVEC_MAX};
 use crate::weights::{DevMatrix, Kind};
@@ -105,16 +106,29 @@ pub struct MoeBufs {
     pub hd: DevBuf,
     pub fq: DevBuf,
     pub fd: DevBuf,
+    /// The grouped steps' ([`Groups`]): slots' routes, tiles, the slots' 8-bit activations, the
+    /// routes' up rows and down rows.
+    pub slot_route: DevBuf,
+    pub tiles: DevBuf,
+    pub gq: DevBuf,
+    pub gd: DevBuf,
+    pub up: DevBuf,
+    pub y: DevBuf,
 }
 
 impl MoeBufs {
     /// Bytes of each buffer, in field order.
-    fn sizes(cfg: &ModelConfig, t: usize) -> [usize; 9] {
+    fn sizes(cfg: &ModelConfig, t: usize) -> [usize; 15] {
         let Some(m) = &cfg.moe else {
-            return [0; 9];
+            return [0; 15];
         };
         let routes = t * m.n_used;
         let ffn = routes * m.expert_ffn_dim;
+        let [slot_route, tiles, gq, gd, up, y] = if t > MATVEC_MAX {
+            Groups::sizes(routes, m.n_experts, cfg.dim, m.expert_ffn_dim)
+        } else {
+            [0; 6]
+        };
         [
             4 * t * m.n_experts,
             4 * routes,
@@ -125,6 +139,12 @@ impl MoeBufs {
             8 * t * cfg.dim.div_ceil(32),
             ffn,
             8 * ffn.div_ceil(32),
+            slot_route,
+            tiles,
+            gq,
+            gd,
+            up,
+            y,
         ]
     }
 
@@ -133,7 +153,8 @@ impl MoeBufs {
     }
 
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: usize) -> Result<Self> {
-        let [router, ids, wts, margin, ffn, hq, hd, fq, fd] = Self::sizes(cfg, max_batch);
+        let [router, ids, wts, margin, ffn, hq, hd, fq, fd, slot_route, tiles, gq, gd, up, y] =
+            Self::sizes(cfg, max_batch);
         Ok(Self {
             router: gpu.alloc(router)?,
             ids: gpu.alloc(ids)?,
@@ -144,7 +165,64 @@ impl MoeBufs {
             hd: gpu.alloc(hd)?,
             fq: gpu.alloc(fq)?,
             fd: gpu.alloc(fd)?,
+            slot_route: gpu.alloc(slot_route)?,
+            tiles: gpu.alloc(tiles)?,
+            gq: gpu.alloc(gq)?,
+            gd: gpu.alloc(gd)?,
+            up: gpu.alloc(up)?,
+            y: gpu.alloc(y)?,
         })
+    }
+
+    /// The grouped steps' buffers.
+    pub(crate) fn groups(&self) -> Groups {
+        Groups {
+            slot_route: self.slot_route.ptr,
+            tiles: self.tiles.ptr,
+            q: self.gq.ptr,
+            d: self.gd.ptr,
+            up: self.up.ptr,
+            y: self.y.ptr,
+        }
+    }
+}
+
+/// Slots a tile of the grouped kernels may take (`moe_mmq_<type>_<slots / 8>`).
+const TILES: [usize; 3] = [8, 16, 32];
+
+/// Slots of `routes` routes over `n_exp` experts with each expert's padded to tiles of `tw`:
+/// the worst case (every expert's last tile one route), a multiple of `tw`.
+fn slots(routes: usize, n_exp: usize, tw: usize) -> usize {
+    (routes + n_exp * (tw - 1)).next_multiple_of(tw)
+}
+
+/// Device buffers of a grouped step: `slot_route` (a route a slot, -1 for padding), `tiles`
+/// (expert, first slot, end slot, 0), the slots' activations in the mat-mat's layout (`q`,
+/// `d`), the routes' up rows (`up`: routes x eff) and down rows (`y`: routes x dim).
+pub(crate) struct Groups {
+    pub slot_route: u64,
+    pub tiles: u64,
+    pub q: u64,
+    pub d: u64,
+    pub up: u64,
+    pub y: u64,
+}
+
+impl Groups {
+    /// Bytes of each buffer (field order) for up to `routes` routes over `n_exp` experts of
+    /// `eff` x `dim`: the widest tile has the most slots, the narrowest the most tiles.
+    pub(crate) fn sizes(routes: usize, n_exp: usize, dim: usize, eff: usize) -> [usize; 6] {
+        let (narrowest, widest) = (TILES[0], TILES[TILES.len() - 1]);
+        let n = slots(routes, n_exp, widest);
+        let wide = dim.max(eff);
+        [
+            4 * n,
+            16 * slots(routes, n_exp, narrowest) / narrowest,
+            n * wide,
+            8 * n * wide.div_ceil(32),
+            4 * routes * eff,
+            4 * routes * dim,
+        ]
     }
 }
 
@@ -200,6 +278,178 @@ pub(crate) fn launch_route(
 }
 
 impl Experts {
+    /// Slots a tile when a step of `t` tokens groups its routes by expert: steps of more than
+    /// [`MATVEC_MAX`] tokens over quantized stacks whose experts' rows come in 16s (a tile's
+    /// row block stays in one expert); the tile about the routes an expert expects (8, 16 or
+    /// 32). None: the mat-vecs a route.
+    pub(crate) fn tile(&self, t: usize) -> Option<usize> {
+        if t <= MATVEC_MAX
+            || !self.kind.int8_activations()
+            || self.eff % 16 != 0
+            || self.dim % 16 != 0
+        {
+            return None;
+        }
+        let per_expert = (t * self.k).div_ceil(self.n_exp);
+        TILES
+            .into_iter()
+            .find(|&tw| per_expert <= tw)
+            .or(Some(TILES[TILES.len() - 1]))
+    }
+
+    /// `moe_sort`: the `tokens * k` routes in `ids` into slots by expert, tiles of `tw`.
+    fn sort(&self, gpu: &mut Gpu, ids: u64, g: &Groups, tw: usize, tokens: usize) -> Result<()> {
+        let routes = tokens * self.k;
+        let n = slots(routes, self.n_exp, tw);
+        let f = gpu.func("moe_sort")?;
+        let (r, ne, twi, ni, nt) = (
+            routes as i32,
+            self.n_exp as i32,
+            tw as i32,
+            n as i32,
+            (n / tw) as i32,
+        );
+        // SAFETY: ids holds `routes` experts below n_exp; slot_route n slots and tiles n / tw
+        // entries (MoeBufs sizes them for the widest and the narrowest tile).
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&ids)
+                .arg(&r)
+                .arg(&ne)
+                .arg(&twi)
+                .arg(&ni)
+                .arg(&nt)
+                .arg(&g.slot_route)
+                .arg(&g.tiles)
+                .launch(cfg((1, 1, 1), 1024))?;
+        }
+        Ok(())
+    }
+
+    /// `moe_gather_q`: row `p / div` of `x` (`cols` wide) for each slot's route p into the
+    /// mat-mat's 8-bit layout.
+    fn gather(
+        &self,
+        gpu: &mut Gpu,
+        x: u64,
+        g: &Groups,
+        div: usize,
+        cols: usize,
+        n: usize,
+    ) -> Result<()> {
+        let f = gpu.func("moe_gather_q")?;
+        let (divi, ci, ni) = (div as i32, cols as i32, n as i32);
+        // SAFETY: x holds the rows the routes name, `cols` wide; q / d n slots of cols.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&x)
+                .arg(&g.slot_route)
+                .arg(&divi)
+                .arg(&g.q)
+                .arg(&g.d)
+                .arg(&ci)
+                .arg(&ni)
+                .launch(cfg((n as u32, cols.div_ceil(256) as u32, 1), 256))?;
+        }
+        Ok(())
+    }
+
+    /// `moe_mmq_<kind>_<tw / 8>`: each slot's row of `stack` (experts of `rows` x `cols`)
+    /// products into its route's row of `out` (`rows` wide).
+    #[allow(clippy::too_many_arguments)]
+    fn mmq(
+        &self,
+        gpu: &mut Gpu,
+        stack: u64,
+        (rows, cols): (usize, usize),
+        g: &Groups,
+        tw: usize,
+        n: usize,
+        out: u64,
+    ) -> Result<()> {
+        let nj = tw / 8;
+        let f = gpu.func(&format!("moe_mmq_{}_{nj}", self.kind.name()))?;
+        let warps = if nj == 1 { 8 } else { 4 };
+        let (ri, ne, ci, ni) = (rows as i32, self.n_exp as i32, cols as i32, n as i32);
+        // SAFETY: the stack holds n_exp x rows rows of cols; q / d n slots; tiles n / tw entries
+        // of experts below n_exp and slots below n; out a row of `rows` for each route a slot
+        // names.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&stack)
+                .arg(&ri)
+                .arg(&ne)
+                .arg(&ci)
+                .arg(&g.q)
+                .arg(&g.d)
+                .arg(&ni)
+                .arg(&g.tiles)
+                .arg(&g.slot_route)
+                .arg(&out)
+                .launch(cfg(((rows / 16) as u32, (n / tw) as u32, 1), 32 * warps))?;
+        }
+        Ok(())
+    }
+
+    /// The grouped gate / up: routes sorted by expert (`ids`), the tokens' rows of `x`
+    /// gathered, both products, SwiGLU into `out` (the routes' rows of eff). `tw`: from
+    /// [`Experts::tile`]; the sort stays for [`Experts::down_grouped`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gate_up_grouped(
+        &self,
+        gpu: &mut Gpu,
+        (gate, up): (u64, u64),
+        ids: u64,
+        x: u64,
+        g: &Groups,
+        out: u64,
+        (tw, tokens): (usize, usize),
+    ) -> Result<()> {
+        let n = slots(tokens * self.k, self.n_exp, tw);
+        self.sort(gpu, ids, g, tw, tokens)?;
+        self.gather(gpu, x, g, self.k, self.dim, n)?;
+        let shape = (self.eff, self.dim);
+        self.mmq(gpu, gate, shape, g, tw, n, out)?;
+        self.mmq(gpu, up, shape, g, tw, n, g.up)?;
+        swiglu(gpu, out, g.up, (tokens * self.k * self.eff) as u64)
+    }
+
+    /// The grouped down: the routes' SwiGLU rows `ffn` gathered in the slots
+    /// [`Experts::gate_up_grouped`] sorted, each route's down row, and `moe_combine` adding the
+    /// token's routes, weighted by `wts`, into its row of `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn down_grouped(
+        &self,
+        gpu: &mut Gpu,
+        down: u64,
+        wts: u64,
+        ffn: u64,
+        g: &Groups,
+        x: u64,
+        (tw, tokens): (usize, usize),
+    ) -> Result<()> {
+        let n = slots(tokens * self.k, self.n_exp, tw);
+        self.gather(gpu, ffn, g, 1, self.eff, n)?;
+        self.mmq(gpu, down, (self.dim, self.eff), g, tw, n, g.y)?;
+        let f = gpu.func("moe_combine")?;
+        let (k, d) = (self.k as i32, self.dim as i32);
+        // SAFETY: y and wts hold tokens x k routes (rows of dim), x tokens rows of dim.
+        unsafe {
+            gpu.stream
+                .launch_builder(&f)
+                .arg(&g.y)
+                .arg(&wts)
+                .arg(&k)
+                .arg(&d)
+                .arg(&x)
+                .launch(cfg((self.dim.div_ceil(256) as u32, tokens as u32, 1), 256))?;
+        }
+        Ok(())
+    }
+
     /// `moe_gate_up_<kind>`: each of the `tokens * k` routes' SwiGLU rows into `out`.
     pub(crate) fn gate_up(
         &self,
@@ -335,6 +585,13 @@ impl MoeOps for CudaModel {
         if t == 0 {
             return Ok(());
         }
+        let ids = self.scratch.moe.ids.ptr;
+        if let Some(tw) = e.tile(t) {
+            let g = self.scratch.moe.groups();
+            e.gate_up_grouped(&mut self.gpu, stacks, ids, xp, &g, op, (tw, t))?;
+            self.wrote(out);
+            return Ok(());
+        }
         let (q, d) = if !e.kind.int8_activations() {
             (0, 0)
         } else if t <= MATVEC_MAX {
@@ -346,7 +603,6 @@ impl MoeOps for CudaModel {
             quantize_rows(&mut self.gpu, xp, hq, hd, t, e.dim)?;
             (hq, hd)
         };
-        let ids = self.scratch.moe.ids.ptr;
         e.gate_up(&mut self.gpu, stacks, ids, &Acts { q, d, f: xp }, op, t)?;
         self.wrote(out);
         Ok(())
@@ -369,6 +625,13 @@ impl MoeOps for CudaModel {
         if t == 0 {
             return Ok(());
         }
+        let wts = self.scratch.moe.wts.ptr;
+        if let Some(tw) = e.tile(t) {
+            let g = self.scratch.moe.groups();
+            e.down_grouped(&mut self.gpu, dp, wts, fp, &g, xp, (tw, t))?;
+            self.wrote(out);
+            return Ok(());
+        }
         let (q, d) = if e.kind.int8_activations() {
             let (fq, fd) = (self.scratch.moe.fq.ptr, self.scratch.moe.fd.ptr);
             quantize_rows(&mut self.gpu, fp, fq, fd, t * e.k, e.eff)?;
@@ -376,7 +639,7 @@ impl MoeOps for CudaModel {
         } else {
             (0, 0)
         };
-        let routes = (self.scratch.moe.ids.ptr, self.scratch.moe.wts.ptr);
+        let routes = (self.scratch.moe.ids.ptr, wts);
         e.down(&mut self.gpu, dp, routes, &Acts { q, d, f: fp }, xp, t)?;
         self.wrote(out);
         Ok(())

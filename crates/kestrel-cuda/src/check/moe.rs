@@ -5,7 +5,7 @@
 use super::{quantize_rows, random_matrix, rel_err, CaseResult, Rng};
 use crate::device::Gpu;
 use crate::error::Result;
-use crate::moe::{launch_route, Acts, Experts};
+use crate::moe::{launch_route, Acts, Experts, Groups};
 use crate::weights::{to_device_layout, Kind};
 
 /// Experts, routes a token, model width and expert width of the cases (a K-quant row's 256).
@@ -44,7 +44,9 @@ fn dot(w: &[f32], row: usize, x: &[f32]) -> f64 {
 }
 
 pub fn check_moe(gpu: &mut Gpu, rng: &mut Rng, out: &mut Vec<CaseResult>) -> Result<()> {
-    for t in [1usize, 5] {
+    // 1 and 5 tokens: the mat-vecs a route; 12, 40 and 96: routes grouped by expert, tiles of
+    // 8, 16 and 32 slots (the quantized types; F32 / F16 stay on the mat-vecs)
+    for t in [1usize, 5, 12, 40, 96] {
         // routes: ids exact, weights within float rounding
         let logits = rng.vec(t * N_EXP, 3.0);
         let want = kestrel_models::moe::route(&logits, N_EXP, K, true);
@@ -137,7 +139,30 @@ fn check_experts(
         d: xd.ptr,
         f: dx.ptr,
     };
-    e.gate_up(gpu, (dg.ptr, du.ptr), ids, &acts, ffn.ptr, t)?;
+    let tile = e.tile(t);
+    let sizes = Groups::sizes(t * K, N_EXP, DIM, EFF);
+    let gb = sizes.map(|n| gpu.alloc(n));
+    let [slot_route, tiles, gq, gd, gup, gy] = gb;
+    let (slot_route, tiles, gq, gd, gup, gy) = (slot_route?, tiles?, gq?, gd?, gup?, gy?);
+    let groups = Groups {
+        slot_route: slot_route.ptr,
+        tiles: tiles.ptr,
+        q: gq.ptr,
+        d: gd.ptr,
+        up: gup.ptr,
+        y: gy.ptr,
+    };
+    let path = match tile {
+        Some(tw) => {
+            let stacks = (dg.ptr, du.ptr);
+            e.gate_up_grouped(gpu, stacks, ids, dx.ptr, &groups, ffn.ptr, (tw, t))?;
+            format!(", grouped in tiles of {tw}")
+        }
+        None => {
+            e.gate_up(gpu, (dg.ptr, du.ptr), ids, &acts, ffn.ptr, t)?;
+            String::new()
+        }
+    };
     let got = gpu.read_f32(ffn.ptr, t * K * EFF)?;
     let mut want = vec![0f32; t * K * EFF];
     let xr = as_read(kind, &x);
@@ -150,7 +175,7 @@ fn check_experts(
     }
     out.push(CaseResult {
         op: format!(
-            "moe gate/up swiglu {} [{N_EXP}x{EFF}x{DIM}] tokens {t}",
+            "moe gate/up swiglu {} [{N_EXP}x{EFF}x{DIM}] tokens {t}{path}",
             kind.name()
         ),
         err: rel_err(&got, &want),
@@ -170,7 +195,10 @@ fn check_experts(
         d: fd.ptr,
         f: dffn.ptr,
     };
-    e.down(gpu, dd.ptr, (ids, wts), &acts, dres.ptr, t)?;
+    match tile {
+        Some(tw) => e.down_grouped(gpu, dd.ptr, wts, dffn.ptr, &groups, dres.ptr, (tw, t))?,
+        None => e.down(gpu, dd.ptr, (ids, wts), &acts, dres.ptr, t)?,
+    }
     let got = gpu.read_f32(dres.ptr, t * DIM)?;
     let ffn_r = as_read(kind, &want);
     let mut want_x = vec![0f32; t * DIM];
@@ -190,7 +218,7 @@ fn check_experts(
     let added = |v: &[f32]| -> Vec<f32> { v.iter().zip(&base).map(|(a, b)| a - b).collect() };
     out.push(CaseResult {
         op: format!(
-            "moe down weighted + residual {} [{N_EXP}x{DIM}x{EFF}] tokens {t}",
+            "moe down weighted + residual {} [{N_EXP}x{DIM}x{EFF}] tokens {t}{path}",
             kind.name()
         ),
         err: rel_err(&added(&got), &added(&want_x)),
@@ -216,16 +244,22 @@ fn random_stack(
 }
 
 /// `gpu-check --perf moe`: the expert kernels on Qwen3-30B-A3B's shapes (128 experts of 768 x
-/// 2,048, 8 routes a token; gate/up Q4_K, down Q4_K and Q6_K as in its Q4_K_M file) for one
-/// token and for 8, each replay of the captured launches with other random routes: (what, us
-/// a launch, GB/s of the distinct experts' bytes it reads).
+/// 2,048, 8 routes a token; gate/up Q4_K, down Q4_K and Q6_K as in its Q4_K_M file) for steps
+/// of 1, 8, 64 and 512 tokens (the last two grouped by expert, and again a route at a time),
+/// each replay of the captured launches with other random routes: (what, us a launch, GB/s of
+/// the distinct experts' bytes, each counted once).
 pub fn perf_moe(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>> {
     // 30B-A3B's experts, routes a token, width and expert width; launches timed
-    let (n_exp, eff, dim, k_used, reps) = (128usize, 768usize, 2048usize, 8usize, 20usize);
+    let (n_exp, eff, dim, k_used, reps) = (128usize, 768usize, 2048usize, 8usize, 10usize);
     let (gate, gate_bytes) = random_stack(gpu, Kind::Q4K, n_exp, n_exp * eff, dim, rng)?;
     let (up, _) = random_stack(gpu, Kind::Q4K, n_exp, n_exp * eff, dim, rng)?;
+    let downs = [Kind::Q4K, Kind::Q6K].map(|kind| {
+        random_stack(gpu, kind, n_exp, n_exp * dim, eff, rng).map(|(buf, bytes)| (kind, buf, bytes))
+    });
+    let [d4, d6] = downs;
+    let downs = [d4?, d6?];
     let mut res = Vec::new();
-    for t in [1usize, 8] {
+    for t in [1usize, 8, 64, 512] {
         // reps sets of routes: each token's k_used distinct experts
         let mut sets = Vec::new();
         let mut distinct = 0usize;
@@ -248,17 +282,26 @@ pub fn perf_moe(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>>
             sets.push(gpu.upload(&super::bytes_i32(&ids))?);
         }
         let distinct = distinct as f64 / reps as f64;
-        let wts = gpu.upload_f32(&vec![1.0 / k_used as f32; t * k_used])?;
+        let routes = t * k_used;
+        let wts = gpu.upload_f32(&vec![1.0 / k_used as f32; routes])?;
         let x = gpu.upload_f32(&rng.vec(t * dim, 1.0))?;
         let (xq, xd) = (gpu.alloc(t * dim)?, gpu.alloc(t * dim / 32 * 8)?);
         quantize_rows(gpu, x.ptr, xq.ptr, xd.ptr, t, dim)?;
-        let ffn = gpu.upload_f32(&rng.vec(t * k_used * eff, 1.0))?;
-        let (fq, fd) = (
-            gpu.alloc(t * k_used * eff)?,
-            gpu.alloc(t * k_used * eff / 32 * 8)?,
-        );
-        quantize_rows(gpu, ffn.ptr, fq.ptr, fd.ptr, t * k_used, eff)?;
-        let out = gpu.alloc(t * k_used * eff * 4)?;
+        let ffn = gpu.upload_f32(&rng.vec(routes * eff, 1.0))?;
+        let (fq, fd) = (gpu.alloc(routes * eff)?, gpu.alloc(routes * eff / 32 * 8)?);
+        quantize_rows(gpu, ffn.ptr, fq.ptr, fd.ptr, routes, eff)?;
+        let out = gpu.alloc(routes * eff * 4)?;
+        let resid = gpu.alloc(t * dim * 4)?;
+        let [b0, b1, b2, b3, b4, b5] = Groups::sizes(routes, n_exp, dim, eff).map(|n| gpu.alloc(n));
+        let bufs = [b0?, b1?, b2?, b3?, b4?, b5?];
+        let groups = Groups {
+            slot_route: bufs[0].ptr,
+            tiles: bufs[1].ptr,
+            q: bufs[2].ptr,
+            d: bufs[3].ptr,
+            up: bufs[4].ptr,
+            y: bufs[5].ptr,
+        };
         let gate_up = Experts {
             kind: Kind::Q4K,
             n_exp,
@@ -271,43 +314,66 @@ pub fn perf_moe(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>>
             d: xd.ptr,
             f: x.ptr,
         };
-        let us = super::time_us(gpu, 2, reps, true, |gpu, i| {
-            gate_up.gate_up(gpu, (gate.ptr, up.ptr), sets[i % reps].ptr, &xa, out.ptr, t)
-        })?;
-        let bytes = 2.0 * distinct * gate_bytes as f64;
-        res.push((
-            format!("gate/up q4_k [{n_exp}x{eff}x{dim}], {t} token(s), {distinct:.1} experts"),
-            us,
-            bytes / us / 1e3,
-        ));
-        for kind in [Kind::Q4K, Kind::Q6K] {
-            let (down, down_bytes) = random_stack(gpu, kind, n_exp, n_exp * dim, eff, rng)?;
-            let resid = gpu.alloc(t * dim * 4)?;
-            let e = Experts { kind, ..gate_up };
-            let fa = Acts {
-                q: fq.ptr,
-                d: fd.ptr,
-                f: ffn.ptr,
+        let fa = Acts {
+            q: fq.ptr,
+            d: fd.ptr,
+            f: ffn.ptr,
+        };
+        // the grouped kernels where a step takes them, and the mat-vecs a route (for longer
+        // steps: what they replace)
+        let ways: Vec<Option<usize>> = match gate_up.tile(t) {
+            Some(tw) => vec![Some(tw), None],
+            None => vec![None],
+        };
+        for way in ways {
+            let how = match way {
+                Some(tw) => format!("grouped, tiles of {tw}"),
+                None => "a route at a time".to_string(),
             };
-            let us = super::time_us(gpu, 2, reps, true, |gpu, i| {
-                e.down(
-                    gpu,
-                    down.ptr,
-                    (sets[i % reps].ptr, wts.ptr),
-                    &fa,
-                    resid.ptr,
-                    t,
-                )
+            let stacks = (gate.ptr, up.ptr);
+            let us = super::time_us(gpu, 2, reps, true, |gpu, i| match way {
+                Some(tw) => {
+                    let ids = sets[i % reps].ptr;
+                    gate_up.gate_up_grouped(gpu, stacks, ids, x.ptr, &groups, out.ptr, (tw, t))
+                }
+                None => gate_up.gate_up(gpu, stacks, sets[i % reps].ptr, &xa, out.ptr, t),
             })?;
-            let bytes = distinct * down_bytes as f64;
+            let bytes = 2.0 * distinct * gate_bytes as f64;
             res.push((
-                format!(
-                    "down {} [{n_exp}x{dim}x{eff}], {t} token(s), {distinct:.1} experts",
-                    kind.name()
-                ),
+                format!("gate/up q4_k [{n_exp}x{eff}x{dim}], {t} token(s), {distinct:.1} experts, {how}"),
                 us,
                 bytes / us / 1e3,
             ));
+            for (kind, down, down_bytes) in &downs {
+                let e = Experts {
+                    kind: *kind,
+                    ..gate_up
+                };
+                // the grouped down reads the slots of the last grouped gate/up: any routes'
+                // slots time the same
+                let us = super::time_us(gpu, 2, reps, true, |gpu, i| match way {
+                    Some(tw) => {
+                        e.down_grouped(gpu, down.ptr, wts.ptr, ffn.ptr, &groups, resid.ptr, (tw, t))
+                    }
+                    None => e.down(
+                        gpu,
+                        down.ptr,
+                        (sets[i % reps].ptr, wts.ptr),
+                        &fa,
+                        resid.ptr,
+                        t,
+                    ),
+                })?;
+                let bytes = distinct * *down_bytes as f64;
+                res.push((
+                    format!(
+                        "down {} [{n_exp}x{dim}x{eff}], {t} token(s), {distinct:.1} experts, {how}",
+                        kind.name()
+                    ),
+                    us,
+                    bytes / us / 1e3,
+                ));
+            }
         }
     }
     Ok(res)

@@ -270,11 +270,10 @@ __device__ __forceinline__ void piece_mma(float (*acc)[4], const PieceW (*pa)[PI
 }
 
 // The block's WK warps' partial sums (acc, each warp over its share of the units) added in
-// shared memory `red` (WK * NJ * MR * 128 floats) and stored (EPI 0) or added (1) to
-// out[t][row] (rows a token) for the block's 16 MR rows from r0 and 8 NJ tokens from t0.
-template <int NJ, int WK, int MR, int EPI>
-__device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int r0, int t0, int rows, int T,
-                                           float* __restrict__ out) {
+// shared memory `red` (WK * NJ * MR * 128 floats); store(row, t, v) for each of the block's 16 MR
+// rows from r0 and 8 NJ tokens from t0.
+template <int NJ, int WK, int MR, class Store>
+__device__ __forceinline__ void mmq_sum(float (*acc)[MR][4], float* red, int r0, int t0, Store store) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // entry e = ((j * MR + m) * 4 + i) * 32 + lane of each warp's slice
     constexpr int SLICE = NJ * MR * 128;
@@ -290,28 +289,36 @@ __device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int 
 #pragma unroll
         for (int w = 0; w < WK; w++) v += red[w * SLICE + e];
         int l = e & 31, i = (e >> 5) & 3, jm = e >> 7, j = jm / MR, m = jm % MR;
-        int row = r0 + 16 * m + (l >> 2) + (i >= 2 ? 8 : 0);
-        int t = t0 + 8 * j + 2 * (l & 3) + (i & 1);
+        store(r0 + 16 * m + (l >> 2) + (i >= 2 ? 8 : 0), t0 + 8 * j + 2 * (l & 3) + (i & 1), v);
+    }
+}
+
+// mmq_sum stored (EPI 0) or added (1) to out[t][row] (rows a token), rows below `rows` and
+// tokens below T.
+template <int NJ, int WK, int MR, int EPI>
+__device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int r0, int t0, int rows, int T,
+                                           float* __restrict__ out) {
+    mmq_sum<NJ, WK, MR>(acc, red, r0, t0, [&](int row, int t, float v) {
         if (row < rows && t < T) {
             float* o = out + (u64)t * rows + row;
             if (EPI == 0) *o = v;
             else *o += v;
         }
-    }
+    });
 }
 
 // A block is WK warps over the same 16 MR rows (MR tiles of 16), warp w taking units w, w + WK,
 // ... With PF the next unit's words are loaded before the current one is multiplied. With MR = 2
 // each activation fragment (and its scales) feeds two mma, one per tile: half the activation
 // loads per weight.
-template <int TY, int NJ, int WK, int PF, int MR, int EPI>
-__device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
-                                    const float2* __restrict__ xd, int T8, int T,
-                                    float* __restrict__ out, int rblk) {
+// acc: this warp's partial sums of rows r0.. (of the `rows` of W) and tokens t0.. (of the
+// activations' T8).
+template <int TY, int NJ, int WK, int PF, int MR>
+__device__ __forceinline__ void mmq_acc(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
+                                        const float2* __restrict__ xd, int T8, int r0, int t0,
+                                        float (&acc)[NJ][MR][4]) {
     constexpr int PIECES = Blk<TY>::UNIT / 32;
-    __shared__ float red[WK * NJ * MR * 4 * 32];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gid = lane >> 2, tid = lane & 3;
-    int r0 = rblk * 16 * MR, t0 = blockIdx.y * 8 * NJ;
     int ra[MR], rb[MR];
 #pragma unroll
     for (int m = 0; m < MR; m++) {
@@ -321,7 +328,6 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
     int bpr = cols / Blk<TY>::QK;
     u64 nblk = (u64)rows * bpr;
     int units = cols / Blk<TY>::UNIT;
-    float acc[NJ][MR][4];
 #pragma unroll
     for (int j = 0; j < NJ; j++)
 #pragma unroll
@@ -370,6 +376,16 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols
             }
         }
     }
+}
+
+template <int TY, int NJ, int WK, int PF, int MR, int EPI>
+__device__ __forceinline__ void mmq(const u8* __restrict__ W, int rows, int cols, const i8* __restrict__ xq,
+                                    const float2* __restrict__ xd, int T8, int T,
+                                    float* __restrict__ out, int rblk) {
+    __shared__ float red[WK * NJ * MR * 4 * 32];
+    int r0 = rblk * 16 * MR, t0 = blockIdx.y * 8 * NJ;
+    float acc[NJ][MR][4];
+    mmq_acc<TY, NJ, WK, PF, MR>(W, rows, cols, xq, xd, T8, r0, t0, acc);
     mmq_reduce<NJ, WK, MR, EPI>(acc, red, r0, t0, rows, T, out);
 }
 

@@ -135,6 +135,103 @@ __device__ __forceinline__ void moe_down(const u8* D, int dim, int eff, int n_ex
     if (lane == 0 && row < dim) x[(u64)t * dim + row] += sum;
 }
 
+// Grouped experts (steps of many tokens): the routes sorted by expert into slots, each expert's
+// routes in tiles of TW slots (its last tile padded), and each tile a mat-mat on the int8 tensor
+// cores (mmq.cu's mmq_acc) over its expert's rows: an expert is read once a tile, where the
+// mat-vecs above read it once a route. Slots and tiles are sized for the worst case, so the
+// launches have fixed grids (a decode step stays one graph); unused tiles are marked e = -1.
+
+// ids[routes] -> slot_route[s] (the route in slot s, -1 for padding; max_slots entries) and
+// tiles[w] = (e, first slot, end slot, 0) for w < max_tiles (e = -1 past the last). One block of
+// 1,024 threads: counts by shared atomics, the padded offsets and tiles by one thread (at most
+// MOE_MAX_EXPERTS experts), the slots by atomic cursors (their order within an expert changes
+// no result: each slot's sums are its own).
+extern "C" __global__ void __launch_bounds__(1024) moe_sort(const int* ids, int routes, int n_exp, int tw,
+                                                            int max_slots, int max_tiles, int* slot_route,
+                                                            int4* tiles) {
+    __shared__ int cnt[MOE_MAX_EXPERTS], base[MOE_MAX_EXPERTS];
+    GRID_DEP();
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) cnt[e] = 0;
+    for (int s = threadIdx.x; s < max_slots; s += blockDim.x) slot_route[s] = -1;
+    __syncthreads();
+    for (int p = threadIdx.x; p < routes; p += blockDim.x) atomicAdd(&cnt[ids[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int off = 0, w = 0;
+        for (int e = 0; e < n_exp; e++) {
+            int c = cnt[e];
+            base[e] = off;
+            for (int s0 = off; s0 < off + c && w < max_tiles; s0 += tw) tiles[w++] = make_int4(e, s0, min(s0 + tw, off + c), 0);
+            off += (c + tw - 1) / tw * tw;
+            cnt[e] = 0;
+        }
+        for (; w < max_tiles; w++) tiles[w] = make_int4(-1, 0, 0, 0);
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < routes; p += blockDim.x) {
+        int e = ids[p];
+        slot_route[base[e] + atomicAdd(&cnt[e], 1)] = p;
+    }
+}
+
+// Row p / div of x [*, n] for each slot's route p into the mat-mat's activation layout (mmq.cu's
+// quantize_q_t: int8 [P][S8][32], (d, d * sum) [P][S8]); padding slots get zeros. div = k: the
+// routes' tokens (gate / up); 1: the routes' own rows (down). Grid (S8, parts), 256 threads.
+extern "C" __global__ void __launch_bounds__(256) moe_gather_q(const float* x, const int* slot_route, int div,
+                                                                i8* q, float2* qd, int n, int S8) {
+    GRID_DEP();
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, s = blockIdx.x, p = slot_route[s];
+    for (int base = (blockIdx.y * 8 + warp) * 32; base < n; base += gridDim.y * 256) {
+        int P = base / 32;
+        float v = p >= 0 ? x[(u64)(p / div) * n + base + lane] : 0.f;
+        quant32(v, q + ((u64)P * S8 + s) * 32, qd + (u64)P * S8 + s);
+    }
+}
+
+// out[p][r] = W_e[r] . act[s] for each slot s of tile blockIdx.y (expert e, route p =
+// slot_route[s]) and row r of the block's 16 (blockIdx.x) of the expert's `rows`: WK warps of
+// mmq_acc over 8 NJ slots (the tile width). rows must be a multiple of 16 (the tile's rows stay
+// in its expert).
+template <int TY, int NJ, int WK>
+__device__ __forceinline__ void moe_mmq(const u8* W, int rows, int n_exp, int cols, const i8* xq,
+                                        const float2* xd, int S8, const int4* tiles, const int* slot_route,
+                                        float* out) {
+    __shared__ float red[WK * NJ * 4 * 32];
+    GRID_DEP();
+    int4 tl = tiles[blockIdx.y];
+    if (tl.x < 0) return;
+    int r0 = blockIdx.x * 16;
+    float acc[NJ][1][4];
+    mmq_acc<TY, NJ, WK, (WK >= 8 || NJ <= 2), 1>(W, n_exp * rows, cols, xq, xd, S8, tl.x * rows + r0, tl.y, acc);
+    mmq_sum<NJ, WK, 1>(acc, red, r0, tl.y, [&](int row, int s, float v) {
+        if (s < tl.z) out[(u64)slot_route[s] * rows + row] = v;
+    });
+}
+
+// x[t][r] += sum over j < k of wts[p] * y[p][r], p = t * k + j: the routes' down rows weighted
+// into the residual, in route order. Grid (dim / 256, tokens).
+extern "C" __global__ void __launch_bounds__(256) moe_combine(const float* y, const float* wts, int k, int dim,
+                                                              float* x) {
+    GRID_DEP();
+    int t = blockIdx.y, r = blockIdx.x * 256 + threadIdx.x;
+    if (r >= dim) return;
+    float sum = 0.f;
+    for (int j = 0; j < k; j++) {
+        u64 p = (u64)t * k + j;
+        sum += wts[p] * y[p * dim + r];
+    }
+    x[(u64)t * dim + r] += sum;
+}
+
+// moe_mmq_<type>_<NJ>: tiles of 8 NJ slots (1, 2 or 4), as moe.rs's expert_tile picks.
+#define MOE_MMQ1(NAME, TY, NJ, WK)                                                                  \
+    extern "C" __global__ void __launch_bounds__(WK * 32) moe_mmq_##NAME##_##NJ(                    \
+        const u8* W, int rows, int n_exp, int cols, const i8* xq, const float2* xd, int S8,          \
+        const int4* tiles, const int* slot_route, float* out) {                                     \
+        moe_mmq<TY, NJ, WK>(W, rows, n_exp, cols, xq, xd, S8, tiles, slot_route, out);             \
+    }
+#define MOE_MMQ(NAME, TY) MOE_MMQ1(NAME, TY, 1, 8) MOE_MMQ1(NAME, TY, 2, 4) MOE_MMQ1(NAME, TY, 4, 4)
+
 #define MOE(NAME, TY)                                                                           \
     extern "C" __global__ void __launch_bounds__(128) moe_gate_up_##NAME(                       \
         const u8* G, const u8* U, int eff, int cols, int n_exp, const int* ids, int k,          \
@@ -156,3 +253,11 @@ MOE(q6_k, T_Q6_K)
 MOE(q4_1, T_Q4_1)
 MOE(q5_1, T_Q5_1)
 MOE(q5_k, T_Q5_K)
+MOE_MMQ(q4_0, T_Q4_0)
+MOE_MMQ(q5_0, T_Q5_0)
+MOE_MMQ(q8_0, T_Q8_0)
+MOE_MMQ(q4_k, T_Q4_K)
+MOE_MMQ(q6_k, T_Q6_K)
+MOE_MMQ(q4_1, T_Q4_1)
+MOE_MMQ(q5_1, T_Q5_1)
+MOE_MMQ(q5_k, T_Q5_K)
