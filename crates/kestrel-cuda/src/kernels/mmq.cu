@@ -298,13 +298,28 @@ __device__ __forceinline__ void mmq_sum(float (*acc)[MR][4], float* red, int r0,
 template <int NJ, int WK, int MR, int EPI>
 __device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int r0, int t0, int rows, int T,
                                            float* __restrict__ out) {
-    mmq_sum<NJ, WK, MR>(acc, red, r0, t0, [&](int row, int t, float v) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int SLICE = NJ * MR * 128;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int m = 0; m < MR; m++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp * SLICE + ((j * MR + m) * 4 + i) * 32 + lane] = acc[j][m][i];
+    __syncthreads();
+    for (int e = threadIdx.x; e < SLICE; e += WK * 32) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < WK; w++) v += red[w * SLICE + e];
+        int l = e & 31, i = (e >> 5) & 3, jm = e >> 7, j = jm / MR, m = jm % MR;
+        int row = r0 + 16 * m + (l >> 2) + (i >= 2 ? 8 : 0);
+        int t = t0 + 8 * j + 2 * (l & 3) + (i & 1);
         if (row < rows && t < T) {
             float* o = out + (u64)t * rows + row;
             if (EPI == 0) *o = v;
             else *o += v;
         }
-    });
+    }
 }
 
 // A block is WK warps over the same 16 MR rows (MR tiles of 16), warp w taking units w, w + WK,
