@@ -645,3 +645,49 @@ impl MoeOps for CudaModel {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn experts(kind: Kind, n_exp: usize, eff: usize, dim: usize, k: usize) -> Experts {
+        Experts {
+            kind,
+            n_exp,
+            eff,
+            dim,
+            k,
+        }
+    }
+
+    #[test]
+    fn long_quantized_steps_group_their_routes() {
+        let e = experts(Kind::Q4K, 128, 768, 2048, 8);
+        assert_eq!(e.tile(1), None);
+        assert_eq!(e.tile(MATVEC_MAX), None);
+        // 16 tokens: 128 routes, one an expert; 512 tokens: 32 an expert
+        assert_eq!(e.tile(16), Some(8));
+        assert_eq!(e.tile(256), Some(16));
+        assert_eq!(e.tile(512), Some(32));
+        assert_eq!(e.tile(4096), Some(32));
+        // float stacks and rows not in 16s stay on the mat-vecs
+        assert_eq!(experts(Kind::F32, 128, 768, 2048, 8).tile(512), None);
+        assert_eq!(experts(Kind::Q8_0, 8, 40, 64, 2).tile(512), None);
+    }
+
+    #[test]
+    fn the_buffers_hold_every_tile_choice() {
+        for (n_exp, k) in [(8usize, 2usize), (128, 8), (512, 10)] {
+            let e = experts(Kind::Q4K, n_exp, 768, 2048, k);
+            for max_batch in [9usize, 64, 512] {
+                let [slot_route, tiles, gq, ..] = Groups::sizes(max_batch * k, n_exp, 2048, 768);
+                for t in MATVEC_MAX + 1..=max_batch {
+                    let tw = e.tile(t).expect("grouped");
+                    let n = slots(t * k, n_exp, tw);
+                    assert_eq!(n % tw, 0);
+                    assert!(4 * n <= slot_route && 16 * (n / tw) <= tiles && n * 2048 <= gq);
+                }
+            }
+        }
+    }
+}
