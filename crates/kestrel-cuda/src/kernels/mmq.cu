@@ -293,8 +293,10 @@ __device__ __forceinline__ void mmq_sum(float (*acc)[MR][4], float* red, int r0,
     }
 }
 
-// mmq_sum stored (EPI 0) or added (1) to out[t][row] (rows a token), rows below `rows` and
-// tokens below T.
+// mmq_sum's reduction stored (EPI 0) or added (1) to out[t][row] (rows a token), rows below
+// `rows` and tokens below T. Written out rather than as an mmq_sum store: through the lambda
+// NVRTC scheduled the staged kernels differently (sass.py --rev), and the dense kernels' code
+// is kept as it was timed.
 template <int NJ, int WK, int MR, int EPI>
 __device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int r0, int t0, int rows, int T,
                                            float* __restrict__ out) {
