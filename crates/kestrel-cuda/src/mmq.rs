@@ -493,10 +493,11 @@ fn f16_everywhere(kind: crate::weights::Kind, rows: usize, cols: usize) -> Optio
 /// 32 30.9 against 29.7), its long rows at 32 and 64 (4096x12288 27.4 / 37.2 against 28.6 /
 /// 47.4); not Q4_K's 4096x4096 (11.8 / 14.8 / 18.0 against 9.8 / 12.0 / 17.7), nor matrices of
 /// fewer than 4,096 rows (not measured: the 1.5B's 1536x8960 down stays int8). Q6_K's rows of
-/// 4,096 at 16 tokens take blocks of 64 rows (29.1 against 31.6 us), the rest of 128. Not at
-/// 5-8 tokens: its 8-token kernels are built for `gpu-check --perf` and `KESTREL_CUDA_MMH=all`,
-/// not yet timed on a GPU (the int8 kernels read the 8B's Q6_K head at 40% of the bandwidth
-/// there: 335 us, H100, against the f16 kernel's 284 at 16 tokens).
+/// 4,096 at 16 tokens take blocks of 64 rows (29.1 against 31.6 us), the rest of 128. At 5-8
+/// tokens (2026-12-08 00:36 call, H100): Q6_K's many rows only (the 8B's head 260.0 against
+/// 338.4 us, 12288x4096 28.5 against 32.4); it lost on Q6_K's 4096x4096 (13.7-15.5 against
+/// 12.0), was within 3% on 4096x12288, and lost on every Q4_K shape (12288x4096 22.3-24.4
+/// against 21.0, 4096x12288 23.2-25.7 against 19.9).
 fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
     use crate::weights::Kind;
     if !f16_fits(kind, rows, cols) {
@@ -505,6 +506,7 @@ fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> 
     let (tile, many, long) = (mmq_tile(t), rows >= 8192, cols >= 8192);
     let take = rows >= 4096
         && match (kind, tile) {
+            (Kind::Q6K, 8) => many,
             (_, 8) => false,
             (Kind::Q6K, _) => true,
             (_, 16) => many,
@@ -742,7 +744,8 @@ mod tests {
         assert_eq!(int8_shape(Kind::Q6K, 4096, 4096, 8), shape(8, 1, 0));
         // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
         assert_eq!(int8_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
-        // the f16 kernel: Q6_K of 4,096+ rows, Q4_K's many or long rows by tile, at 9-64 tokens
+        // the f16 kernel: Q6_K of 4,096+ rows (at 5-8 tokens of 8,192+), Q4_K's many or long
+        // rows by tile at 9-64 tokens
         let f16 = |k, r, c, t| f16_shape(k, r, c, t).unwrap_or_else(|| int8_shape(k, r, c, t));
         assert_eq!(f16(Kind::Q6K, 151_936, 4096, 9), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 4096, 12288, 16), half(2, 2, 4, 2));
@@ -750,7 +753,10 @@ mod tests {
         assert_eq!(f16(Kind::Q6K, 12288, 4096, 64), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 4096, 12288, 32), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 4096, 4096, 32), half(4, 2, 2, 3));
-        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 8), shape(8, 1, 0));
+        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 8), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 12288, 4096, 5), half(4, 2, 2, 3));
+        assert_eq!(f16(Kind::Q6K, 4096, 12288, 8), shape(16, 2, 2));
+        assert_eq!(f16(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
         assert_eq!(f16(Kind::Q6K, 1024, 4096, 32), shape(8, 2, 3));
         assert_eq!(f16(Kind::Q4K, 24576, 4096, 16), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q4K, 24576, 4096, 32), shape(4, 2, 4));

@@ -285,8 +285,8 @@ impl Experts {
     pub(crate) fn tile(&self, t: usize) -> Option<usize> {
         if t <= MATVEC_MAX
             || !self.kind.int8_activations()
-            || self.eff % 16 != 0
-            || self.dim % 16 != 0
+            || !self.eff.is_multiple_of(16)
+            || !self.dim.is_multiple_of(16)
         {
             return None;
         }
