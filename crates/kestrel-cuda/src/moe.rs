@@ -209,6 +209,28 @@ pub(crate) struct Groups {
 }
 
 impl Groups {
+    /// Buffers of [`Groups::sizes`] (the owners, to keep while the pointers are used) and
+    /// their pointers: the op harness's and `--perf`'s.
+    pub(crate) fn alloc(
+        gpu: &Gpu,
+        routes: usize,
+        n_exp: usize,
+        dim: usize,
+        eff: usize,
+    ) -> Result<([DevBuf; 6], Self)> {
+        let [a, b, c, d, e, f] = Self::sizes(routes, n_exp, dim, eff).map(|n| gpu.alloc(n));
+        let bufs = [a?, b?, c?, d?, e?, f?];
+        let g = Self {
+            slot_route: bufs[0].ptr,
+            tiles: bufs[1].ptr,
+            q: bufs[2].ptr,
+            d: bufs[3].ptr,
+            up: bufs[4].ptr,
+            y: bufs[5].ptr,
+        };
+        Ok((bufs, g))
+    }
+
     /// Bytes of each buffer (field order) for up to `routes` routes over `n_exp` experts of
     /// `eff` x `dim`: the widest tile has the most slots, the narrowest the most tiles.
     pub(crate) fn sizes(routes: usize, n_exp: usize, dim: usize, eff: usize) -> [usize; 6] {

@@ -140,18 +140,7 @@ fn check_experts(
         f: dx.ptr,
     };
     let tile = e.tile(t);
-    let sizes = Groups::sizes(t * K, N_EXP, DIM, EFF);
-    let gb = sizes.map(|n| gpu.alloc(n));
-    let [slot_route, tiles, gq, gd, gup, gy] = gb;
-    let (slot_route, tiles, gq, gd, gup, gy) = (slot_route?, tiles?, gq?, gd?, gup?, gy?);
-    let groups = Groups {
-        slot_route: slot_route.ptr,
-        tiles: tiles.ptr,
-        q: gq.ptr,
-        d: gd.ptr,
-        up: gup.ptr,
-        y: gy.ptr,
-    };
+    let (_bufs, groups) = Groups::alloc(gpu, t * K, N_EXP, DIM, EFF)?;
     let path = match tile {
         Some(tw) => {
             let stacks = (dg.ptr, du.ptr);
@@ -292,16 +281,7 @@ pub fn perf_moe(gpu: &mut Gpu, rng: &mut Rng) -> Result<Vec<(String, f64, f64)>>
         quantize_rows(gpu, ffn.ptr, fq.ptr, fd.ptr, routes, eff)?;
         let out = gpu.alloc(routes * eff * 4)?;
         let resid = gpu.alloc(t * dim * 4)?;
-        let [b0, b1, b2, b3, b4, b5] = Groups::sizes(routes, n_exp, dim, eff).map(|n| gpu.alloc(n));
-        let bufs = [b0?, b1?, b2?, b3?, b4?, b5?];
-        let groups = Groups {
-            slot_route: bufs[0].ptr,
-            tiles: bufs[1].ptr,
-            q: bufs[2].ptr,
-            d: bufs[3].ptr,
-            up: bufs[4].ptr,
-            y: bufs[5].ptr,
-        };
+        let (_bufs, groups) = Groups::alloc(gpu, routes, n_exp, dim, eff)?;
         let gate_up = Experts {
             kind: Kind::Q4K,
             n_exp,

@@ -301,6 +301,7 @@ template <int NJ, int WK, int MR, int EPI>
 __device__ __forceinline__ void mmq_reduce(float (*acc)[MR][4], float* red, int r0, int t0, int rows, int T,
                                            float* __restrict__ out) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // entry e = ((j * MR + m) * 4 + i) * 32 + lane of each warp's slice
     constexpr int SLICE = NJ * MR * 128;
 #pragma unroll
     for (int j = 0; j < NJ; j++)
