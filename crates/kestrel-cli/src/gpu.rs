@@ -615,19 +615,19 @@ pub fn check(
         };
         // a mixture's prompt that meets a routing near-tie is compared up to it (as against the
         // reference above): past it the two paths run different experts
-        let tie = routing_tie(&row_errs(&gpu_logits, &cpu_logits), &route_margins, 2e-2);
+        let errs = row_errs(&gpu_logits, &cpu_logits);
+        let tie = routing_tie(&errs, &route_margins, 2e-2);
         let upto = tie.as_ref().map_or(prompt_len, |t| t.pos.max(1)) * vocab;
-        // worst |a - b| over each row's spread, and the largest |a - b|
-        let spread_err = |a: &[f32], b: &[f32]| -> (f64, f32) {
-            let worst = row_errs(a, b).into_iter().fold(0f32, f32::max) as f64;
-            let abs = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
-            (worst, abs)
+        // worst |a - b| over each row's spread
+        let spread_err = |a: &[f32], b: &[f32]| -> f64 {
+            row_errs(a, b).into_iter().fold(0f32, f32::max) as f64
         };
-        let (worst, max_abs) = spread_err(&gpu_logits[..upto], &cpu_logits[..upto]);
+        let worst = errs[..upto / vocab].iter().copied().fold(0f32, f32::max) as f64;
+        let max_abs = gpu_logits[..upto]
+            .iter()
+            .zip(&cpu_logits[..upto])
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
         let rel = kestrel_cuda::check::rel_err(&gpu_logits[..upto], &cpu_logits[..upto]);
         // both against the CPU's f32 reference path on the first positions
         let n_ref = prompt_len.min(16).min(upto / vocab);
@@ -639,8 +639,8 @@ pub fn check(
             kestrel_models::Logits::All,
         )?;
         cpu.set_matmul_path(kestrel_models::MatmulPath::Quantized);
-        let (g_ref, _) = spread_err(&gpu_logits[..n_ref * vocab], &ref_logits);
-        let (q_ref, _) = spread_err(&cpu_logits[..n_ref * vocab], &ref_logits);
+        let g_ref = spread_err(&gpu_logits[..n_ref * vocab], &ref_logits);
+        let q_ref = spread_err(&cpu_logits[..n_ref * vocab], &ref_logits);
         let g_ref_l2 = kestrel_cuda::check::rel_err(&gpu_logits[..n_ref * vocab], &ref_logits);
         let q_ref_l2 = kestrel_cuda::check::rel_err(&cpu_logits[..n_ref * vocab], &ref_logits);
         println!(
