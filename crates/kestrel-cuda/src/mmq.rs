@@ -442,23 +442,26 @@ fn int8_block_shapes(kind: crate::weights::Kind, t: usize) -> Vec<MmqShape> {
 ///
 /// The f16 kernel (`kernels/mmh.cu`) where it was faster ([`f16_shape`]: Q6_K of 4,096+ rows,
 /// Q4_K's long or many rows, at 9-64 tokens); `KESTREL_CUDA_MMH=0` keeps the int8 kernels,
-/// `all` takes the f16 one wherever it can (A/B).
+/// `8` adds Q6_K's many rows at 5-8 tokens, `all` takes the f16 one wherever it can (A/B).
 pub fn mmq_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> MmqShape {
     let f16 = match f16_picks() {
         F16Picks::Off => None,
-        F16Picks::Measured => f16_shape(kind, rows, cols, t),
+        F16Picks::Measured => f16_shape(kind, rows, cols, t, false),
+        F16Picks::WithEight => f16_shape(kind, rows, cols, t, true),
         F16Picks::All => f16_everywhere(kind, rows, cols),
     };
     f16.unwrap_or_else(|| int8_shape(kind, rows, cols, t))
 }
 
 /// Where the f16 mat-mat is picked (`KESTREL_CUDA_MMH`): `0` nowhere (the int8 kernels only),
-/// `all` on every matrix it is built for (to time the picks in the model), else where
-/// [`f16_shape`] found it faster.
+/// `all` on every matrix it is built for (to time the picks in the model), `8` where
+/// [`f16_shape`] found it faster including its 8-token tiles (faster alone, not yet timed in
+/// the model), else where it found it faster at 9-64 tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum F16Picks {
     Off,
     Measured,
+    WithEight,
     All,
 }
 
@@ -467,6 +470,7 @@ fn f16_picks() -> F16Picks {
     *PICKS.get_or_init(|| match std::env::var("KESTREL_CUDA_MMH").as_deref() {
         Ok("0") => F16Picks::Off,
         Ok("all") => F16Picks::All,
+        Ok("8") => F16Picks::WithEight,
         _ => F16Picks::Measured,
     })
 }
@@ -494,11 +498,18 @@ fn f16_everywhere(kind: crate::weights::Kind, rows: usize, cols: usize) -> Optio
 /// 47.4); not Q4_K's 4096x4096 (11.8 / 14.8 / 18.0 against 9.8 / 12.0 / 17.7), nor matrices of
 /// fewer than 4,096 rows (not measured: the 1.5B's 1536x8960 down stays int8). Q6_K's rows of
 /// 4,096 at 16 tokens take blocks of 64 rows (29.1 against 31.6 us), the rest of 128. At 5-8
-/// tokens (2026-12-08 00:36 call, H100): Q6_K's many rows only (the 8B's head 260.0 against
-/// 338.4 us, 12288x4096 28.5 against 32.4); it lost on Q6_K's 4096x4096 (13.7-15.5 against
-/// 12.0), was within 3% on 4096x12288, and lost on every Q4_K shape (12288x4096 22.3-24.4
-/// against 21.0, 4096x12288 23.2-25.7 against 19.9).
-fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> Option<MmqShape> {
+/// tokens (2026-12-08 00:36 call, H100) it won on Q6_K's many rows only (the 8B's head 260.0
+/// against 338.4 us, 12288x4096 28.5 against 32.4); it lost on Q6_K's 4096x4096 (13.7-15.5
+/// against 12.0), was within 3% on 4096x12288, and lost on every Q4_K shape (12288x4096
+/// 22.3-24.4 against 21.0, 4096x12288 23.2-25.7 against 19.9). `eight`: take those 8-token
+/// wins (`KESTREL_CUDA_MMH=8`, until the model is timed with them).
+fn f16_shape(
+    kind: crate::weights::Kind,
+    rows: usize,
+    cols: usize,
+    t: usize,
+    eight: bool,
+) -> Option<MmqShape> {
     use crate::weights::Kind;
     if !f16_fits(kind, rows, cols) {
         return None;
@@ -506,7 +517,7 @@ fn f16_shape(kind: crate::weights::Kind, rows: usize, cols: usize, t: usize) -> 
     let (tile, many, long) = (mmq_tile(t), rows >= 8192, cols >= 8192);
     let take = rows >= 4096
         && match (kind, tile) {
-            (Kind::Q6K, 8) => many,
+            (Kind::Q6K, 8) => eight && many,
             (_, 8) => false,
             (Kind::Q6K, _) => true,
             (_, 16) => many,
@@ -705,11 +716,13 @@ mod tests {
             for rows in [896, 1024, 1536, 4096, 6144, 12288, 151_936] {
                 for cols in [1024, 4096, 12288] {
                     for t in MMQ_MIN..=MMQ_MAX {
-                        let f16 = f16_shape(kind, rows, cols, t);
+                        let f16 = f16_shape(kind, rows, cols, t, false);
+                        let eight = f16_shape(kind, rows, cols, t, true);
                         let all = f16_everywhere(kind, rows, cols);
                         for s in [int8_shape(kind, rows, cols, t)]
                             .into_iter()
                             .chain(f16)
+                            .chain(eight)
                             .chain(all)
                         {
                             assert!(
@@ -744,19 +757,24 @@ mod tests {
         assert_eq!(int8_shape(Kind::Q6K, 4096, 4096, 8), shape(8, 1, 0));
         // short rows (the 0.8B's 4096x1024 q + gate) not measured staged: the register kernel
         assert_eq!(int8_shape(Kind::Q4K, 4096, 1024, 32), shape(8, 1, 0));
-        // the f16 kernel: Q6_K of 4,096+ rows (at 5-8 tokens of 8,192+), Q4_K's many or long
-        // rows by tile at 9-64 tokens
-        let f16 = |k, r, c, t| f16_shape(k, r, c, t).unwrap_or_else(|| int8_shape(k, r, c, t));
+        // the f16 kernel: Q6_K of 4,096+ rows, Q4_K's many or long rows by tile, at 9-64
+        // tokens (with KESTREL_CUDA_MMH=8 also Q6_K's 8,192+ rows at 5-8)
+        let f16 =
+            |k, r, c, t| f16_shape(k, r, c, t, false).unwrap_or_else(|| int8_shape(k, r, c, t));
+        let eight =
+            |k, r, c, t| f16_shape(k, r, c, t, true).unwrap_or_else(|| int8_shape(k, r, c, t));
         assert_eq!(f16(Kind::Q6K, 151_936, 4096, 9), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 4096, 12288, 16), half(2, 2, 4, 2));
         assert_eq!(f16(Kind::Q6K, 151_936, 4096, 32), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 12288, 4096, 64), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 4096, 12288, 32), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 4096, 4096, 32), half(4, 2, 2, 3));
-        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 8), half(4, 2, 2, 3));
-        assert_eq!(f16(Kind::Q6K, 12288, 4096, 5), half(4, 2, 2, 3));
-        assert_eq!(f16(Kind::Q6K, 4096, 12288, 8), shape(16, 2, 2));
-        assert_eq!(f16(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
+        assert_eq!(f16(Kind::Q6K, 151_936, 4096, 8), shape(8, 1, 0));
+        assert_eq!(eight(Kind::Q6K, 151_936, 4096, 8), half(4, 2, 2, 3));
+        assert_eq!(eight(Kind::Q6K, 12288, 4096, 5), half(4, 2, 2, 3));
+        assert_eq!(eight(Kind::Q6K, 4096, 12288, 8), shape(16, 2, 2));
+        assert_eq!(eight(Kind::Q4K, 12288, 4096, 8), shape(8, 1, 0));
+        assert_eq!(eight(Kind::Q6K, 151_936, 4096, 32), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q6K, 1024, 4096, 32), shape(8, 2, 3));
         assert_eq!(f16(Kind::Q4K, 24576, 4096, 16), half(4, 2, 2, 3));
         assert_eq!(f16(Kind::Q4K, 24576, 4096, 32), shape(4, 2, 4));
